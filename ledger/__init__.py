@@ -1,0 +1,4 @@
+"""The log: event types, Avro codec, Kafka I/O, the embedded reporter, hashing, identity.
+
+``ledger`` imports neither ``projections`` nor ``consumers``.
+"""

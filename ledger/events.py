@@ -1,0 +1,223 @@
+"""The ledger's event types: the contract between every producer and every fold.
+
+Each class is a frozen dataclass whose name is the Avro record name and the value of
+the ``svledger-type`` header. Field names and order match the current schema in
+``schemas/<Type>/``; the codec maps between the two by name, so a new field is added
+here and in a new schema version together (see ``schemas/README.md``).
+
+Times are timezone-aware UTC datetimes (Avro ``timestamp-micros``); sequences are
+tuples so events stay hashable and immutable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+from typing import NamedTuple, TypeAlias
+
+
+class Position(NamedTuple):
+    """Where an event sits in the log. Its string form is a view row's ``revision``."""
+
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.partition}:{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        partition, _, offset = text.partition(":")
+        try:
+            return cls(int(partition), int(offset))
+        except ValueError:
+            raise ValueError(
+                f"log position {text!r} is not PARTITION:OFFSET, e.g. '0:1234'"
+            ) from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Meta:
+    """Carried by every event."""
+
+    event_id: str
+    cluster: str
+    occurred_at: datetime
+    source: str
+    causation_id: str | None = None
+    correlation_id: str | None = None
+
+    @classmethod
+    def new(
+        cls,
+        cluster: str,
+        source: str,
+        occurred_at: datetime | None = None,
+        *,
+        causation_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> Meta:
+        return cls(
+            event_id=str(uuid.uuid4()),
+            cluster=cluster,
+            occurred_at=occurred_at if occurred_at is not None else datetime.now(UTC),
+            source=source,
+            causation_id=causation_id,
+            correlation_id=correlation_id,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiserverHeartbeat:
+    meta: Meta
+    apiserver_id: str
+    holder_identity: str
+    hostname: str
+    lease_duration_seconds: int
+    renew_time: datetime
+    binary_version: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiserverLeaseReleased:
+    meta: Meta
+    apiserver_id: str
+    holder_identity: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiserverLeaseExpired:
+    meta: Meta
+    apiserver_id: str
+    last_renew_time: datetime
+    lease_duration_seconds: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageVersionReported:
+    meta: Meta
+    apiserver_id: str
+    group: str
+    resource: str
+    kind: str
+    encoding_version: str
+    decodable_versions: tuple[str, ...]
+    served_versions: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageVersionWithdrawn:
+    meta: Meta
+    apiserver_id: str
+    group: str
+    resource: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageStateReset:
+    meta: Meta
+    group: str
+    resource: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationRequested:
+    meta: Meta
+    migration_id: str
+    group: str
+    resource: str
+    target_version: str
+    target_hash: str
+    storage_version_revision: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MigrationStatus:
+    """Payload shared by every step of a migration after it was requested."""
+
+    meta: Meta
+    migration_id: str
+    objects_migrated: int = 0
+    continue_token: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationStarted(_MigrationStatus):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationProgressed(_MigrationStatus):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationSucceeded(_MigrationStatus):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationFailed(_MigrationStatus):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MigrationCancelled(_MigrationStatus):
+    pass
+
+
+MigrationStatusEvent: TypeAlias = (
+    MigrationStarted
+    | MigrationProgressed
+    | MigrationSucceeded
+    | MigrationFailed
+    | MigrationCancelled
+)
+
+Event: TypeAlias = (
+    ApiserverHeartbeat
+    | ApiserverLeaseReleased
+    | ApiserverLeaseExpired
+    | StorageVersionReported
+    | StorageVersionWithdrawn
+    | StorageStateReset
+    | MigrationRequested
+    | MigrationStatusEvent
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        ApiserverHeartbeat,
+        ApiserverLeaseReleased,
+        ApiserverLeaseExpired,
+        StorageVersionReported,
+        StorageVersionWithdrawn,
+        StorageStateReset,
+        MigrationRequested,
+        MigrationStarted,
+        MigrationProgressed,
+        MigrationSucceeded,
+        MigrationFailed,
+        MigrationCancelled,
+    )
+}
+
+
+def type_name(event: Event) -> str:
+    """The event's type name: Avro record name and ``svledger-type`` header value."""
+    return type(event).__name__
+
+
+def resource_name(group: str, resource: str) -> str:
+    """A StorageVersion's name, ``<group>.<resource>``, with ``core`` for the empty group."""
+    return f"{group or 'core'}.{resource}"
+
+
+def storage_state_name(group: str, resource: str) -> str:
+    """A StorageState's name, ``<resource>.<group>`` as in the migration KEP."""
+    return f"{resource}.{group}" if group else resource

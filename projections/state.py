@@ -1,0 +1,181 @@
+"""What the fold knows: the rows of every view, keyed as the SQL tables are.
+
+Rows are frozen dataclasses; :class:`State` is the one mutable container that holds
+them, so folding a million events does not copy the world per event. The fold
+(:mod:`projections.fold`) is the only writer; :class:`Changes` tells the SQL writer
+and the consumers which keys an event touched (a key missing from the state after
+the event means the row was deleted).
+
+Every row carries ``revision``: the log position (``"partition:offset"``) of the
+last event that changed it, the ledger's resourceVersion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Final, Literal, TypeAlias
+
+from ledger.events import resource_name, storage_state_name
+
+UNKNOWN_HASH: Final = "Unknown"
+
+CONDITION_TYPE: Final = "AllEncodingVersionsEqual"
+REASON_SET: Final = "CommonEncodingVersionSet"
+REASON_UNSET: Final = "CommonEncodingVersionUnset"
+MESSAGE_SET: Final = "Common encoding version set"
+MESSAGE_UNSET: Final = "Common encoding version unset"
+
+Phase: TypeAlias = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
+ACTIVE_PHASES: Final[frozenset[str]] = frozenset({"Pending", "Running"})
+
+LeaseKey: TypeAlias = tuple[str, str]  # (cluster, apiserver_id)
+ResourceKey: TypeAlias = tuple[str, str, str]  # (cluster, group, resource)
+MigrationKey: TypeAlias = tuple[str, str]  # (cluster, migration_id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    cluster: str
+    apiserver_id: str
+    holder_identity: str
+    hostname: str
+    lease_duration_seconds: int
+    renew_time: datetime
+    binary_version: str | None
+    revision: str
+
+    @property
+    def key(self) -> LeaseKey:
+        return (self.cluster, self.apiserver_id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerStorageVersion:
+    """One apiserver's report for one resource (``status.storageVersions[]``)."""
+
+    apiserver_id: str
+    encoding_version: str
+    decodable_versions: tuple[str, ...]
+    served_versions: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+    last_transition_time: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageVersion:
+    cluster: str
+    group: str
+    resource: str
+    kind: str
+    entries: tuple[ServerStorageVersion, ...]  # sorted by apiserver_id
+    common_encoding_version: str | None
+    condition: Condition
+    revision: str
+
+    @property
+    def key(self) -> ResourceKey:
+        return (self.cluster, self.group, self.resource)
+
+    @property
+    def name(self) -> str:
+        return resource_name(self.group, self.resource)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageState:
+    cluster: str
+    group: str
+    resource: str
+    persisted_storage_version_hashes: tuple[str, ...]
+    current_storage_version_hash: str | None
+    revision: str
+
+    @property
+    def key(self) -> ResourceKey:
+        return (self.cluster, self.group, self.resource)
+
+    @property
+    def name(self) -> str:
+        return storage_state_name(self.group, self.resource)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Migration:
+    cluster: str
+    migration_id: str
+    group: str
+    resource: str
+    target_version: str
+    target_hash: str
+    storage_version_revision: str
+    phase: Phase
+    objects_migrated: int
+    continue_token: str | None
+    reason: str | None
+    message: str | None
+    requested_at: datetime
+    updated_at: datetime
+    revision: str
+
+    @property
+    def key(self) -> MigrationKey:
+        return (self.cluster, self.migration_id)
+
+    @property
+    def resource_key(self) -> ResourceKey:
+        return (self.cluster, self.group, self.resource)
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ACTIVE_PHASES
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejection:
+    """An event the fold did not apply, and why; never silently dropped."""
+
+    cluster: str
+    revision: str
+    event_id: str
+    event_type: str
+    subject: str
+    reason: str
+
+
+@dataclasses.dataclass
+class State:
+    leases: dict[LeaseKey, Lease] = dataclasses.field(default_factory=dict)
+    storage_versions: dict[ResourceKey, StorageVersion] = dataclasses.field(default_factory=dict)
+    storage_states: dict[ResourceKey, StorageState] = dataclasses.field(default_factory=dict)
+    migrations: dict[MigrationKey, Migration] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Changes:
+    """The keys one event (or a batch, by :meth:`merge`) touched."""
+
+    leases: set[LeaseKey] = dataclasses.field(default_factory=set)
+    storage_versions: set[ResourceKey] = dataclasses.field(default_factory=set)
+    storage_states: set[ResourceKey] = dataclasses.field(default_factory=set)
+    migrations: set[MigrationKey] = dataclasses.field(default_factory=set)
+    rejections: list[Rejection] = dataclasses.field(default_factory=list)
+
+    def merge(self, other: Changes) -> None:
+        self.leases |= other.leases
+        self.storage_versions |= other.storage_versions
+        self.storage_states |= other.storage_states
+        self.migrations |= other.migrations
+        self.rejections.extend(other.rejections)
+
+    @property
+    def resources(self) -> set[ResourceKey]:
+        """Resources whose agreement or storage state this touched."""
+        return self.storage_versions | self.storage_states

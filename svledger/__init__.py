@@ -1,0 +1,1 @@
+"""The ``svledger`` command: the public face over ``ledger``, ``projections`` and ``consumers``."""
