@@ -65,9 +65,7 @@ class Transient(TargetError):
 class Target(Protocol):
     """The objects a migration rewrites. Implementations must be safe to retry."""
 
-    async def list(
-        self, group: str, resource: str, continue_token: str | None, limit: int
-    ) -> Page:
+    async def list(self, group: str, resource: str, continue_token: str | None, limit: int) -> Page:
         """The next chunk of at most ``limit`` objects after ``continue_token``.
 
         ``continue_token=None`` starts from the beginning. A token returned by an

@@ -152,10 +152,38 @@ class Rejection:
 
 @dataclasses.dataclass
 class State:
+    """Every view's rows, plus two indexes derived from them (not views, not stored).
+
+    The indexes keep the fold's work per event proportional to the resource it
+    touches: ``resources_by_apiserver`` finds the StorageVersions holding an entry of
+    an apiserver whose lease ends, ``active_migrations_by_resource`` the Pending or
+    Running migrations of a resource. They are built from the rows given to the
+    constructor, so a State loaded from the database is created with its rows, and
+    the fold keeps the indexes in step from then on.
+    """
+
     leases: dict[LeaseKey, Lease] = dataclasses.field(default_factory=dict)
     storage_versions: dict[ResourceKey, StorageVersion] = dataclasses.field(default_factory=dict)
     storage_states: dict[ResourceKey, StorageState] = dataclasses.field(default_factory=dict)
     migrations: dict[MigrationKey, Migration] = dataclasses.field(default_factory=dict)
+    resources_by_apiserver: dict[LeaseKey, set[ResourceKey]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    active_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        by_apiserver: dict[LeaseKey, set[ResourceKey]] = {}
+        for key, storage_version in self.storage_versions.items():
+            for entry in storage_version.entries:
+                by_apiserver.setdefault((key[0], entry.apiserver_id), set()).add(key)
+        active: dict[ResourceKey, set[MigrationKey]] = {}
+        for migration_key, migration in self.migrations.items():
+            if migration.active:
+                active.setdefault(migration.resource_key, set()).add(migration_key)
+        self.resources_by_apiserver = by_apiserver
+        self.active_migrations_by_resource = active
 
 
 @dataclasses.dataclass

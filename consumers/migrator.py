@@ -1,0 +1,188 @@
+"""The migration trigger: request a migration exactly when every live apiserver agrees.
+
+:func:`decide` is the rule, a pure function of the folded state of one resource
+(DESIGN.md, "Migrator (trigger) rules"):
+
+* no common encoding version (apiservers disagree, or none reports the resource)
+  and a migration Pending or Running -> ``MigrationCancelled`` with reason
+  ``EncodingVersionsDisagree``;
+* a common version with hash ``h``, persisted hashes not just ``[h]``, and no active
+  migration for ``(h, current StorageVersion revision)`` -> ``MigrationCancelled``
+  (``StorageVersionChanged``) for every other active migration of the resource, then
+  ``MigrationRequested(h, revision)``.
+
+Only live apiservers have entries in a StorageVersion (the fold drops the entries of
+an expired or released lease), so "all live apiservers agree" is "the common version
+is set".
+
+A migration's ID is a UUIDv5 of the state it was decided on: cluster, resource,
+target hash, StorageVersion revision and StorageState revision. A request is made
+only while no migration of that ID exists, so :func:`decide` is idempotent:
+``decide`` on a state that already holds its own output returns nothing. Two
+consequences: a migration that failed is not requested again until the resource
+changes (a report, an expiry, or an operator's ``storagestate reset``, which moves
+the StorageState revision) instead of looping against a broken target; and a
+restart can never request twice, whatever it re-reads. Output events carry the
+triggering event's time (time is an event) and its ID as ``causation_id``.
+
+:func:`run_migrator` is the shell, consume-transform-produce exactly once:
+
+* a consumer in group ``svledger-migrator`` reads ``read_committed``; each assigned
+  partition (= a set of whole clusters) gets its own fold state and its own
+  transactional producer, transactional ID ``svledger-migrator-<topic>-<partition>``.
+  Initialising it fences any earlier owner of the partition (a zombie after a
+  rebalance or a crash) and aborts its open transaction.
+* On assignment the partition's state is rebuilt by folding it from the beginning
+  up to its end as of that moment (the last stable offset, after the fencing) -
+  correctness over speed. Up to that end the state includes every event this
+  migrator ever committed, so no decision is taken on a state that misses one of
+  its own outputs; then every resource of the partition is decided once (by
+  idempotence, only what is missing comes out).
+* Per batch: fold it into the partition's state with the projections' own
+  :func:`projections.fold.apply`, decide for the resources it touched, and in ONE
+  transaction produce the decisions and commit the input offsets
+  (``send_offsets_to_transaction``). The migrator's own output comes back through
+  the log and is folded like every other event, so its state always equals the
+  log's. Until the fold has passed the output of its last transaction, the
+  partition's touched resources wait (they are decided as soon as it has), for the
+  same reason as on assignment.
+* A fenced or failed transaction drops the partition's state; it is rebuilt as on
+  assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Final
+
+from consumers.partitions import Folded, PartitionFollower, PartitionLost
+from ledger.events import (
+    Event,
+    Meta,
+    MigrationCancelled,
+    MigrationRequested,
+    resource_name,
+)
+from ledger.settings import KafkaSettings
+from projections.fold import active_migrations
+from projections.state import Changes, Migration, ResourceKey, State
+
+SOURCE: Final = "svledger-migrator"
+GROUP_ID: Final = "svledger-migrator"
+REASON_DISAGREE: Final = "EncodingVersionsDisagree"
+REASON_CHANGED: Final = "StorageVersionChanged"
+
+# Fixed namespace of the migrator's UUIDv5 identifiers; never change it.
+_NAMESPACE: Final = uuid.UUID("5b0c8d3e-53a4-4c4e-8d0f-6a7e2f0e9b41")
+
+
+def migration_id(
+    resource_key: ResourceKey, target_hash: str, sv_revision: str, ss_revision: str
+) -> str:
+    """The ID of the migration decided on this state of the resource (UUIDv5)."""
+    cluster, group, resource = resource_key
+    name = f"{cluster}/{group}/{resource}/{target_hash}/{sv_revision}/{ss_revision}"
+    return str(uuid.uuid5(_NAMESPACE, name))
+
+
+def decide(state: State, resource_key: ResourceKey, cause: Meta) -> list[Event]:
+    """The events the trigger appends for ``resource_key`` in ``state`` (maybe none)."""
+    cluster, group, resource = resource_key
+    name = resource_name(group, resource)
+    storage_version = state.storage_versions.get(resource_key)
+    storage_state = state.storage_states.get(resource_key)
+    active = active_migrations(state, resource_key)
+    common = storage_version.common_encoding_version if storage_version is not None else None
+    target_hash = storage_state.current_storage_version_hash if storage_state is not None else None
+    if storage_version is None or storage_state is None or common is None or target_hash is None:
+        message = f"the live apiservers do not agree on an encoding version of {name!r}"
+        return [_cancel(m, cause, REASON_DISAGREE, message) for m in active]
+    revision = storage_version.revision
+    if storage_state.persisted_storage_version_hashes == (target_hash,):
+        return []
+    if any(m.target_hash == target_hash and m.storage_version_revision == revision for m in active):
+        return []
+    new_id = migration_id(resource_key, target_hash, revision, storage_state.revision)
+    if (cluster, new_id) in state.migrations:
+        return []
+    message = (
+        f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
+        f" at revision {revision}"
+    )
+    events: list[Event] = [_cancel(m, cause, REASON_CHANGED, message) for m in active]
+    events.append(
+        MigrationRequested(
+            meta=_meta(cause, f"requested/{cluster}/{new_id}"),
+            migration_id=new_id,
+            group=group,
+            resource=resource,
+            target_version=common,
+            target_hash=target_hash,
+            storage_version_revision=revision,
+        )
+    )
+    return events
+
+
+def _cancel(migration: Migration, cause: Meta, reason: str, message: str) -> MigrationCancelled:
+    return MigrationCancelled(
+        meta=_meta(cause, f"cancelled/{migration.cluster}/{migration.migration_id}"),
+        migration_id=migration.migration_id,
+        objects_migrated=migration.objects_migrated,
+        continue_token=migration.continue_token,
+        reason=reason,
+        message=message,
+    )
+
+
+def _meta(cause: Meta, name: str) -> Meta:
+    # A migration is requested and cancelled at most once: the name is a stable event ID.
+    return Meta(
+        event_id=str(uuid.uuid5(_NAMESPACE, name)),
+        cluster=cause.cluster,
+        occurred_at=cause.occurred_at,
+        source=SOURCE,
+        causation_id=cause.event_id,
+        correlation_id=cause.correlation_id or cause.event_id,
+    )
+
+
+def touched_resources(state: State, changes: Changes) -> set[ResourceKey]:
+    """The resources whose decision an event's changes may have moved."""
+    touched = set(changes.resources)
+    for key in changes.migrations:
+        migration = state.migrations.get(key)
+        if migration is not None:
+            touched.add(migration.resource_key)
+    return touched
+
+
+async def run_migrator(
+    settings: KafkaSettings, *, stop: asyncio.Event, group_id: str = GROUP_ID
+) -> None:
+    """Follow the log and append the trigger's decisions, exactly once, until ``stop`` is set."""
+    follower = PartitionFollower(
+        settings, group_id=group_id, transactional_prefix=f"svledger-migrator-{settings.topic}"
+    )
+    async with follower:
+        async for folded in follower.batches(stop):
+            await _react(folded)
+
+
+async def _react(folded: Folded) -> None:
+    log = folded.log
+    for event, changes in folded.events:
+        for key in touched_resources(log.state, changes):
+            log.touched[key] = event.meta
+    if not log.caught_up or not log.touched:
+        return
+    touched, log.touched = log.touched, {}
+    events: list[Event] = []
+    for key in sorted(touched):
+        events.extend(decide(log.state, key, touched[key]))
+    # A lost partition is rebuilt from the log on the next poll, where every resource
+    # is decided again.
+    with contextlib.suppress(PartitionLost):
+        await log.commit(events)

@@ -1,0 +1,289 @@
+"""The simulated cluster's data plane: an object store, the apiservers in front of it,
+a load balancer, and the migration target that goes through them.
+
+:class:`ObjectStore` stands in for etcd: one SQL table, ``sim_objects``, in the
+simulation's database beside the projection views, holding every object with the
+version it is **encoded in** — the encoding version of the apiserver that last wrote
+it — and a resource version bumped on every real write. It is the simulation's own
+table, not a view of the ledger, so it is created here and not by the projection
+schema's migrations.
+
+A :class:`SimApiserver` is one apiserver process: a binary (how it encodes each
+resource) and the real :class:`~ledger.reporter.Reporter` whose
+:class:`~ledger.gate.WriteGate` decides whether it may serve a write. The
+:class:`LoadBalancer` sends each request to a random ready apiserver (seeded, so runs
+repeat) whose gate admits it, as kube-apiserver's Service does.
+
+:class:`SimulatedTarget` is the migration worker's :class:`~consumers.targets.Target`
+on this cluster. A rewrite is what the upstream migrator sends: a no-op PUT, served
+by whichever apiserver the load balancer picks, which re-encodes the object in *its*
+storage version — exactly how a migration run during a rolling upgrade pollutes the
+store. As in upstream's storage layer, a PUT that would store the same bytes (the
+object is already in the serving apiserver's version) writes nothing.
+
+The target serves at most ``requests_per_second`` requests per *virtual* second
+(client-side rate limiting). The simulation grants each step's allowance with
+:meth:`Allowance.grant`; a worker that used it up waits on the allowance, not on the
+clock, so a step's amount of migration work is the same on every run. While no
+apiserver can serve a request the target waits for the next step instead of failing,
+for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections import Counter
+from collections.abc import Iterable
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ColumnElement,
+    Engine,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    and_,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from consumers.scenario import Binary, Resource
+from consumers.targets import NotFound, ObjectRef, Page
+from ledger.reporter import Reporter
+
+metadata = MetaData()
+
+sim_objects = Table(
+    "sim_objects",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("encoded_version", String, nullable=False),
+    Column("resource_version", BigInteger, nullable=False),
+    Column("written_by", String, nullable=False),  # hostname of the last writer
+    PrimaryKeyConstraint("cluster", "api_group", "resource", "name"),
+)
+
+
+class ObjectStore:
+    """The objects of one simulated cluster, with the version each is encoded in."""
+
+    def __init__(self, engine: Engine, cluster: str) -> None:
+        self._engine = engine
+        self._cluster = cluster
+        metadata.create_all(engine)
+        self._revision = 0
+
+    def _where(self, resource: Resource) -> list[ColumnElement[bool]]:
+        return [
+            sim_objects.c.cluster == self._cluster,
+            sim_objects.c.api_group == resource.group,
+            sim_objects.c.resource == resource.resource,
+        ]
+
+    def clear(self) -> None:
+        """Forget the cluster's objects (a fresh etcd for a fresh run)."""
+        with self._engine.begin() as connection:
+            connection.execute(sim_objects.delete().where(sim_objects.c.cluster == self._cluster))
+
+    def write(self, resource: Resource, name: str, version: str, writer: str) -> None:
+        """Create or update an object: a client write, stored in ``version``."""
+        self._revision += 1
+        values = {
+            "cluster": self._cluster,
+            "api_group": resource.group,
+            "resource": resource.resource,
+            "name": name,
+            "encoded_version": version,
+            "resource_version": self._revision,
+            "written_by": writer,
+        }
+        dialect = postgresql if self._engine.dialect.name == "postgresql" else sqlite
+        statement = dialect.insert(sim_objects).values(values)
+        statement = statement.on_conflict_do_update(
+            index_elements=["cluster", "api_group", "resource", "name"],
+            set_={
+                k: statement.excluded[k]
+                for k in ("encoded_version", "resource_version", "written_by")
+            },
+        )
+        with self._engine.begin() as connection:
+            connection.execute(statement)
+
+    def reencode(self, resource: Resource, name: str, version: str, writer: str) -> bool:
+        """A no-op update served in ``version``; False if the object does not exist.
+
+        Stores nothing when the object is already encoded in ``version`` (same bytes).
+        """
+        with self._engine.begin() as connection:
+            stored = connection.execute(
+                select(sim_objects.c.encoded_version).where(
+                    *self._where(resource), sim_objects.c.name == name
+                )
+            ).scalar_one_or_none()
+            if stored is None:
+                return False
+            if stored != version:
+                self._revision += 1
+                connection.execute(
+                    update(sim_objects)
+                    .where(and_(*self._where(resource), sim_objects.c.name == name))
+                    .values(
+                        encoded_version=version,
+                        resource_version=self._revision,
+                        written_by=writer,
+                    )
+                )
+            return True
+
+    def names(self, resource: Resource, after: str | None, limit: int) -> list[str]:
+        """Object names in order, after ``after``, at most ``limit`` (a chunked list)."""
+        conditions = self._where(resource)
+        if after is not None:
+            conditions.append(sim_objects.c.name > after)
+        with self._engine.connect() as connection:
+            return list(
+                connection.execute(
+                    select(sim_objects.c.name)
+                    .where(*conditions)
+                    .order_by(sim_objects.c.name)
+                    .limit(limit)
+                ).scalars()
+            )
+
+    def versions(self, resource: Resource) -> Counter[str]:
+        """How many objects of ``resource`` are stored in each version."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(sim_objects.c.encoded_version, func.count())
+                .where(*self._where(resource))
+                .group_by(sim_objects.c.encoded_version)
+            )
+            return Counter({version: count for version, count in rows})
+
+
+@dataclasses.dataclass
+class SimApiserver:
+    """One running apiserver process: its binary and the reporter it embeds."""
+
+    hostname: str
+    binary: Binary
+    reporter: Reporter
+    alive: bool = True  # False once crashed or stopped: the process serves nothing
+
+    def encoding_version(self, resource: Resource) -> str:
+        return self.binary.encodings[resource.name].encoding_version
+
+    def serves(self, method: str, resource: Resource) -> bool:
+        return (
+            self.alive
+            and self.reporter.ready
+            and self.reporter.gate.allows(method, resource.group, resource.resource)
+        )
+
+
+class LoadBalancer:
+    """Sends each request to a random apiserver that can serve it (seeded)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self.apiservers: dict[str, SimApiserver] = {}  # by hostname; the current process
+
+    def pick(
+        self, method: str, resource: Resource, rng: random.Random | None = None
+    ) -> SimApiserver | None:
+        """A random apiserver able to serve the request; ``rng`` for a client of its own."""
+        candidates = [
+            server
+            for _, server in sorted(self.apiservers.items())
+            if server.serves(method, resource)
+        ]
+        return (rng or self._rng).choice(candidates) if candidates else None
+
+
+class Allowance:
+    """Requests the target may serve, granted per virtual step; None means unlimited."""
+
+    def __init__(self, requests_per_second: float | None) -> None:
+        self._rate = requests_per_second
+        self._tokens = 0.0
+        self._step = asyncio.Event()
+        self.waiting = 0  # requests waiting for a later step
+
+    def grant(self, seconds: float) -> None:
+        """A step of ``seconds`` passed: unused requests do not carry over (beyond one)."""
+        if self._rate is not None:
+            self._tokens = min(self._tokens, 1.0) + self._rate * seconds
+        self._step.set()
+        self._step = asyncio.Event()
+
+    async def next_step(self) -> None:
+        self.waiting += 1
+        try:
+            await self._step.wait()
+        finally:
+            self.waiting -= 1
+
+    async def take(self) -> None:
+        if self._rate is None:
+            return
+        while self._tokens < 1:
+            await self.next_step()
+        self._tokens -= 1
+
+
+class SimulatedTarget:
+    """The migration worker's target: list and no-op PUT through the load balancer."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        balancer: LoadBalancer,
+        resources: Iterable[Resource],
+        allowance: Allowance,
+    ) -> None:
+        self._store = store
+        self._balancer = balancer
+        self._resources = {(r.group, r.resource): r for r in resources}
+        self._allowance = allowance
+        self.requests = 0  # served so far; the simulation watches it to tell work from rest
+
+    async def _served_by(self, method: str, resource: Resource) -> SimApiserver:
+        await self._allowance.take()
+        while (server := self._balancer.pick(method, resource)) is None:
+            await self._allowance.next_step()
+        self.requests += 1
+        return server
+
+    def _resource(self, group: str, resource: str) -> Resource:
+        try:
+            return self._resources[group, resource]
+        except KeyError:
+            raise NotFound(f"the simulated cluster has no resource {resource}.{group}") from None
+
+    async def list(self, group: str, resource: str, continue_token: str | None, limit: int) -> Page:
+        known = self._resource(group, resource)
+        await self._served_by("GET", known)
+        names = self._store.names(known, continue_token, limit + 1)
+        more = len(names) > limit
+        names = names[:limit]
+        return Page(
+            tuple(ObjectRef(None, name) for name in names),
+            names[-1] if more else None,
+        )
+
+    async def rewrite(self, group: str, resource: str, ref: ObjectRef) -> None:
+        known = self._resource(group, resource)
+        server = await self._served_by("PUT", known)
+        if not self._store.reencode(
+            known, ref.name, server.encoding_version(known), server.hostname
+        ):
+            raise NotFound(f"{known.name} {ref.name!r} no longer exists")

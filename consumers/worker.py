@@ -1,0 +1,237 @@
+"""The migration worker: rewrite every object of a resource so it is stored in the target version.
+
+Upstream semantics (kube-storage-version-migrator): list the resource in chunks of
+500 with continue tokens and rewrite each object unchanged (a no-op update makes the
+apiserver re-encode it in its storage version); a conflict means the object changed
+since it was read, so read it again and retry; not found means it is gone, which
+counts as done; 429 and timeouts are retried with backoff, honouring Retry-After.
+
+:func:`migrate` runs one migration against a :class:`~consumers.targets.Target` and
+reports through ``append``: ``MigrationStarted`` (when it was Pending), one
+``MigrationProgressed(objects_migrated, continue_token)`` after each chunk, then
+``MigrationSucceeded``, or ``MigrationFailed(reason, message)`` once an object's
+retries are exhausted. A migration that is already Running resumes from its last
+continue token, so a restarted worker redoes at most one chunk (rewrites are
+idempotent). ``cancelled`` is asked between objects, so a ``MigrationCancelled``
+stops the run within one object's rewrite.
+
+:func:`run_worker` is the shell. It follows the log as a member of group
+``svledger-worker`` with :class:`~consumers.partitions.PartitionFollower`:
+migrations belong to a cluster and a cluster to one partition, so the member that
+owns a partition runs its migrations, one at a time, oldest request first. Its
+events are appended through the partition's transactional producer: a worker that
+lost the partition (rebalance, or a zombie after a restart) is fenced at its next
+append and stops. After each terminal event the runner waits until the fold has read
+it back before picking the next migration, and a cancellation appended by the
+migrator reaches the runner through the same fold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
+
+from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
+from consumers.targets import Conflict, NotFound, Target, TargetError, TooManyRequests, Transient
+from ledger.clock import Clock
+from ledger.events import (
+    Event,
+    Meta,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationStarted,
+    MigrationSucceeded,
+)
+from ledger.settings import KafkaSettings
+from projections.state import Migration, MigrationKey, State
+
+log = logging.getLogger(__name__)
+
+SOURCE: Final = "svledger-worker"
+GROUP_ID: Final = "svledger-worker"
+CHUNK_SIZE: Final = 500
+
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently one call to the target is retried."""
+
+    max_retries: int = 8
+    backoff: float = 1.0  # seconds before the first retry; doubles each time
+    max_backoff: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return retry_after
+        return float(min(self.backoff * 2**attempt, self.max_backoff))
+
+
+class RetriesExhausted(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+async def _retrying(
+    call: Callable[[], Awaitable[_T]], what: str, policy: RetryPolicy, clock: Clock
+) -> _T:
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except Conflict as error:
+            reason, delay = "Conflict", 0.0  # re-read at once: rewrite reads the object again
+            last: TargetError = error
+        except TooManyRequests as error:
+            reason, delay = "TooManyRequests", policy.delay(attempt, error.retry_after)
+            last = error
+        except Transient as error:
+            reason, delay = "Transient", policy.delay(attempt, None)
+            last = error
+        if attempt >= policy.max_retries:
+            raise RetriesExhausted(
+                reason, f"{what}: gave up after {attempt + 1} attempts: {last}"
+            ) from last
+        attempt += 1
+        await clock.sleep(delay)
+
+
+async def migrate(
+    migration: Migration,
+    target: Target,
+    *,
+    append: Callable[[Sequence[Event]], Awaitable[object]],
+    cancelled: Callable[[], bool],
+    clock: Clock,
+    chunk_size: int = CHUNK_SIZE,
+    policy: RetryPolicy = RetryPolicy(),
+) -> None:
+    """Run ``migration`` to its end (or until ``cancelled()``), reporting through ``append``."""
+
+    def meta() -> Meta:
+        return Meta.new(migration.cluster, SOURCE, clock.now())
+
+    group, resource, mid = migration.group, migration.resource, migration.migration_id
+    done = migration.objects_migrated
+    token = migration.continue_token
+    if migration.phase == "Pending":
+        await append([MigrationStarted(meta(), mid, objects_migrated=done)])
+    try:
+        while True:
+            page = await _retrying(
+                functools.partial(target.list, group, resource, token, chunk_size),
+                f"listing {resource}.{group or 'core'} after {token!r}",
+                policy,
+                clock,
+            )
+            for ref in page.objects:
+                if cancelled():
+                    return
+                with contextlib.suppress(NotFound):  # gone: nothing left to migrate
+                    await _retrying(
+                        functools.partial(target.rewrite, group, resource, ref),
+                        f"rewriting {ref}",
+                        policy,
+                        clock,
+                    )
+            # Counted per chunk, so the count always matches the continue token.
+            done += len(page.objects)
+            token = page.continue_token
+            if token is None:
+                await append([MigrationSucceeded(meta(), mid, objects_migrated=done)])
+                return
+            if cancelled():
+                return
+            await append([MigrationProgressed(meta(), mid, done, token)])
+    except (RetriesExhausted, TargetError) as error:
+        reason = error.reason if isinstance(error, RetriesExhausted) else type(error).__name__
+        await append([MigrationFailed(meta(), mid, done, token, reason=reason, message=str(error))])
+
+
+def next_migration(state: State) -> Migration | None:
+    """The oldest Pending or Running migration of the partition's clusters."""
+    active = [m for m in state.migrations.values() if m.active]
+    return min(active, key=lambda m: (m.requested_at, m.migration_id), default=None)
+
+
+async def run_worker(
+    settings: KafkaSettings,
+    target: Target,
+    *,
+    stop: asyncio.Event,
+    clock: Clock,
+    chunk_size: int = CHUNK_SIZE,
+    policy: RetryPolicy = RetryPolicy(),
+    group_id: str = GROUP_ID,
+) -> None:
+    """Run the migrations of the partitions this member owns until ``stop`` is set."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk size {chunk_size!r} must be at least 1, e.g. 500")
+    follower = PartitionFollower(
+        settings, group_id=group_id, transactional_prefix=f"svledger-worker-{settings.topic}"
+    )
+    runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
+
+    async def serve(partition_log: PartitionLog) -> None:
+        while True:
+            await partition_log.wait_folded()
+            migration = next_migration(partition_log.state)
+            if migration is None:
+                await partition_log.wait_moved()
+                continue
+            key = migration.key
+            positions: list[int] = []
+
+            async def append(events: Sequence[Event], positions: list[int] = positions) -> None:
+                positions.extend(p.offset for p in await partition_log.commit(events))
+
+            def cancelled(key: MigrationKey = key) -> bool:
+                return not partition_log.state.migrations[key].active
+
+            await migrate(
+                migration,
+                target,
+                append=append,
+                cancelled=cancelled,
+                clock=clock,
+                chunk_size=chunk_size,
+                policy=policy,
+            )
+            # Pick the next one only once this one's last event is folded.
+            await partition_log.wait_folded(max(positions, default=0) + 1)
+
+    async with follower:
+        try:
+            async for folded in follower.batches(stop):
+                for partition in [p for p in runners if p not in follower.logs]:
+                    await _finish(runners.pop(partition)[1])
+                partition_log = folded.log
+                current = runners.get(partition_log.partition)
+                if current is not None and (current[0] is not partition_log or current[1].done()):
+                    await _finish(current[1])
+                    current = None
+                if current is None:
+                    task = asyncio.create_task(serve(partition_log))
+                    runners[partition_log.partition] = (partition_log, task)
+        finally:
+            for _, task in runners.values():
+                task.cancel()
+                await _finish(task)
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, PartitionLost):
+        pass
+    except Exception:
+        log.exception("migration runner failed; its partition is served again")

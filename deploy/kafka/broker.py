@@ -1,0 +1,317 @@
+"""A real single-node Apache Kafka broker (KRaft) on 127.0.0.1, for development, tests and CI.
+
+The broker's jars come from Maven Central: ``pom.xml`` beside this file names the Kafka
+release, and ``fetch_jars()`` runs Maven to copy the broker and its runtime dependencies
+into ``lib/``. A stamp file holding the hash of ``pom.xml`` marks ``lib/`` as complete, so
+later fetches cost nothing until the pom changes.
+
+``LocalKafka`` runs one broker that is also its own KRaft controller. Each instance picks
+free ports, writes its configuration and data into a fresh temporary directory, formats
+the storage, starts the JVM and returns only once the broker accepts connections on its
+bootstrap address. ``stop()`` shuts it down (SIGTERM, then SIGKILL if it hangs) and
+removes the directory, so nothing outlives the instance. The configuration suits one
+node: internal topics (consumer offsets, transaction state) have one replica and need one
+in-sync replica, so consumer groups and transactions work, and topics are never created
+implicitly, so code under test must create the topics it uses.
+
+Stdlib only, so it runs before any virtualenv exists::
+
+    python deploy/kafka/broker.py fetch   # resolve the jars into lib/ only
+    python deploy/kafka/broker.py run     # print the bootstrap address, serve until SIGINT/SIGTERM
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import hashlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "pom.xml"
+LIB = HERE / "lib"
+_STAMP = LIB / ".pom.sha256"
+
+# Printed by kafka.server.KafkaRaftServer once the broker serves clients.
+_STARTED_MARKER = "Kafka Server started"
+_LOG_TAIL_LINES = 40
+_JAVA_OPTIONS = (
+    "-Xms128m",
+    "-XX:+UseSerialGC",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+
+class BrokerError(RuntimeError):
+    """The broker's jars could not be resolved or the broker could not be run."""
+
+
+def fetch_jars() -> Path:
+    """Copy the broker jars into ``lib/`` unless they match ``pom.xml`` already; return ``lib/``."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()
+    if _STAMP.is_file() and _STAMP.read_text().strip() == digest:
+        return LIB
+    mvn = _require_tool("mvn", "Apache Maven 3.8+ (for example `apt-get install maven`)")
+    # A half-copied or older lib/ may hold jars of another Kafka release: start afresh.
+    shutil.rmtree(LIB, ignore_errors=True)
+    result = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BrokerError(
+            f"mvn could not resolve the Kafka broker jars named in {POM} "
+            f"(exit code {result.returncode}); check that Maven Central is reachable.\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    _STAMP.write_text(digest + "\n")
+    return LIB
+
+
+class LocalKafka:
+    """One KRaft broker+controller on free 127.0.0.1 ports, alive between start() and stop()."""
+
+    def __init__(self, *, heap: str = "512m", startup_timeout: float = 120.0) -> None:
+        self._heap = heap
+        self._startup_timeout = startup_timeout
+        self._workdir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap address clients connect to, ``127.0.0.1:PORT``."""
+        if self._process is None:
+            raise BrokerError("the broker is not running: call start() first")
+        return f"127.0.0.1:{self._port}"
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> LocalKafka:
+        """Start the broker and return once it accepts connections at ``bootstrap``."""
+        if self._process is not None:
+            raise BrokerError(f"the broker is already running at {self.bootstrap}")
+        java = _require_tool(
+            "java", "a Java 17+ runtime (for example `apt-get install default-jre`)"
+        )
+        classpath = str(fetch_jars() / "*")
+        self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
+        try:
+            self._port, controller_port = _free_port(), _free_port()
+            config = self._write_config(controller_port)
+            java_command = [
+                java,
+                f"-Xmx{self._heap}",
+                *_JAVA_OPTIONS,
+                f"-Dlog4j2.configurationFile={self._write_log_config()}",
+                "-cp",
+                classpath,
+            ]
+            self._format_storage(java_command, config)
+            with self._log_path.open("wb") as log:
+                self._process = subprocess.Popen(
+                    [*java_command, "kafka.Kafka", str(config)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, SIGKILL after 30 s) and delete its data; safe to repeat."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        workdir, self._workdir = self._workdir, None
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise BrokerError, with the end of the broker's log, if the broker process has exited."""
+        if self._process is None:
+            raise BrokerError("the broker is not running: call start() first")
+        code = self._process.poll()
+        if code is not None:
+            raise BrokerError(f"the Kafka broker exited with code {code}.\n{self._log_tail()}")
+
+    @property
+    def _log_path(self) -> Path:
+        assert self._workdir is not None
+        return self._workdir / "broker.log"
+
+    def _write_config(self, controller_port: int) -> Path:
+        assert self._workdir is not None
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self._port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self._port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self._workdir / "data"),
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        path = self._workdir / "server.properties"
+        path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        return path
+
+    def _write_log_config(self) -> Path:
+        assert self._workdir is not None
+        path = self._workdir / "log4j2.properties"
+        path.write_text(
+            "status = warn\n"
+            "appender.stdout.type = Console\n"
+            "appender.stdout.name = STDOUT\n"
+            "appender.stdout.layout.type = PatternLayout\n"
+            "appender.stdout.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.stdout.ref = STDOUT\n"
+        )
+        return path
+
+    def _format_storage(self, java_command: list[str], config: Path) -> None:
+        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        result = subprocess.run(
+            [
+                *java_command,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(config),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise BrokerError(
+                f"formatting the Kafka storage in {self._workdir} failed "
+                f"(exit code {result.returncode}):\n{result.stdout}{result.stderr}"
+            )
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if _STARTED_MARKER in self._log_path.read_text(errors="replace") and _accepts(
+                self._port
+            ):
+                return
+            time.sleep(0.2)
+        raise BrokerError(
+            f"the Kafka broker did not start within {self._startup_timeout:g} s; "
+            f"raise startup_timeout on a slow machine.\n{self._log_tail()}"
+        )
+
+    def _log_tail(self) -> str:
+        lines = self._log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+        return f"Last lines of {self._log_path}:\n" + "\n".join(lines)
+
+
+def _require_tool(name: str, what: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise BrokerError(f"`{name}` is not on PATH; the local Kafka broker needs {what}")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def _die_with_parent() -> None:
+    # Runs in the forked child before exec: ask Linux to SIGTERM the JVM when the process
+    # that started it dies, so a killed test run or shell never leaves a broker behind.
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("fetch", help="resolve the broker jars into deploy/kafka/lib/ and exit")
+    commands.add_parser(
+        "run", help="start a broker, print its bootstrap address, serve until SIGINT/SIGTERM"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            fetch_jars()
+            return 0
+        stop_requested = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda _signum, _frame: stop_requested.set())
+        with LocalKafka() as kafka:
+            print(kafka.bootstrap, flush=True)
+            while not stop_requested.wait(1.0):
+                kafka.check_alive()
+        return 0
+    except BrokerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The storage version hash, exactly as Kubernetes computes it.
+
+Upstream (``k8s.io/apiserver/pkg/endpoints/discovery``, ``StorageVersionHash``) hashes
+the string ``<group>/<version>/<kind>`` with SHA-256 and publishes the first 8 bytes
+in standard, padded base64. The core group is the empty string, so a Pod stored as v1
+hashes ``/v1/Pod``. Discovery shows this value per resource; the StorageState of the
+migration KEP records which hashes objects may be persisted in.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Final
+
+CORE_GROUP_ALIAS: Final = "core"
+
+
+def storage_version_hash(group: str, version: str, kind: str) -> str:
+    """The storageVersionHash of objects of ``kind`` encoded as ``group/version``.
+
+    ``group`` is ``""`` for the core group; ``"core"`` is accepted as an alias.
+    """
+    if group == CORE_GROUP_ALIAS:
+        group = ""
+    for what, value in (("group", group), ("version", version), ("kind", kind)):
+        if "/" in value:
+            raise ValueError(f"{what} {value!r} contains '/'; give group, version and kind apart")
+    for what, value in (("version", version), ("kind", kind)):
+        if not value:
+            raise ValueError(f"the {what} is empty; give one, e.g. 'v1' and 'Pod'")
+    digest = hashlib.sha256(f"{group}/{version}/{kind}".encode()).digest()
+    return base64.standard_b64encode(digest[:8]).decode("ascii")

@@ -1,0 +1,455 @@
+"""Kafka I/O for the ledger: topics, the record format, producing and consuming events.
+
+The record format is the contract every writer shares (:func:`to_record`):
+
+* key: the cluster name, UTF-8, so all events of a cluster land in one partition
+  (the default murmur2 partitioner) and form one total order;
+* value: the codec's Avro single-object encoding;
+* header ``svledger-type``: the event type name, for humans reading with console tools.
+
+:class:`EventProducer` is idempotent with ``acks=all`` and lets aiokafka batch:
+``send`` awaits one acknowledgement, ``send_many`` hands every record to the
+accumulator first and then awaits all acknowledgements, so a burst costs a few round
+trips, not one per event. Per key (per partition) the order of the list is the order
+in the log.
+
+:class:`EventConsumer` yields decoded :class:`Record` s one by one or in batches. It
+reads either as a member of a consumer group or, without a group, every partition by
+manual assignment. Where each partition starts is chosen by the caller
+(``start_offsets``; the projector resumes from its SQL checkpoint), else it is the
+group's committed offset or the beginning. With ``until="end"`` it stops once every
+partition reaches the end it had when the consumer started (replay).
+
+A record that does not decode, or whose key is not its event's ``meta.cluster``,
+never stops the stream: it is copied to the dead-letter topic with its original key,
+value and headers plus ``svledger-dlq-*`` headers (reason, source topic, partition,
+offset), logged as a warning, and skipped. Dead letters of a batch are acknowledged
+before the batch is handed out, so a caller that checkpoints past a bad record never
+loses it.
+
+Connecting retries for a bounded time and then fails with :class:`BrokerUnavailable`,
+which names the bootstrap address and what to check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, for_code
+
+from ledger.codec import CodecError, decode, encode
+from ledger.events import Event, Position, type_name
+from ledger.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+TYPE_HEADER: Final = "svledger-type"
+DLQ_REASON_HEADER: Final = "svledger-dlq-reason"
+DLQ_TOPIC_HEADER: Final = "svledger-dlq-topic"
+DLQ_PARTITION_HEADER: Final = "svledger-dlq-partition"
+DLQ_OFFSET_HEADER: Final = "svledger-dlq-offset"
+
+# Retention forever and no compaction: the history is the product.
+TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
+
+_TOPIC_ALREADY_EXISTS: Final = 36
+
+Headers: TypeAlias = list[tuple[str, bytes]]
+
+
+class BrokerUnavailable(ConnectionError):
+    """Kafka could not be reached within the connect timeout."""
+
+
+class TopicMissing(LookupError):
+    """The topic to consume does not exist on the broker."""
+
+
+class OutgoingRecord(NamedTuple):
+    key: bytes
+    value: bytes
+    headers: Headers
+
+
+def to_record(event: Event) -> OutgoingRecord:
+    """The Kafka record for an event; every writer of the ledger uses this."""
+    return OutgoingRecord(
+        key=event.meta.cluster.encode(),
+        value=encode(event),
+        headers=[(TYPE_HEADER, type_name(event).encode())],
+    )
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+class _Client(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Client)
+
+
+async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: float = 30.0) -> _C:
+    """Start a fresh aiokafka client from ``make`` until it connects or ``timeout`` passes.
+
+    A client whose ``start`` failed is stopped and replaced: aiokafka clients are not
+    meant to be started twice.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.25
+    attempts = 0
+    while True:
+        attempts += 1
+        client = make()
+        try:
+            await client.start()
+            return client
+        except KafkaConnectionError as error:
+            await client.stop()
+            if loop.time() + delay > deadline:
+                raise BrokerUnavailable(
+                    f"cannot reach Kafka at {settings.bootstrap_servers!r} "
+                    f"({settings.security_protocol}) after {attempts} attempts in "
+                    f"{timeout:g} s: {error}. Check that the broker is running and "
+                    "listening there, that SVLEDGER_KAFKA_BOOTSTRAP names its advertised "
+                    "address, and that the security settings match its listener."
+                ) from error
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+async def create_topics(settings: KafkaSettings) -> None:
+    """Create the event and dead-letter topics if they do not exist (idempotent)."""
+    admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
+    try:
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=settings.partitions,
+                    replication_factor=settings.replication_factor,
+                    topic_configs=dict(TOPIC_CONFIG),
+                )
+                for name in (settings.topic, settings.dlq_topic)
+            ]
+        )
+    finally:
+        await admin.close()
+    for topic, code, *rest in response.topic_errors:
+        if code and code != _TOPIC_ALREADY_EXISTS:
+            message = rest[0] if rest and rest[0] else for_code(code).description
+            raise KafkaError(
+                f"cannot create topic {topic!r} ({settings.partitions} partitions, "
+                f"replication factor {settings.replication_factor}): {message}"
+            )
+
+
+# --------------------------------------------------------------------------- producing
+
+
+class EventProducer:
+    """Appends events to the ledger topic; ``async with EventProducer(settings) as p``."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        linger_ms: int = 5,
+        max_batch_size: int = 256 * 1024,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self._linger_ms = linger_ms
+        self._max_batch_size = max_batch_size
+        self._connect_timeout = connect_timeout
+        self._producer: AIOKafkaProducer | None = None
+
+    def _make(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **self.settings.client_kwargs(),
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self._linger_ms,
+            max_batch_size=self._max_batch_size,
+        )
+
+    async def __aenter__(self) -> Self:
+        self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("EventProducer is not started: use 'async with EventProducer(...)'")
+        return self._producer
+
+    async def _enqueue(self, event: Event) -> asyncio.Future[Any]:
+        key, value, headers = to_record(event)
+        future: asyncio.Future[Any] = await self.producer.send(
+            self.settings.topic, value=value, key=key, headers=headers
+        )
+        return future
+
+    async def send(self, event: Event) -> Position:
+        """Append one event and wait until the broker has it on every in-sync replica."""
+        metadata = await (await self._enqueue(event))
+        return Position(metadata.partition, metadata.offset)
+
+    async def send_many(self, events: Iterable[Event]) -> list[Position]:
+        """Append events (order kept per cluster) and wait for all acknowledgements."""
+        futures = [await self._enqueue(event) for event in events]
+        return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+
+
+# --------------------------------------------------------------------------- consuming
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded event with where it sits in the log and the broker's timestamp."""
+
+    position: Position
+    event: Event
+    timestamp_ms: int
+
+
+class EventConsumer:
+    """Reads decoded events from the ledger topic; ``async with EventConsumer(settings) as c``.
+
+    * ``group_id``: join this consumer group (partitions balanced across members);
+      None reads every partition by manual assignment.
+    * ``start_offsets``: called with the partitions just assigned, returns the next
+      offset to read for those it knows; the others start at the beginning.
+    * ``until="end"``: stop at the end offsets of the moment the consumer started
+      (only without a group).
+    * ``isolation_level``: ``read_committed`` hides records of aborted transactions.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        group_id: str | None = None,
+        start_offsets: Callable[[set[int]], Mapping[int, int]] | None = None,
+        until: Literal["end"] | None = None,
+        isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
+        connect_timeout: float = 30.0,
+    ) -> None:
+        if until is not None and group_id is not None:
+            raise ValueError(
+                f"until={until!r} needs manual assignment of every partition; "
+                f"drop group_id={group_id!r}"
+            )
+        self.settings = settings
+        self.group_id = group_id
+        self._start_offsets = start_offsets
+        self._until = until
+        self._isolation_level = isolation_level
+        self._connect_timeout = connect_timeout
+        self._consumer: AIOKafkaConsumer | None = None
+        self._dead_letters: EventProducer | None = None
+        self._ends: dict[TopicPartition, int] = {}  # until-mode partitions not finished yet
+
+    def _make(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            **self.settings.client_kwargs(),
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level=self._isolation_level,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
+
+    async def __aenter__(self) -> Self:
+        self._dead_letters = await EventProducer(
+            self.settings, connect_timeout=self._connect_timeout
+        ).__aenter__()
+        try:
+            consumer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+            self._consumer = consumer
+            if self.group_id is None:
+                await self._assign_all(consumer)
+            else:
+                consumer.subscribe([self.settings.topic], listener=_Listener(self))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        consumer, self._consumer = self._consumer, None
+        dead_letters, self._dead_letters = self._dead_letters, None
+        try:
+            if consumer is not None:
+                await consumer.stop()
+        finally:
+            if dead_letters is not None:
+                await dead_letters.__aexit__(None, None, None)
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The underlying aiokafka consumer (for offset commits inside a transaction)."""
+        if self._consumer is None:
+            raise RuntimeError("EventConsumer is not started: use 'async with EventConsumer(...)'")
+        return self._consumer
+
+    async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
+        topic = self.settings.topic
+        await consumer.topics()  # refreshes metadata
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise TopicMissing(
+                f"topic {topic!r} does not exist on {self.settings.bootstrap_servers!r}: "
+                "create it first (ledger.kafka.create_topics) or check SVLEDGER_TOPIC"
+            )
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await self._seek(consumer, assigned)
+        if self._until == "end":
+            ends = await consumer.end_offsets(assigned)
+            self._ends = dict(ends)
+            await self._pause_finished(consumer)
+
+    async def _seek(self, consumer: AIOKafkaConsumer, assigned: Iterable[TopicPartition]) -> None:
+        assigned = list(assigned)
+        if self._start_offsets is None:
+            if self.group_id is None:
+                await consumer.seek_to_beginning(*assigned)
+            return  # a group member starts at its committed offset, else the beginning
+        chosen = self._start_offsets({tp.partition for tp in assigned})
+        rest = []
+        for tp in assigned:
+            if tp.partition in chosen:
+                consumer.seek(tp, chosen[tp.partition])
+            else:
+                rest.append(tp)
+        if rest:
+            await consumer.seek_to_beginning(*rest)
+
+    async def _pause_finished(self, consumer: AIOKafkaConsumer) -> None:
+        for tp, end in list(self._ends.items()):
+            if await consumer.position(tp) >= end:
+                del self._ends[tp]
+                consumer.pause(tp)
+
+    async def batches(
+        self, max_records: int = 10_000, timeout_ms: int = 1_000
+    ) -> AsyncIterator[list[Record]]:
+        """Yield non-empty lists of records as they arrive, at most ``max_records`` each."""
+        consumer = self.consumer
+        while self._until is None or self._ends:
+            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            batch: list[Record] = []
+            dead: list[tuple[Any, str]] = []
+            for tp, messages in fetched.items():
+                end = self._ends.get(tp)
+                for message in messages:
+                    if end is not None and message.offset >= end:
+                        break
+                    decoded = _decode(message)
+                    if isinstance(decoded, Record):
+                        batch.append(decoded)
+                    else:
+                        dead.append((message, decoded))
+            if dead:
+                await self._send_dead_letters(dead)
+            if self._until is not None:
+                await self._pause_finished(consumer)
+            if batch:
+                yield batch
+
+    async def __aiter__(self) -> AsyncIterator[Record]:
+        async for batch in self.batches():
+            for record in batch:
+                yield record
+
+    async def _send_dead_letters(self, dead: Sequence[tuple[Any, str]]) -> None:
+        assert self._dead_letters is not None
+        producer = self._dead_letters.producer
+        futures = []
+        for message, reason in dead:
+            log.warning(
+                "record %s:%d@%d sent to dead-letter topic %s: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                self.settings.dlq_topic,
+                reason,
+                extra={
+                    "topic": message.topic,
+                    "partition": message.partition,
+                    "offset": message.offset,
+                    "dlq_topic": self.settings.dlq_topic,
+                    "reason": reason,
+                },
+            )
+            headers = [
+                *message.headers,
+                (DLQ_REASON_HEADER, reason.encode()),
+                (DLQ_TOPIC_HEADER, message.topic.encode()),
+                (DLQ_PARTITION_HEADER, str(message.partition).encode()),
+                (DLQ_OFFSET_HEADER, str(message.offset).encode()),
+            ]
+            futures.append(
+                await producer.send(
+                    self.settings.dlq_topic, value=message.value, key=message.key, headers=headers
+                )
+            )
+        await asyncio.gather(*futures)
+
+
+def _decode(message: Any) -> Record | str:
+    """The record of a consumed message, or why it belongs in the dead-letter topic."""
+    if message.value is None:
+        return "record has no value (a tombstone); the ledger never deletes"
+    try:
+        event = decode(message.value)
+    except CodecError as error:
+        return str(error)
+    cluster = event.meta.cluster
+    if message.key != cluster.encode():
+        return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
+    return Record(Position(message.partition, message.offset), event, message.timestamp)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Seeks newly assigned partitions to where the caller wants to resume."""
+
+    def __init__(self, owner: EventConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._owner._seek(self._owner.consumer, assigned)

@@ -1,0 +1,375 @@
+"""The library an API server embeds to take part in the ledger.
+
+A :class:`Reporter` does on Kafka what kube-apiserver does with its identity Lease
+and the StorageVersion API (KEP-1965, KEP-2339), in the KEP's order:
+
+1. **membership**: ``start`` appends an ``ApiserverHeartbeat`` and waits for its
+   acknowledgement, so the lease exists in the log before anything that needs it;
+2. **storage versions**: then a ``StorageVersionReported`` per served resource, and
+   waits for those acknowledgements;
+3. **serve writes**: only then does the :class:`~ledger.gate.WriteGate` open and the
+   reporter become ``ready``.
+
+Both go to the cluster's partition, so the log holds them in exactly that order.
+Identity is upstream's: the apiserver ID is stable for a hostname, the holder
+identity is new on every ``start``.
+
+After ``start`` a heartbeat is sent every ``heartbeat_interval`` seconds plus up to
+``jitter`` of it (upstream's ``wait.Jitter``), measured from the end of the previous
+one. A failed heartbeat is logged and tried again on the next tick; the loop never
+dies of it. If a heartbeat is acknowledged at least ``lease_duration_seconds`` after
+the previous acknowledged one, the lease may have been expired by the lease GC in
+between, which also dropped this server's storage versions: the reporter re-joins
+by reporting every resource again (the gate is closed until that is acknowledged).
+
+The reporter keeps the resources it should report (*desired*) and the reports the
+log is known to hold (*acknowledged*); every change (start, ``update``, a re-join)
+sends the difference and opens the gate for what was acknowledged. A resource whose
+report failed stays closed and is retried after the next heartbeat. ``stop`` sends
+``ApiserverLeaseReleased`` and closes the gate.
+
+:class:`ThreadedReporter` runs the same reporter on an event loop of its own, in a
+daemon thread, behind a blocking API for servers that are not asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import threading
+from collections.abc import Coroutine, Iterable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from ledger.clock import Clock, SystemClock
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseReleased,
+    Event,
+    Meta,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
+)
+from ledger.gate import GroupResource, WriteGate, group_resource_string
+from ledger.identity import apiserver_id, holder_identity
+from ledger.kafka import EventProducer
+from ledger.settings import KafkaSettings
+from ledger.validation import InvalidReport, check_report
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResourceReport:
+    """How this server stores and serves one resource; checked when built."""
+
+    group: str
+    resource: str
+    kind: str
+    encoding_version: str
+    decodable_versions: tuple[str, ...]
+    served_versions: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # Accept any sequence of versions but keep tuples, so reports compare by value.
+        object.__setattr__(self, "decodable_versions", tuple(self.decodable_versions))
+        object.__setattr__(self, "served_versions", tuple(self.served_versions))
+        check_report(
+            self.group,
+            self.resource,
+            self.kind,
+            self.encoding_version,
+            self.decodable_versions,
+            self.served_versions,
+        )
+
+    @property
+    def key(self) -> GroupResource:
+        return (self.group, self.resource)
+
+
+def _by_key(resources: Iterable[ResourceReport]) -> dict[GroupResource, ResourceReport]:
+    by_key: dict[GroupResource, ResourceReport] = {}
+    for report in resources:
+        if report.key in by_key:
+            raise InvalidReport(
+                "resource",
+                group_resource_string(*report.key),
+                "reported twice; give one report per resource",
+            )
+        by_key[report.key] = report
+    return by_key
+
+
+class Reporter:
+    """Heartbeats and storage-version reports of one API server (asyncio)."""
+
+    def __init__(
+        self,
+        cluster: str,
+        hostname: str,
+        resources: Iterable[ResourceReport],
+        producer: EventProducer,
+        clock: Clock | None = None,
+        *,
+        heartbeat_interval: float = 10.0,
+        jitter: float = 0.1,
+        lease_duration_seconds: int = 3600,
+        binary_version: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not cluster:
+            raise ValueError("cluster name must not be empty: it is the key of every event")
+        if heartbeat_interval <= 0 or jitter < 0:
+            raise ValueError(
+                f"heartbeat_interval={heartbeat_interval} must be positive and "
+                f"jitter={jitter} not negative"
+            )
+        if heartbeat_interval >= lease_duration_seconds:
+            raise ValueError(
+                f"heartbeat_interval={heartbeat_interval} s must be shorter than "
+                f"lease_duration_seconds={lease_duration_seconds}, or the lease lapses "
+                "between heartbeats"
+            )
+        self.cluster = cluster
+        self.hostname = hostname
+        self.apiserver_id = apiserver_id(hostname)
+        self.holder_identity: str | None = None
+        self.binary_version = binary_version
+        self._producer = producer
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._interval = heartbeat_interval
+        self._jitter = jitter
+        self._lease_duration = lease_duration_seconds
+        self._rng = rng if rng is not None else random.Random()
+        self._desired = _by_key(resources)
+        self._acknowledged: dict[GroupResource, ResourceReport] = {}
+        self._last_renewal: datetime | None = None  # renew time of the last acked heartbeat
+        self._lock = asyncio.Lock()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.gate = WriteGate(self._desired)
+
+    @property
+    def ready(self) -> bool:
+        """Member of the cluster with every resource's storage version on record."""
+        return self._loop_task is not None and self.gate.completed
+
+    @property
+    def resources(self) -> list[ResourceReport]:
+        return list(self._desired.values())
+
+    async def start(self) -> None:
+        """Join (heartbeat acknowledged), report every resource, then open the gate."""
+        if self._loop_task is not None:
+            raise RuntimeError(f"reporter {self.apiserver_id} ({self.hostname}) already started")
+        self.holder_identity = holder_identity(self.apiserver_id)
+        async with self._lock:
+            self._acknowledged.clear()
+            self._last_renewal = None
+            await self._heartbeat()
+            await self._sync()
+        self._loop_task = asyncio.create_task(
+            self._heartbeat_loop(), name=f"svledger-heartbeat-{self.apiserver_id}"
+        )
+
+    async def stop(self) -> None:
+        """Stop heartbeating and release the lease (graceful shutdown)."""
+        task, self._loop_task = self._loop_task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        async with self._lock:
+            self._acknowledged.clear()
+            self._refresh_gate()
+            assert self.holder_identity is not None
+            await self._producer.send(
+                ApiserverLeaseReleased(
+                    meta=self._meta(),
+                    apiserver_id=self.apiserver_id,
+                    holder_identity=self.holder_identity,
+                )
+            )
+
+    async def update(self, resources: Iterable[ResourceReport]) -> None:
+        """Report what changed and withdraw what is no longer served.
+
+        The gate closes for every changed resource until its new report is acknowledged.
+        """
+        desired = _by_key(resources)
+        async with self._lock:
+            self._desired = desired
+            self._refresh_gate()
+            if self._loop_task is not None:
+                await self._sync()
+
+    def _meta(self) -> Meta:
+        return Meta.new(self.cluster, self.apiserver_id, self._clock.now())
+
+    def _refresh_gate(self) -> None:
+        stale = {k for k, r in self._desired.items() if self._acknowledged.get(k) != r}
+        self.gate.close(stale)
+        self.gate.open(set(self.gate.pending) - stale)
+
+    async def _heartbeat(self) -> None:
+        """Send a heartbeat; when it follows a gap of a lease duration, re-join."""
+        assert self.holder_identity is not None
+        now = self._clock.now()
+        await self._producer.send(
+            ApiserverHeartbeat(
+                meta=Meta.new(self.cluster, self.apiserver_id, now),
+                apiserver_id=self.apiserver_id,
+                holder_identity=self.holder_identity,
+                hostname=self.hostname,
+                lease_duration_seconds=self._lease_duration,
+                renew_time=now,
+                binary_version=self.binary_version,
+            )
+        )
+        previous, self._last_renewal = self._last_renewal, now
+        if previous is not None and now - previous >= timedelta(seconds=self._lease_duration):
+            log.warning(
+                "apiserver %s renewed its lease %s after the previous renewal (lease "
+                "duration %d s); it may have expired: reporting every resource again",
+                self.apiserver_id,
+                now - previous,
+                self._lease_duration,
+            )
+            self._acknowledged.clear()
+            self._refresh_gate()
+
+    async def _sync(self) -> None:
+        """Send the reports and withdrawals that the log does not hold yet."""
+        reports = [r for k, r in self._desired.items() if self._acknowledged.get(k) != r]
+        withdrawn = [k for k in self._acknowledged if k not in self._desired]
+        if not reports and not withdrawn:
+            return
+        events: list[Event] = [
+            StorageVersionWithdrawn(
+                meta=self._meta(), apiserver_id=self.apiserver_id, group=group, resource=resource
+            )
+            for group, resource in withdrawn
+        ]
+        events.extend(
+            StorageVersionReported(
+                meta=self._meta(),
+                apiserver_id=self.apiserver_id,
+                group=r.group,
+                resource=r.resource,
+                kind=r.kind,
+                encoding_version=r.encoding_version,
+                decodable_versions=r.decodable_versions,
+                served_versions=r.served_versions,
+            )
+            for r in reports
+        )
+        try:
+            await self._producer.send_many(events)
+        except Exception as error:
+            self.gate.fail([r.key for r in reports], f"{type(error).__name__}: {error}")
+            raise
+        for key in withdrawn:
+            del self._acknowledged[key]
+        self._acknowledged.update((r.key, r) for r in reports)
+        self._refresh_gate()
+
+    def _next_interval(self) -> float:
+        return self._interval * (1.0 + self._rng.random() * self._jitter)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self._next_interval())
+            try:
+                async with self._lock:
+                    await self._heartbeat()
+                    await self._sync()
+            except Exception:
+                log.exception(
+                    "apiserver %s: heartbeat or report failed; trying again next tick",
+                    self.apiserver_id,
+                )
+
+
+class ThreadedReporter:
+    """A :class:`Reporter` behind a blocking API, on its own event loop in a daemon thread.
+
+    It owns its producer, built from ``settings``; every other argument is the
+    reporter's. Use as a context manager or call ``start()`` / ``stop()``.
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        hostname: str,
+        resources: Iterable[ResourceReport],
+        settings: KafkaSettings,
+        clock: Clock | None = None,
+        *,
+        timeout: float = 60.0,
+        **options: Any,
+    ) -> None:
+        self._timeout = timeout
+        self._producer = EventProducer(settings)
+        self._reporter = Reporter(cluster, hostname, resources, self._producer, clock, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"svledger-reporter-{hostname}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._timeout)
+
+    @property
+    def gate(self) -> WriteGate:
+        return self._reporter.gate
+
+    @property
+    def ready(self) -> bool:
+        return self._reporter.ready
+
+    @property
+    def apiserver_id(self) -> str:
+        return self._reporter.apiserver_id
+
+    def start(self) -> None:
+        self._run(self._start())
+
+    async def _start(self) -> None:
+        await self._producer.__aenter__()
+        try:
+            await self._reporter.start()
+        except BaseException:
+            await self._producer.__aexit__(None, None, None)
+            raise
+
+    def stop(self) -> None:
+        """Release the lease, close the producer and end the loop's thread."""
+        try:
+            self._run(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(self._timeout)
+            self._loop.close()
+
+    async def _stop(self) -> None:
+        try:
+            await self._reporter.stop()
+        finally:
+            await self._producer.__aexit__(None, None, None)
+
+    def update(self, resources: Iterable[ResourceReport]) -> None:
+        self._run(self._reporter.update(list(resources)))
+
+    def __enter__(self) -> ThreadedReporter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

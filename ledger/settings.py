@@ -1,0 +1,181 @@
+"""Where the log lives and how to reach it: one frozen :class:`KafkaSettings`.
+
+Every process that touches Kafka (reporters, the projector, the consumers, the
+CLI) builds its clients from the same settings, read from ``SVLEDGER_*``
+environment variables by :meth:`KafkaSettings.from_env`:
+
+=================================== ==========================================
+variable                            meaning (default)
+=================================== ==========================================
+``SVLEDGER_KAFKA_BOOTSTRAP``        ``host:port[,host:port...]`` (``localhost:9092``)
+``SVLEDGER_TOPIC``                  the event topic (``svledger.events``)
+``SVLEDGER_DLQ_TOPIC``              the dead-letter topic (``<topic>.dlq``)
+``SVLEDGER_KAFKA_PARTITIONS``       partitions of a created topic (6)
+``SVLEDGER_KAFKA_REPLICATION_FACTOR`` replicas of a created topic (1)
+``SVLEDGER_KAFKA_CLIENT_ID``        client id shown in broker logs (``svledger``)
+``SVLEDGER_KAFKA_SECURITY_PROTOCOL`` PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+``SVLEDGER_KAFKA_SASL_MECHANISM``   PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+``SVLEDGER_KAFKA_SASL_USERNAME``    SASL user
+``SVLEDGER_KAFKA_SASL_PASSWORD``    SASL password
+``SVLEDGER_KAFKA_SSL_CAFILE``       CA bundle (PEM) to verify the broker
+``SVLEDGER_KAFKA_SSL_CERTFILE``     client certificate (PEM) for mutual TLS
+``SVLEDGER_KAFKA_SSL_KEYFILE``      its private key (PEM)
+=================================== ==========================================
+
+Settings are checked when built, so a typo fails at start-up with the variable
+and the value in the message, not later as a connection error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+from aiokafka.helpers import create_ssl_context
+
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# Field name -> environment variable; the order is the order of the docstring table.
+_ENV: Final = {
+    "bootstrap_servers": "SVLEDGER_KAFKA_BOOTSTRAP",
+    "topic": "SVLEDGER_TOPIC",
+    "dlq_topic": "SVLEDGER_DLQ_TOPIC",
+    "partitions": "SVLEDGER_KAFKA_PARTITIONS",
+    "replication_factor": "SVLEDGER_KAFKA_REPLICATION_FACTOR",
+    "client_id": "SVLEDGER_KAFKA_CLIENT_ID",
+    "security_protocol": "SVLEDGER_KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "SVLEDGER_KAFKA_SASL_MECHANISM",
+    "sasl_username": "SVLEDGER_KAFKA_SASL_USERNAME",
+    "sasl_password": "SVLEDGER_KAFKA_SASL_PASSWORD",
+    "ssl_cafile": "SVLEDGER_KAFKA_SSL_CAFILE",
+    "ssl_certfile": "SVLEDGER_KAFKA_SSL_CERTFILE",
+    "ssl_keyfile": "SVLEDGER_KAFKA_SSL_KEYFILE",
+}
+_INT_FIELDS: Final = frozenset({"partitions", "replication_factor"})
+
+
+class SettingsError(ValueError):
+    """A setting has a value the ledger cannot use; the message names it and says why."""
+
+    def __init__(self, name: str, value: object, rule: str) -> None:
+        super().__init__(f"{name}={value!r}: {rule}")
+        self.name = name
+        self.value = value
+        self.rule = rule
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    bootstrap_servers: str = "localhost:9092"
+    topic: str = "svledger.events"
+    dlq_topic: str = ""  # empty means "<topic>.dlq"
+    partitions: int = 6
+    replication_factor: int = 1
+    client_id: str = "svledger"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.dlq_topic:
+            object.__setattr__(self, "dlq_topic", f"{self.topic}.dlq")
+        if not self.bootstrap_servers.strip():
+            raise SettingsError(
+                "bootstrap_servers", self.bootstrap_servers, "give at least one host:port"
+            )
+        for name in ("topic", "dlq_topic"):
+            value = getattr(self, name)
+            if not value or len(value) > 249 or not all(c.isalnum() or c in "._-" for c in value):
+                raise SettingsError(
+                    name, value, "a Kafka topic name is 1-249 characters of [a-zA-Z0-9._-]"
+                )
+        if self.dlq_topic == self.topic:
+            raise SettingsError(
+                "dlq_topic", self.dlq_topic, "the dead-letter topic must differ from the topic"
+            )
+        for name in _INT_FIELDS:
+            if getattr(self, name) < 1:
+                raise SettingsError(name, getattr(self, name), "must be at least 1")
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise SettingsError(
+                "security_protocol",
+                self.security_protocol,
+                f"must be one of {', '.join(SECURITY_PROTOCOLS)}",
+            )
+        if self.uses_sasl:
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                raise SettingsError(
+                    "sasl_mechanism",
+                    self.sasl_mechanism,
+                    f"must be one of {', '.join(SASL_MECHANISMS)}",
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise SettingsError(
+                    "sasl_username",
+                    self.sasl_username,
+                    f"{self.security_protocol} needs both a SASL username and password",
+                )
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise SettingsError(name, path, "no such file")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise SettingsError(
+                "ssl_keyfile", self.ssl_keyfile, "give the client certificate and key together"
+            )
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol.endswith("SSL")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> KafkaSettings:
+        """Settings from ``SVLEDGER_*`` variables; ``overrides`` (field=value) win over them."""
+        values: dict[str, Any] = {}
+        for name, variable in _ENV.items():
+            raw = environ.get(variable)
+            if raw is None or raw == "":
+                continue
+            if name in _INT_FIELDS:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise SettingsError(variable, raw, "must be a whole number") from None
+            else:
+                values[name] = raw
+        values.update(overrides)
+        try:
+            return cls(**values)
+        except SettingsError as error:
+            if error.name in overrides or error.name not in _ENV:
+                raise
+            # Report the variable the user set, not the field it became.
+            raise SettingsError(_ENV[error.name], error.value, error.rule) from None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection arguments shared by aiokafka's producer, consumer and admin client."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.uses_sasl:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password
+        if self.uses_ssl:
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        return kwargs

@@ -1,0 +1,119 @@
+"""The rules a storage-version report must satisfy before anything is sent.
+
+Kubernetes names these things with DNS-1123 and DNS-1035 rules (the API server and
+CRD validation apply them); a report that breaks them, or that claims to encode in a
+version it cannot decode, would only be rejected by the fold later. Checking at the
+reporter turns that into an error at the caller, with nothing half-sent.
+
+* group: a DNS-1123 subdomain, or ``""`` for the core group. ``"core"`` is refused:
+  it would share the StorageVersion name ``core.<resource>`` with the core group.
+* resource: a DNS-1123 label (lowercase plural, e.g. ``deployments``).
+* version: a DNS-1035 label (``v1``, ``v1beta2``, a CRD's ``v2alpha1``).
+* kind: its lowercase form is a DNS-1035 label, as for CRDs (``Deployment``).
+* encoding_version must be one of decodable_versions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final
+
+_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_LABEL: Final = re.compile(_LABEL)
+_DNS1123_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_DNS1035_LABEL: Final = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+LABEL_MAX: Final = 63
+SUBDOMAIN_MAX: Final = 253
+
+
+class InvalidReport(ValueError):
+    """A report field breaks a rule; names the field, the value and the rule."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        super().__init__(f"invalid {field} {value!r}: {rule}")
+        self.field = field
+        self.value = value
+        self.rule = rule
+
+
+def is_dns1123_label(name: str) -> bool:
+    return len(name) <= LABEL_MAX and _DNS1123_LABEL.fullmatch(name) is not None
+
+
+def is_dns1123_subdomain(name: str) -> bool:
+    return len(name) <= SUBDOMAIN_MAX and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+
+
+def is_dns1035_label(name: str) -> bool:
+    return len(name) <= LABEL_MAX and _DNS1035_LABEL.fullmatch(name) is not None
+
+
+def check_group(group: str) -> None:
+    if group == "core":
+        raise InvalidReport("group", group, "the core group is written as the empty string ''")
+    if group and not is_dns1123_subdomain(group):
+        raise InvalidReport(
+            "group",
+            group,
+            "must be '' (core) or a DNS-1123 subdomain: lowercase letters, digits, '-' "
+            f"and '.', starting and ending alphanumeric, at most {SUBDOMAIN_MAX} characters",
+        )
+
+
+def check_resource(resource: str) -> None:
+    if not is_dns1123_label(resource):
+        raise InvalidReport(
+            "resource",
+            resource,
+            "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
+            f"ending alphanumeric, at most {LABEL_MAX} characters (e.g. 'deployments')",
+        )
+
+
+def check_version(field: str, version: str) -> None:
+    if not is_dns1035_label(version):
+        raise InvalidReport(
+            field,
+            version,
+            "must be a DNS-1035 label: a lowercase letter, then lowercase letters, digits "
+            f"and '-', at most {LABEL_MAX} characters (e.g. 'v1', 'v1beta2')",
+        )
+
+
+def check_kind(kind: str) -> None:
+    if not is_dns1035_label(kind.lower()):
+        raise InvalidReport(
+            "kind",
+            kind,
+            "lowercased, must be a DNS-1035 label: a letter, then letters, digits and '-', "
+            f"at most {LABEL_MAX} characters (e.g. 'Deployment')",
+        )
+
+
+def check_report(
+    group: str,
+    resource: str,
+    kind: str,
+    encoding_version: str,
+    decodable_versions: Sequence[str],
+    served_versions: Sequence[str],
+) -> None:
+    """Raise :class:`InvalidReport` for the first rule the report breaks."""
+    check_group(group)
+    check_resource(resource)
+    check_kind(kind)
+    check_version("encoding_version", encoding_version)
+    if not decodable_versions:
+        raise InvalidReport("decodable_versions", list(decodable_versions), "must not be empty")
+    for version in decodable_versions:
+        check_version("decodable_versions", version)
+    for version in served_versions:
+        check_version("served_versions", version)
+    if encoding_version not in decodable_versions:
+        raise InvalidReport(
+            "encoding_version",
+            encoding_version,
+            f"must be one of decodable_versions {list(decodable_versions)}: "
+            "a server cannot write a version it cannot read back",
+        )

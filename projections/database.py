@@ -1,0 +1,170 @@
+"""Connecting to the projection database and bringing its schema up to date.
+
+Two backends, chosen by the URL: PostgreSQL (``postgresql://...``, driven by
+psycopg 3) in production, SQLite (``sqlite:///path.db``) as the embedded default.
+Alembic owns the schema; :func:`upgrade` applies its migrations without an
+``alembic.ini`` and :func:`engine` refuses a database that is unreachable or not at
+the schema this code expects, with an error that says what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+
+# Any constant works; it only has to be the same in every process that upgrades.
+_UPGRADE_LOCK_ID: Final = 0x5_1ED6E5
+
+
+class DatabaseNotReady(Exception):
+    """The projection database cannot be used as it is."""
+
+
+class DatabaseUnreachable(DatabaseNotReady):
+    pass
+
+
+class DatabaseNotMigrated(DatabaseNotReady):
+    pass
+
+
+def upgrade(url: str) -> None:
+    """Apply every migration the database lacks (``svledger db upgrade --db URL``).
+
+    Idempotent; on PostgreSQL concurrent upgrades of one database queue on an
+    advisory lock instead of racing to create the same tables.
+    """
+    db = _create_engine(url)
+    try:
+        with _connect(db) as connection, connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:id)"), {"id": _UPGRADE_LOCK_ID}
+                )
+            config = _alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    finally:
+        db.dispose()
+
+
+def engine(url: str) -> Engine:
+    """An engine on a reachable database whose schema is at this code's head revision."""
+    db = _create_engine(url)
+    if _missing_sqlite_file(db.url):
+        # Connecting would create an empty file where the user mistyped a path.
+        raise DatabaseNotMigrated(
+            f"database file {db.url.database} does not exist; create it with "
+            "`svledger db upgrade --db URL`"
+        )
+    try:
+        with _connect(db) as connection:
+            current = set(MigrationContext.configure(connection).get_current_heads())
+    except BaseException:
+        db.dispose()
+        raise
+    expected = set(ScriptDirectory.from_config(_alembic_config()).get_heads())
+    if current != expected:
+        db.dispose()
+        found = ", ".join(sorted(current)) or "no schema"
+        raise DatabaseNotMigrated(
+            f"database {_shown(db.url)} is at {found}, this svledger needs revision "
+            f"{', '.join(sorted(expected))}; run `svledger db upgrade --db URL` first"
+        )
+    return db
+
+
+def _create_engine(url: str) -> Engine:
+    parsed = _parse(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = create_engine(parsed)
+        event.listen(db, "connect", _configure_sqlite)
+        event.listen(db, "begin", _begin_sqlite)
+        return db
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            f"database URL {url!r} is not a URL; use postgresql://USER:PASSWORD@HOST/DB "
+            "or sqlite:///PATH.db"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        return parsed
+    raise ValueError(
+        f"database URL {_shown(parsed)} is neither PostgreSQL nor SQLite; "
+        "use postgresql://USER:PASSWORD@HOST/DB or sqlite:///PATH.db"
+    )
+
+
+@contextmanager
+def _connect(db: Engine) -> Iterator[Connection]:
+    try:
+        connection = db.connect()
+    except DBAPIError as error:
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        raise DatabaseUnreachable(
+            f"cannot connect to database {_shown(db.url)}: {reason}; check that it is "
+            "running and the URL is right, then run `svledger db upgrade --db URL` if "
+            "it is new"
+        ) from error
+    with connection:
+        yield connection
+
+
+def _missing_sqlite_file(url: URL) -> bool:
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return False
+    return not Path(url.database).exists()
+
+
+def _alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def _shown(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite opens transactions implicitly, and only before writes, so a read
+    # followed by a write would not be one transaction. Taking over BEGIN
+    # (in _begin_sqlite) makes SQLAlchemy's transactions real transactions.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # WAL lets readers (history, explain) run while the projector writes.
+        # synchronous=NORMAL may lose the last commits on power loss, never on a
+        # process crash, and a lost commit loses its checkpoint with it, so the
+        # projector re-reads those events: nothing is applied twice or lost.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cursor.close()
+
+
+def _begin_sqlite(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN")

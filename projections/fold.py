@@ -1,0 +1,581 @@
+"""The fold: how one event changes the views, as a pure function of the log.
+
+:func:`apply` takes the :class:`~projections.state.State`, one event and its log
+position, replaces the rows the event changes and returns the keys it touched
+(:class:`~projections.state.Changes`). It reads no clock, draws no random number and
+does no I/O: the only "now" it knows is the event's own ``meta.occurred_at``, so a
+replay of the same log yields the same rows, bit for bit. Every key includes the
+cluster (``meta.cluster``); clusters never see each other's rows.
+
+A row's ``revision`` is the position of the last event that changed its content. An
+event that leaves a row as it was does not touch it: an apiserver re-reporting the
+identical entry after every restart must not move the StorageVersion's revision,
+because a migration is valid only for the revision it was requested at.
+
+Events are never dropped silently. One the fold cannot apply (a report from an
+apiserver without a lease, an expiry of a lease renewed since, a step of an unknown
+migration, ...) leaves the views as they were and adds a
+:class:`~projections.state.Rejection` saying why.
+
+Decisions taken here, beyond DESIGN.md's fold rules:
+
+* Liveness is membership in ``State.leases``: only heartbeats add a lease and only
+  applied releases and expiries remove one; the fold never compares renew times
+  with its own notion of now (it has none).
+* A release names the holder identity (``<apiserver ID>_<uuid>``, new on every
+  start) that is shutting down. The apiserver ID is stable across restarts, so a
+  release sent by an old process after its successor's first heartbeat would drop
+  the successor's lease; a release therefore applies only while its holder still
+  holds the lease. An expiry applies only if the lease was not renewed after the
+  expiry's ``last_renew_time``, the renewal the lease GC saw when it decided.
+* ``current_storage_version_hash`` is the hash of the common encoding version and
+  is null while the apiservers disagree or none reports the resource: the KEP
+  defines it as the hash of *the* current storage version, and while servers
+  disagree there is none (each writes its own). Persisted hashes never lose a
+  version except by a fresh migration success or a reset.
+* A MigrationSucceeded whose StorageVersion changed since the migration was
+  requested (another revision, or a common version that no longer hashes to the
+  target) is stale: objects may have been written in another version after the
+  worker rewrote them. The migration still becomes Succeeded (its work did finish),
+  but the persisted hashes stay as they were and a Rejection records why; the
+  migrator then requests a migration for the current revision.
+* Migration phases move Pending -> Running -> Succeeded, with Failed from Pending or
+  Running, Cancelled from Pending, Running or Failed, and Started again from Failed
+  (resuming from the last continue token). Any other step is rejected, so a worker's
+  progress that arrives after a cancellation cannot revive the migration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Final, Literal, TypeVar
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    Event,
+    MigrationCancelled,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationStatusEvent,
+    MigrationSucceeded,
+    Position,
+    StorageStateReset,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
+    resource_name,
+    storage_state_name,
+    type_name,
+)
+from ledger.hashing import storage_version_hash
+from ledger.validation import InvalidReport, check_report
+from projections.state import (
+    CONDITION_TYPE,
+    MESSAGE_SET,
+    MESSAGE_UNSET,
+    REASON_SET,
+    REASON_UNSET,
+    UNKNOWN_HASH,
+    Changes,
+    Condition,
+    Lease,
+    LeaseKey,
+    Migration,
+    Phase,
+    Rejection,
+    ResourceKey,
+    ServerStorageVersion,
+    State,
+    StorageState,
+    StorageVersion,
+)
+
+# The phases each migration step may start from, and the phase it leads to.
+_STEPS: Final[dict[type[MigrationStatusEvent], tuple[frozenset[Phase], Phase]]] = {
+    MigrationStarted: (frozenset({"Pending", "Failed"}), "Running"),
+    MigrationProgressed: (frozenset({"Running"}), "Running"),
+    MigrationSucceeded: (frozenset({"Running"}), "Succeeded"),
+    MigrationFailed: (frozenset({"Pending", "Running"}), "Failed"),
+    MigrationCancelled: (frozenset({"Pending", "Running", "Failed"}), "Cancelled"),
+}
+
+_Key = TypeVar("_Key")
+_Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration)
+
+
+def apply(state: State, event: Event, position: Position) -> Changes:
+    """Fold one event into ``state`` in place; return the keys of the rows it changed.
+
+    A key in the result that is missing from ``state`` afterwards names a deleted row.
+    """
+    changes = Changes()
+    revision = str(position)
+    match event:
+        case ApiserverHeartbeat():
+            _heartbeat(state, event, revision, changes)
+        case ApiserverLeaseReleased() | ApiserverLeaseExpired():
+            _lease_ended(state, event, revision, changes)
+        case StorageVersionReported():
+            _reported(state, event, revision, changes)
+        case StorageVersionWithdrawn():
+            _withdrawn(state, event, revision, changes)
+        case StorageStateReset():
+            _reset(state, event, revision, changes)
+        case MigrationRequested():
+            _migration_requested(state, event, revision, changes)
+        case _:
+            _migration_step(state, event, revision, changes)
+    return changes
+
+
+def fold(records: Iterable[tuple[Event, Position]], state: State | None = None) -> State:
+    """Fold ``records`` in order into ``state`` (a new, empty one by default) and return it."""
+    state = State() if state is None else state
+    for event, position in records:
+        apply(state, event, position)
+    return state
+
+
+def subject(event: Event) -> str:
+    """The name of what an event is about: an apiserver ID, a resource or a migration ID."""
+    match event:
+        case ApiserverHeartbeat() | ApiserverLeaseReleased() | ApiserverLeaseExpired():
+            return event.apiserver_id
+        case StorageVersionReported() | StorageVersionWithdrawn() | StorageStateReset():
+            return resource_name(event.group, event.resource)
+        case _:
+            return event.migration_id
+
+
+def agreement(
+    entries: Iterable[ServerStorageVersion],
+    previous_common: str | None,
+    previous_condition: Condition | None,
+    now: datetime,
+) -> tuple[str | None, Condition]:
+    """The common encoding version and ``AllEncodingVersionsEqual`` condition of ``entries``.
+
+    As upstream's ``SetCommonEncodingVersion``: the common version is set iff every
+    entry has the same encoding version; the condition's ``last_transition_time`` is
+    ``now`` when there was no condition, when its status flips, or when the common
+    version moves from one value to another, and is kept otherwise.
+    """
+    versions = {entry.encoding_version for entry in entries}
+    common = next(iter(versions)) if len(versions) == 1 else None
+    status: Literal["True", "False"] = "False" if common is None else "True"
+    reason, message = (REASON_UNSET, MESSAGE_UNSET) if common is None else (REASON_SET, MESSAGE_SET)
+    moved = previous_common is not None and common is not None and previous_common != common
+    if previous_condition is None or previous_condition.status != status or moved:
+        transition = now
+    else:
+        transition = previous_condition.last_transition_time
+    return common, Condition(CONDITION_TYPE, status, reason, message, transition)
+
+
+def live_leases(state: State, cluster: str) -> list[Lease]:
+    """The leases held in ``cluster``, by apiserver ID."""
+    return sorted(
+        (lease for lease in state.leases.values() if lease.cluster == cluster),
+        key=lambda lease: lease.apiserver_id,
+    )
+
+
+def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration]:
+    """The Pending or Running migrations of a resource, oldest request first."""
+    migrations = (
+        state.migrations[key] for key in state.active_migrations_by_resource.get(resource_key, ())
+    )
+    return sorted(migrations, key=lambda m: (m.requested_at, m.migration_id))
+
+
+def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: Changes) -> None:
+    lease = Lease(
+        cluster=event.meta.cluster,
+        apiserver_id=event.apiserver_id,
+        holder_identity=event.holder_identity,
+        hostname=event.hostname,
+        lease_duration_seconds=event.lease_duration_seconds,
+        renew_time=event.renew_time,
+        binary_version=event.binary_version,
+        revision=revision,
+    )
+    _store(state.leases, lease.key, lease, changes.leases)
+
+
+def _lease_ended(
+    state: State,
+    event: ApiserverLeaseReleased | ApiserverLeaseExpired,
+    revision: str,
+    changes: Changes,
+) -> None:
+    cluster = event.meta.cluster
+    lease_key: LeaseKey = (cluster, event.apiserver_id)
+    lease = state.leases.get(lease_key)
+    if lease is None:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"apiserver {event.apiserver_id!r} holds no lease in cluster {cluster!r}"
+            " (already released or expired); nothing to end",
+        )
+        return
+    if isinstance(event, ApiserverLeaseReleased) and lease.holder_identity != event.holder_identity:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"release by {event.holder_identity!r} ignored: the lease of"
+            f" {event.apiserver_id!r} is now held by {lease.holder_identity!r},"
+            " a later start of the same apiserver",
+        )
+        return
+    if isinstance(event, ApiserverLeaseExpired) and lease.renew_time > event.last_renew_time:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"stale expiry ignored: the lease of {event.apiserver_id!r} was renewed at"
+            f" {lease.renew_time.isoformat()}, after the expiry's last renew time"
+            f" {event.last_renew_time.isoformat()}",
+        )
+        return
+    _delete(state.leases, lease_key, changes.leases)
+    # StorageVersion GC: the apiserver's entries go with its lease.
+    for key in list(state.resources_by_apiserver.get(lease_key, ())):
+        storage_version = state.storage_versions[key]
+        entries = tuple(e for e in storage_version.entries if e.apiserver_id != event.apiserver_id)
+        _set_entries(
+            state, key, entries, storage_version.kind, event.meta.occurred_at, revision, changes
+        )
+
+
+def _reported(state: State, event: StorageVersionReported, revision: str, changes: Changes) -> None:
+    cluster = event.meta.cluster
+    try:
+        check_report(
+            event.group,
+            event.resource,
+            event.kind,
+            event.encoding_version,
+            event.decodable_versions,
+            event.served_versions,
+        )
+    except InvalidReport as error:
+        _reject(changes, event, revision, str(error))
+        return
+    if (cluster, event.apiserver_id) not in state.leases:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"apiserver {event.apiserver_id!r} holds no lease in cluster {cluster!r};"
+            " it must send a heartbeat before reporting storage versions",
+        )
+        return
+    key: ResourceKey = (cluster, event.group, event.resource)
+    entry = ServerStorageVersion(
+        apiserver_id=event.apiserver_id,
+        encoding_version=event.encoding_version,
+        decodable_versions=event.decodable_versions,
+        served_versions=event.served_versions,
+    )
+    previous = state.storage_versions.get(key)
+    others = () if previous is None else previous.entries
+    entries = tuple(
+        sorted(
+            (*(e for e in others if e.apiserver_id != event.apiserver_id), entry),
+            key=lambda e: e.apiserver_id,
+        )
+    )
+    reported_hash = storage_version_hash(event.group, event.encoding_version, event.kind)
+    _set_entries(
+        state, key, entries, event.kind, event.meta.occurred_at, revision, changes, reported_hash
+    )
+
+
+def _withdrawn(
+    state: State, event: StorageVersionWithdrawn, revision: str, changes: Changes
+) -> None:
+    key: ResourceKey = (event.meta.cluster, event.group, event.resource)
+    storage_version = state.storage_versions.get(key)
+    if storage_version is None or all(
+        entry.apiserver_id != event.apiserver_id for entry in storage_version.entries
+    ):
+        _reject(
+            changes,
+            event,
+            revision,
+            f"apiserver {event.apiserver_id!r} has no entry in StorageVersion"
+            f" {resource_name(event.group, event.resource)!r} of cluster"
+            f" {event.meta.cluster!r}; nothing to withdraw",
+        )
+        return
+    entries = tuple(e for e in storage_version.entries if e.apiserver_id != event.apiserver_id)
+    _set_entries(
+        state, key, entries, storage_version.kind, event.meta.occurred_at, revision, changes
+    )
+
+
+def _set_entries(
+    state: State,
+    key: ResourceKey,
+    entries: tuple[ServerStorageVersion, ...],
+    kind: str,
+    now: datetime,
+    revision: str,
+    changes: Changes,
+    reported_hash: str | None = None,
+) -> None:
+    """Give a StorageVersion these entries (none: delete it), then refresh its StorageState.
+
+    ``reported_hash`` is the hash of a version just reported, appended to the persisted
+    hashes if absent: an apiserver may already have written objects in it.
+    """
+    previous = state.storage_versions.get(key)
+    storage_version: StorageVersion | None = None
+    if entries:
+        common, condition = agreement(
+            entries,
+            None if previous is None else previous.common_encoding_version,
+            None if previous is None else previous.condition,
+            now,
+        )
+        storage_version = StorageVersion(
+            cluster=key[0],
+            group=key[1],
+            resource=key[2],
+            kind=kind,
+            entries=entries,
+            common_encoding_version=common,
+            condition=condition,
+            revision=revision,
+        )
+        _store(state.storage_versions, key, storage_version, changes.storage_versions)
+    elif previous is not None:
+        _delete(state.storage_versions, key, changes.storage_versions)
+
+    before = set() if previous is None else {e.apiserver_id for e in previous.entries}
+    after = {e.apiserver_id for e in entries}
+    for apiserver_id in after - before:
+        state.resources_by_apiserver.setdefault((key[0], apiserver_id), set()).add(key)
+    for apiserver_id in before - after:
+        _discard(state.resources_by_apiserver, (key[0], apiserver_id), key)
+
+    storage_state = state.storage_states.get(key)
+    persisted = (
+        (UNKNOWN_HASH,) if storage_state is None else storage_state.persisted_storage_version_hashes
+    )
+    if reported_hash is not None and reported_hash not in persisted:
+        persisted = (*persisted, reported_hash)
+    current = None
+    if storage_version is not None and storage_version.common_encoding_version is not None:
+        current = storage_version_hash(
+            key[1], storage_version.common_encoding_version, storage_version.kind
+        )
+    _store(
+        state.storage_states,
+        key,
+        StorageState(
+            cluster=key[0],
+            group=key[1],
+            resource=key[2],
+            persisted_storage_version_hashes=persisted,
+            current_storage_version_hash=current,
+            revision=revision,
+        ),
+        changes.storage_states,
+    )
+
+
+def _reset(state: State, event: StorageStateReset, revision: str, changes: Changes) -> None:
+    key: ResourceKey = (event.meta.cluster, event.group, event.resource)
+    storage_state = state.storage_states.get(key)
+    if storage_state is None:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"no StorageState {storage_state_name(event.group, event.resource)!r} in cluster"
+            f" {event.meta.cluster!r} to reset; check the group and resource names",
+        )
+        return
+    reset = dataclasses.replace(
+        storage_state, persisted_storage_version_hashes=(UNKNOWN_HASH,), revision=revision
+    )
+    _store(state.storage_states, key, reset, changes.storage_states)
+
+
+def _migration_requested(
+    state: State, event: MigrationRequested, revision: str, changes: Changes
+) -> None:
+    key = (event.meta.cluster, event.migration_id)
+    if key in state.migrations:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"migration ID {event.migration_id!r} is already taken in cluster"
+            f" {event.meta.cluster!r}; request a migration under a new ID",
+        )
+        return
+    migration = Migration(
+        cluster=event.meta.cluster,
+        migration_id=event.migration_id,
+        group=event.group,
+        resource=event.resource,
+        target_version=event.target_version,
+        target_hash=event.target_hash,
+        storage_version_revision=event.storage_version_revision,
+        phase="Pending",
+        objects_migrated=0,
+        continue_token=None,
+        reason=None,
+        message=None,
+        requested_at=event.meta.occurred_at,
+        updated_at=event.meta.occurred_at,
+        revision=revision,
+    )
+    _store_migration(state, migration, changes)
+
+
+def _migration_step(
+    state: State, event: MigrationStatusEvent, revision: str, changes: Changes
+) -> None:
+    migration = state.migrations.get((event.meta.cluster, event.migration_id))
+    if migration is None:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"no migration {event.migration_id!r} in cluster {event.meta.cluster!r};"
+            " a migration must be requested before it can move",
+        )
+        return
+    sources, phase = _STEPS[type(event)]
+    if migration.phase not in sources:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"migration {event.migration_id!r} is {migration.phase}; {type_name(event)}"
+            f" applies only to a migration that is {' or '.join(sorted(sources))}",
+        )
+        return
+    moved = dataclasses.replace(
+        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision
+    )
+    match event:
+        case MigrationStarted() | MigrationFailed() | MigrationCancelled():
+            moved = dataclasses.replace(moved, reason=event.reason, message=event.message)
+        case MigrationProgressed():
+            moved = dataclasses.replace(
+                moved,
+                objects_migrated=event.objects_migrated,
+                continue_token=event.continue_token,
+            )
+        case MigrationSucceeded():
+            moved = dataclasses.replace(
+                moved,
+                objects_migrated=event.objects_migrated,
+                continue_token=None,
+                reason=event.reason,
+                message=event.message,
+            )
+            _refine_persisted_hashes(state, migration, event, revision, changes)
+    _store_migration(state, moved, changes)
+
+
+def _refine_persisted_hashes(
+    state: State,
+    migration: Migration,
+    event: MigrationSucceeded,
+    revision: str,
+    changes: Changes,
+) -> None:
+    """After a fresh success every stored object is in the target version: persisted = [it]."""
+    key = migration.resource_key
+    name = resource_name(migration.group, migration.resource)
+    storage_version = state.storage_versions.get(key)
+    storage_state = state.storage_states.get(key)
+    if storage_version is None or storage_state is None:
+        stale = f"StorageVersion {name!r} no longer exists (no apiserver reports it)"
+    elif storage_version.revision != migration.storage_version_revision:
+        stale = (
+            f"StorageVersion {name!r} changed at revision {storage_version.revision} after"
+            f" the migration was requested for revision {migration.storage_version_revision}"
+        )
+    elif storage_state.current_storage_version_hash != migration.target_hash:
+        stale = (
+            f"the common encoding version of {name!r} is"
+            f" {storage_version.common_encoding_version!r}, not the migration's target"
+            f" {migration.target_version!r} (hash {migration.target_hash!r})"
+        )
+    else:
+        refined = dataclasses.replace(
+            storage_state,
+            persisted_storage_version_hashes=(migration.target_hash,),
+            revision=revision,
+        )
+        _store(state.storage_states, key, refined, changes.storage_states)
+        return
+    _reject(
+        changes,
+        event,
+        revision,
+        f"stale success of migration {migration.migration_id!r}: {stale}; objects may have"
+        " been written in another version meanwhile, so the persisted hashes are kept",
+    )
+
+
+def _store_migration(state: State, migration: Migration, changes: Changes) -> None:
+    _store(state.migrations, migration.key, migration, changes.migrations)
+    if migration.active:
+        state.active_migrations_by_resource.setdefault(migration.resource_key, set()).add(
+            migration.key
+        )
+    else:
+        _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
+
+
+def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:
+    """Put ``row`` under ``key`` unless only its revision would differ from the row there."""
+    previous = rows.get(key)
+    if previous is not None and dataclasses.replace(previous, revision=row.revision) == row:
+        return
+    rows[key] = row
+    touched.add(key)
+
+
+def _delete(rows: dict[_Key, _Row], key: _Key, touched: set[_Key]) -> None:
+    del rows[key]
+    touched.add(key)
+
+
+_Member = TypeVar("_Member")
+
+
+def _discard(index: dict[_Key, set[_Member]], key: _Key, member: _Member) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
+
+
+def _reject(changes: Changes, event: Event, revision: str, reason: str) -> None:
+    changes.rejections.append(
+        Rejection(
+            cluster=event.meta.cluster,
+            revision=revision,
+            event_id=event.meta.event_id,
+            event_type=type_name(event),
+            subject=subject(event),
+            reason=reason,
+        )
+    )

@@ -1,0 +1,506 @@
+"""What happened to one resource, and why it is as it is: ``svledger history`` and ``explain``.
+
+Both read the projection database only. ``ledger_events`` holds every folded event
+with its log position, so a resource's story is a query away:
+
+* the events about the resource itself (reports, withdrawals, resets), by subject;
+* the events of its migrations, by migration ID;
+* the releases and expiries of leases that removed one of its entries: an
+  apiserver's lease ending drops that apiserver's entry from every StorageVersion,
+  so such an event is about the resource although its subject is the apiserver.
+  Which lease ends removed an entry is decided by walking the resource's applied
+  events in log order (:func:`with_entry_removals`), not guessed from apiserver
+  names alone.
+
+The SQL (:func:`history`, :func:`gather`) is kept apart from the words
+(:func:`format_history`, :func:`explanation`) and from name resolution
+(:func:`resolve`): those are pure and are tested without a database.
+
+A resource is named as the user knows it: ``<group>.<resource>`` (the
+StorageVersion's name, ``core.pods`` for the core group), ``<resource>.<group>`` (the
+StorageState's name) or the bare ``<resource>`` of the core group. A name that fits
+several known resources, or one resource in several clusters without ``--cluster``,
+is an error listing the candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import Connection, select, union
+
+from ledger.events import Position, resource_name, storage_state_name
+from ledger.hashing import storage_version_hash
+from projections.schema import (
+    ledger_events,
+    rejected_events,
+    storage_states,
+    storage_version_migrations,
+    storage_versions,
+)
+from projections.state import (
+    UNKNOWN_HASH,
+    Migration,
+    ResourceKey,
+    StorageState,
+    StorageVersion,
+)
+from projections.store import load_state
+
+REPORTED: Final = "StorageVersionReported"
+WITHDRAWN: Final = "StorageVersionWithdrawn"
+RESET: Final = "StorageStateReset"
+RELEASED: Final = "ApiserverLeaseReleased"
+EXPIRED: Final = "ApiserverLeaseExpired"
+REQUESTED: Final = "MigrationRequested"
+SUCCEEDED: Final = "MigrationSucceeded"
+_RESOURCE_EVENTS: Final = (REPORTED, WITHDRAWN, RESET)
+_LEASE_ENDS: Final = (RELEASED, EXPIRED)
+_MIGRATION_EVENTS: Final = (
+    REQUESTED,
+    "MigrationStarted",
+    "MigrationProgressed",
+    SUCCEEDED,
+    "MigrationFailed",
+    "MigrationCancelled",
+)
+
+
+class ResourceNameError(LookupError):
+    """A resource name that names no known resource, or more than one."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One event of a resource's history, as ``ledger_events`` holds it."""
+
+    position: Position
+    cluster: str
+    event_type: str
+    subject: str
+    occurred_at: datetime
+    source: str
+    payload: Mapping[str, Any]
+    rejection: str | None  # why the fold did not apply it; None when applied
+
+    @property
+    def applied(self) -> bool:
+        return self.rejection is None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Facts:
+    """Everything :func:`explanation` puts into words about one resource."""
+
+    key: ResourceKey
+    storage_version: StorageVersion | None
+    storage_state: StorageState | None
+    migrations: tuple[Migration, ...]  # of this resource, oldest request first
+    history: tuple[HistoryEntry, ...]
+
+
+# ---------------------------------------------------------------- resolution
+
+
+def resolve(name: str, cluster: str | None, known: Iterable[ResourceKey]) -> ResourceKey:
+    """The one known resource ``name`` (and ``cluster``, if given) designates."""
+    candidates = sorted(
+        {
+            key
+            for key in known
+            if (cluster is None or key[0] == cluster)
+            and name in (resource_name(key[1], key[2]), storage_state_name(key[1], key[2]))
+        }
+    )
+    where = "" if cluster is None else f" in cluster {cluster!r}"
+    if not candidates:
+        raise ResourceNameError(
+            f"no resource {name!r}{where} in the projection; name it as <group>.<resource>"
+            " (core.<resource> for the core group), <resource>.<group> or <resource>, and"
+            " check the cluster and that the projector has caught up"
+        )
+    if len(candidates) > 1:
+        listed = ", ".join(
+            f"{resource_name(group, resource)} in cluster {c!r}"
+            for c, group, resource in candidates
+        )
+        advice = (
+            "pass --cluster NAME"
+            if len({group_resource[1:] for group_resource in candidates}) == 1
+            else "name it as <group>.<resource>"
+        )
+        raise ResourceNameError(f"{name!r}{where} is ambiguous: {listed}; {advice}")
+    return candidates[0]
+
+
+def known_resources(connection: Connection) -> set[ResourceKey]:
+    """Every resource the views know of, current or past (StorageStates are never deleted)."""
+    query = union(
+        *(
+            select(table.c.cluster, table.c.api_group, table.c.resource)
+            for table in (storage_versions, storage_states, storage_version_migrations)
+        )
+    )
+    return {(cluster, group, resource) for cluster, group, resource in connection.execute(query)}
+
+
+# ------------------------------------------------------------------- history
+
+
+def history(
+    connection: Connection, resource: str, cluster: str | None = None
+) -> list[HistoryEntry]:
+    """The events that touched ``resource``, in log order (see the module docstring)."""
+    return _history(connection, resolve(resource, cluster, known_resources(connection)))
+
+
+def _history(connection: Connection, key: ResourceKey) -> list[HistoryEntry]:
+    cluster, group, resource = key
+    own = _entries(
+        connection,
+        cluster,
+        _RESOURCE_EVENTS,
+        [resource_name(group, resource)],
+    )
+    migration_ids = connection.scalars(
+        select(storage_version_migrations.c.migration_id).where(
+            storage_version_migrations.c.cluster == cluster,
+            storage_version_migrations.c.api_group == group,
+            storage_version_migrations.c.resource == resource,
+        )
+    ).all()
+    migrations = _entries(connection, cluster, _MIGRATION_EVENTS, migration_ids)
+    reporters = sorted(
+        {entry.payload["apiserver_id"] for entry in own if entry.event_type == REPORTED}
+    )
+    lease_ends = _entries(connection, cluster, _LEASE_ENDS, reporters)
+    return sorted(
+        [*with_entry_removals(own, lease_ends), *migrations], key=lambda entry: entry.position
+    )
+
+
+def with_entry_removals(
+    resource_events: Iterable[HistoryEntry], lease_ends: Iterable[HistoryEntry]
+) -> list[HistoryEntry]:
+    """A resource's own events plus the lease ends that removed one of its entries.
+
+    Walks both in log order, tracking which apiservers hold an entry: an applied
+    report adds one, an applied withdrawal or lease end removes it. A lease end
+    is kept only if its apiserver held an entry at that point.
+    """
+    holders: set[str] = set()
+    kept: list[HistoryEntry] = []
+    for entry in sorted([*resource_events, *lease_ends], key=lambda e: e.position):
+        apiserver: str = entry.payload.get("apiserver_id", "")
+        if entry.event_type in _LEASE_ENDS:
+            if entry.applied and apiserver in holders:
+                holders.discard(apiserver)
+                kept.append(entry)
+            continue
+        if entry.applied and entry.event_type == REPORTED:
+            holders.add(apiserver)
+        elif entry.applied and entry.event_type == WITHDRAWN:
+            holders.discard(apiserver)
+        kept.append(entry)
+    return kept
+
+
+def _entries(
+    connection: Connection, cluster: str, event_types: Sequence[str], subjects: Sequence[str]
+) -> list[HistoryEntry]:
+    if not subjects:
+        return []
+    events, rejected = ledger_events, rejected_events
+    query = (
+        select(
+            events.c.log_partition,
+            events.c.log_offset,
+            events.c.cluster,
+            events.c.event_type,
+            events.c.subject,
+            events.c.occurred_at,
+            events.c.source,
+            events.c.payload,
+            rejected.c.reason,
+        )
+        .outerjoin(
+            rejected,
+            (rejected.c.topic == events.c.topic)
+            & (rejected.c.log_partition == events.c.log_partition)
+            & (rejected.c.log_offset == events.c.log_offset),
+        )
+        .where(
+            events.c.cluster == cluster,
+            events.c.subject.in_(subjects),
+            events.c.event_type.in_(event_types),
+        )
+    )
+    return [
+        HistoryEntry(
+            position=Position(row.log_partition, row.log_offset),
+            cluster=row.cluster,
+            event_type=row.event_type,
+            subject=row.subject,
+            occurred_at=row.occurred_at,
+            source=row.source,
+            payload=row.payload,
+            rejection=row.reason,
+        )
+        for row in connection.execute(query)
+    ]
+
+
+def format_history(entries: Sequence[HistoryEntry]) -> str:
+    """A table of ``entries``, one line each: position, time, event, source, what it did."""
+    header = ("POSITION", "TIME", "EVENT", "SOURCE", "WHAT")
+    rows = [
+        (
+            str(entry.position),
+            entry.occurred_at.isoformat(timespec="seconds"),
+            entry.event_type,
+            entry.source,
+            describe(entry) + ("" if entry.applied else f" -- rejected: {entry.rejection}"),
+        )
+        for entry in entries
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+        for row in [header, *rows]
+    )
+
+
+def describe(entry: HistoryEntry) -> str:
+    """What one event says, in a few words."""
+    p = entry.payload
+    match entry.event_type:
+        case "StorageVersionReported":
+            return (
+                f"{p['apiserver_id']} encodes in {p['encoding_version']}"
+                f" (decodes {', '.join(p['decodable_versions'])})"
+            )
+        case "StorageVersionWithdrawn":
+            return f"{p['apiserver_id']} withdrew its entry"
+        case "StorageStateReset":
+            return f"persisted hashes reset to [{UNKNOWN_HASH}]: {p['reason']}"
+        case "ApiserverLeaseReleased":
+            return f"{p['apiserver_id']} released its lease, dropping its entries"
+        case "ApiserverLeaseExpired":
+            return (
+                f"lease of {p['apiserver_id']} expired (last renewed {p['last_renew_time']}),"
+                " dropping its entries"
+            )
+        case "MigrationRequested":
+            return (
+                f"migration {p['migration_id']} to {p['target_version']} (hash"
+                f" {p['target_hash']}) for StorageVersion revision {p['storage_version_revision']}"
+            )
+        case _:
+            details = [f"{p['objects_migrated']} objects migrated"]
+            details += [str(p[name]) for name in ("reason", "message") if p.get(name)]
+            return f"migration {p['migration_id']}: {'; '.join(details)}"
+
+
+# ------------------------------------------------------------------- explain
+
+
+def explain(connection: Connection, resource: str, cluster: str | None = None) -> str:
+    """Why ``resource`` is in its current state, in plain words citing log positions."""
+    return explanation(gather(connection, resolve(resource, cluster, known_resources(connection))))
+
+
+def gather(connection: Connection, key: ResourceKey) -> Facts:
+    state = load_state(connection)
+    migrations = sorted(
+        (m for m in state.migrations.values() if m.resource_key == key),
+        key=lambda m: (m.requested_at, m.migration_id),
+    )
+    return Facts(
+        key=key,
+        storage_version=state.storage_versions.get(key),
+        storage_state=state.storage_states.get(key),
+        migrations=tuple(migrations),
+        history=tuple(_history(connection, key)),
+    )
+
+
+def explanation(facts: Facts) -> str:
+    """The words of ``svledger explain``: agreement, removals, persisted hashes, migration."""
+    cluster, group, resource = facts.key
+    lines = [
+        f"{resource_name(group, resource)} (StorageState {storage_state_name(group, resource)})"
+        f" in cluster {cluster!r}",
+        "",
+        *_agreement_lines(facts),
+        *_removal_lines(facts),
+        "",
+        *_hash_lines(facts),
+        "",
+        *_migration_lines(facts),
+    ]
+    return "\n".join(lines)
+
+
+def _cite(entry: HistoryEntry | None) -> str:
+    if entry is None:
+        return "(no event in the history accounts for it)"
+    when = entry.occurred_at.isoformat(timespec="seconds")
+    return f"{entry.event_type} at {entry.position} ({when})"
+
+
+def _applied(facts: Facts, *event_types: str) -> list[HistoryEntry]:
+    return [e for e in facts.history if e.applied and e.event_type in event_types]
+
+
+def _agreement_lines(facts: Facts) -> list[str]:
+    storage_version = facts.storage_version
+    if storage_version is None:
+        return [
+            "No apiserver reports this resource now, so it has no StorageVersion"
+            " (the last entry was removed; see below)."
+        ]
+    reports = _applied(facts, REPORTED)
+    count = len(storage_version.entries)
+    lines = [
+        f"StorageVersion {storage_version.name} (revision {storage_version.revision}) has"
+        f" {count} entr{'y' if count == 1 else 'ies'}:"
+    ]
+    for entry in storage_version.entries:
+        report = next(
+            (r for r in reversed(reports) if r.payload["apiserver_id"] == entry.apiserver_id), None
+        )
+        lines.append(
+            f"  - {entry.apiserver_id} encodes in {entry.encoding_version}, decodes"
+            f" {', '.join(entry.decodable_versions)}; last reported by {_cite(report)}"
+        )
+    condition = storage_version.condition
+    # The fold stamps a transition with the time of the event that caused it.
+    cause = next(
+        (
+            e
+            for e in reversed(_applied(facts, REPORTED, WITHDRAWN, *_LEASE_ENDS))
+            if e.occurred_at == condition.last_transition_time
+        ),
+        None,
+    )
+    since = (
+        f"condition {condition.type}={condition.status} ({condition.reason}) since"
+        f" {condition.last_transition_time.isoformat(timespec='seconds')}, set by {_cite(cause)}."
+    )
+    common = storage_version.common_encoding_version
+    if common is not None:
+        lines.append(f"They agree: the common encoding version is {common}; {since}")
+    else:
+        by_version: dict[str, list[str]] = {}
+        for entry in storage_version.entries:
+            by_version.setdefault(entry.encoding_version, []).append(entry.apiserver_id)
+        split = "; ".join(
+            f"{version} by {', '.join(ids)}" for version, ids in sorted(by_version.items())
+        )
+        lines.append(f"They disagree ({split}): there is no common encoding version; {since}")
+    return lines
+
+
+def _removal_lines(facts: Facts) -> list[str]:
+    removals = _applied(facts, WITHDRAWN, *_LEASE_ENDS)
+    if not removals:
+        return []
+    lines = ["Entries removed:"]
+    for entry in removals:
+        apiserver = entry.payload["apiserver_id"]
+        how = {
+            WITHDRAWN: "withdrew its entry",
+            RELEASED: "released its lease on shutdown",
+            EXPIRED: f"stopped renewing its lease; {entry.source} expired it",
+        }[entry.event_type]
+        lines.append(f"  - {apiserver} {how}: {_cite(entry)}")
+    return lines
+
+
+def hash_origins(facts: Facts) -> dict[str, HistoryEntry]:
+    """For each persisted hash, the applied event that last put it in the list.
+
+    Follows DESIGN.md's rules for the list: the first report creates it as
+    ``[Unknown]``, every report appends its version's hash if absent, a reset sets
+    it to ``[Unknown]`` and a fresh migration success to ``[target hash]``.
+    """
+    _, group, _ = facts.key
+    targets = {m.migration_id: m.target_hash for m in facts.migrations}
+    origins: dict[str, HistoryEntry] = {}
+    for entry in _applied(facts, REPORTED, RESET, SUCCEEDED):
+        p = entry.payload
+        if entry.event_type == REPORTED:
+            origins.setdefault(UNKNOWN_HASH, entry)
+            origins.setdefault(storage_version_hash(group, p["encoding_version"], p["kind"]), entry)
+        elif entry.event_type == RESET:
+            origins = {UNKNOWN_HASH: entry}
+        elif p["migration_id"] in targets:
+            origins = {targets[p["migration_id"]]: entry}
+    return origins
+
+
+def _hash_lines(facts: Facts) -> list[str]:
+    storage_state = facts.storage_state
+    if storage_state is None:
+        return ["No StorageState: no report of this resource was ever applied."]
+    origins = hash_origins(facts)
+    lines = [
+        f"StorageState {storage_state.name} (revision {storage_state.revision}): objects may be"
+        f" stored with hashes [{', '.join(storage_state.persisted_storage_version_hashes)}]:"
+    ]
+    for persisted in storage_state.persisted_storage_version_hashes:
+        origin = origins.get(persisted)
+        if origin is None:
+            why = _cite(None)
+        elif origin.event_type == RESET:
+            why = f"reset by {origin.source} ({origin.payload['reason']}): {_cite(origin)}"
+        elif origin.event_type == SUCCEEDED:
+            why = (
+                f"migration {origin.payload['migration_id']} rewrote every object in it:"
+                f" {_cite(origin)}"
+            )
+        elif persisted == UNKNOWN_HASH:
+            why = (
+                "objects written before the first report may be in any version;"
+                f" the StorageState was created by {_cite(origin)}"
+            )
+        else:
+            why = (
+                f"{origin.payload['apiserver_id']} reported encoding version"
+                f" {origin.payload['encoding_version']} and may have written with it:"
+                f" {_cite(origin)}"
+            )
+        lines.append(f"  - {persisted}: {why}")
+    current = storage_state.current_storage_version_hash
+    lines.append(
+        f"The current storage version hash is {current}."
+        if current is not None
+        else "There is no current storage version hash while the apiservers disagree."
+    )
+    return lines
+
+
+def _migration_lines(facts: Facts) -> list[str]:
+    if not facts.migrations:
+        return ["No migration was ever requested for this resource."]
+    latest = facts.migrations[-1]
+    steps = [e for e in facts.history if e.payload.get("migration_id") == latest.migration_id]
+    requested = next((e for e in steps if e.event_type == REQUESTED and e.applied), None)
+    last = next((e for e in reversed(steps) if e.applied), None)
+    lines = [
+        f"Latest migration {latest.migration_id} (of {len(facts.migrations)}): {latest.phase},"
+        f" to {latest.target_version} (hash {latest.target_hash}) for StorageVersion revision"
+        f" {latest.storage_version_revision}; {latest.objects_migrated} objects migrated.",
+        f"  requested by {_cite(requested)}; last moved by {_cite(last)}"
+        + (f"; reason {latest.reason}" if latest.reason else "")
+        + (f": {latest.message}" if latest.message else ""),
+    ]
+    lines += [
+        f"  not applied: {e.event_type} at {e.position}: {e.rejection}"
+        for e in steps
+        if not e.applied
+    ]
+    return lines

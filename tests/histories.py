@@ -1,0 +1,295 @@
+"""Random but coherent ledger histories, for property tests of everything that folds.
+
+:func:`histories` draws a list of ``(event, position)`` as the log would hold it: one
+or two clusters, each on its own partition with offsets counting up from 0; event
+times that only move forward; a few apiservers per cluster that start (heartbeats
+under a fresh holder identity), renew, report and withdraw storage versions of a few
+resources (core and named groups), stop gracefully or are expired by the lease GC.
+Around them, operators reset storage states and migrations are requested and move.
+
+The mix is chosen so every rule of the fold gets exercised, the rejections too:
+reports from apiservers without a lease or with an undecodable encoding version,
+releases from an earlier start of the apiserver, expiries citing an old renewal
+(stale), migrations requested for the current StorageVersion revision or an older
+one, for the agreed version or another, and steps of migrations in a phase that does
+not allow them or of unknown migrations.
+
+The generator keeps its own small model of each cluster only to pick plausible
+arguments; it never consults the fold, so what the fold makes of a history is for
+the tests to check.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TypeAlias
+
+from hypothesis import strategies as st
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    Event,
+    Meta,
+    MigrationCancelled,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationStatusEvent,
+    MigrationSucceeded,
+    Position,
+    StorageStateReset,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
+)
+
+CLUSTERS = ("east", "west")
+HOSTS = ("cp-0", "cp-1", "cp-2")
+RESOURCES = (
+    ("", "pods", "Pod"),
+    ("", "configmaps", "ConfigMap"),
+    ("apps", "deployments", "Deployment"),
+    ("batch", "cronjobs", "CronJob"),
+)
+VERSIONS = ("v1beta1", "v1", "v2")
+START = datetime(2024, 1, 1, tzinfo=UTC)
+LEASE_DURATION_SECONDS = 3600
+
+_Entry: TypeAlias = tuple[str, tuple[str, ...], tuple[str, ...]]  # encoding, decodable, served
+
+# Each action's weight is its number of repeats.
+_ACTIONS = (
+    ("heartbeat",) * 4
+    + ("report",) * 6
+    + ("withdraw", "release", "expire", "reset")
+    + ("request",) * 2
+    + ("step",) * 4
+)
+
+
+def storage_version_hash(group: str, version: str, kind: str) -> str:
+    """Upstream's storageVersionHash, written out here independently of the product code."""
+    digest = hashlib.sha256(f"{group}/{version}/{kind}".encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
+
+
+def apiserver_id(host: str) -> str:
+    return f"apiserver-{host}"
+
+
+@dataclasses.dataclass
+class _Cluster:
+    """What the generator believes about one cluster, to pick plausible arguments.
+
+    A rough model of the fold's rules: it decides which apiserver runs, which entries
+    each resource has and when a StorageVersion last changed, so that most events
+    make sense and some (chosen on purpose) do not.
+    """
+
+    name: str
+    partition: int
+    next_offset: int = 0
+    holders: dict[str, str] = dataclasses.field(default_factory=dict)  # running apiservers
+    past_holders: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    renewals: dict[str, list[datetime]] = dataclasses.field(default_factory=dict)
+    entries: dict[str, dict[str, _Entry]] = dataclasses.field(default_factory=dict)
+    changed_at: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    phases: dict[str, str] = dataclasses.field(default_factory=dict)  # migration ID -> phase
+
+    def position(self) -> Position:
+        position = Position(self.partition, self.next_offset)
+        self.next_offset += 1
+        return position
+
+    def set_entry(self, subject: str, apiserver: str, entry: _Entry | None) -> bool:
+        entries = self.entries.setdefault(subject, {})
+        if entries.get(apiserver) == entry:
+            return False
+        if entry is None:
+            del entries[apiserver]
+        else:
+            entries[apiserver] = entry
+        return True
+
+    def common(self, subject: str) -> str | None:
+        versions = {entry[0] for entry in self.entries.get(subject, {}).values()}
+        return versions.pop() if len(versions) == 1 else None
+
+
+# The migration step a worker would take next from each phase, and any step at all.
+_NEXT_STEPS: dict[str, tuple[type[MigrationStatusEvent], ...]] = {
+    "Pending": (MigrationStarted, MigrationCancelled),
+    "Running": (MigrationProgressed, MigrationSucceeded, MigrationSucceeded, MigrationFailed),
+    "Failed": (MigrationStarted, MigrationCancelled),
+}
+_STEPS: tuple[type[MigrationStatusEvent], ...] = (
+    MigrationStarted,
+    MigrationProgressed,
+    MigrationSucceeded,
+    MigrationFailed,
+    MigrationCancelled,
+)
+_PHASE_AFTER = {
+    MigrationStarted: "Running",
+    MigrationProgressed: "Running",
+    MigrationSucceeded: "Succeeded",
+    MigrationFailed: "Failed",
+    MigrationCancelled: "Cancelled",
+}
+
+
+@st.composite
+def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Position]]:
+    """A history of up to ``max_events`` events, in log order."""
+    clusters = [
+        _Cluster(name, partition)
+        for partition, name in enumerate(CLUSTERS[: draw(st.integers(1, len(CLUSTERS)))])
+    ]
+    now = START
+    records: list[tuple[Event, Position]] = []
+    for serial in range(draw(st.integers(0, max_events))):
+        now += timedelta(seconds=draw(st.integers(1, 600)))
+        cluster = draw(st.sampled_from(clusters))
+        action = draw(st.sampled_from(_ACTIONS))
+        position = cluster.position()
+        meta = Meta(str(uuid.UUID(int=serial + 1)), cluster.name, now, "")
+        sensible = draw(st.integers(0, 9)) > 0  # one event in ten is chosen at random
+        host = draw(st.sampled_from(HOSTS))
+        running = sorted(cluster.holders)
+        if action in ("report", "withdraw", "release") and sensible and running:
+            apiserver = draw(st.sampled_from(running))
+        else:
+            apiserver = apiserver_id(host)
+        group, resource, kind = draw(st.sampled_from(RESOURCES))
+        subject = f"{group}/{resource}"
+
+        event: Event
+        if action == "heartbeat":
+            holder = cluster.holders.get(apiserver)
+            if holder is None:
+                holder = f"{apiserver}_{uuid.UUID(int=serial + 1)}"
+                cluster.holders[apiserver] = holder
+                cluster.past_holders.setdefault(apiserver, []).append(holder)
+            cluster.renewals.setdefault(apiserver, []).append(now)
+            event = ApiserverHeartbeat(
+                dataclasses.replace(meta, source=apiserver),
+                apiserver,
+                holder,
+                host,
+                LEASE_DURATION_SECONDS,
+                now,
+                "1.31.0",
+            )
+        elif action == "report":
+            # Apiservers mostly re-report what they reported before (after a restart).
+            previous = cluster.entries.get(subject, {}).get(apiserver)
+            if sensible and previous is not None and draw(st.integers(0, 3)) > 0:
+                entry = previous
+            else:
+                encoding = draw(st.sampled_from(VERSIONS))
+                decodable = set(draw(st.sets(st.sampled_from(VERSIONS))))
+                if sensible:
+                    decodable.add(encoding)
+                else:
+                    decodable.discard(encoding)
+                served = tuple(sorted(draw(st.sets(st.sampled_from(VERSIONS), min_size=1))))
+                entry = (encoding, tuple(sorted(decodable)), served)
+            if (
+                apiserver in cluster.holders
+                and sensible
+                and cluster.set_entry(subject, apiserver, entry)
+            ):
+                cluster.changed_at.setdefault(subject, []).append(str(position))
+            event = StorageVersionReported(
+                dataclasses.replace(meta, source=apiserver),
+                apiserver,
+                group,
+                resource,
+                kind,
+                *entry,
+            )
+        elif action == "withdraw":
+            reported = sorted(s for s, e in cluster.entries.items() if apiserver in e)
+            if sensible and reported:
+                subject = draw(st.sampled_from(reported))
+                group, resource = subject.split("/")
+            if cluster.set_entry(subject, apiserver, None):
+                cluster.changed_at.setdefault(subject, []).append(str(position))
+            event = StorageVersionWithdrawn(
+                dataclasses.replace(meta, source=apiserver), apiserver, group, resource
+            )
+        elif action in ("release", "expire"):
+            if action == "release":
+                past = cluster.past_holders.get(apiserver) or [f"{apiserver}_{uuid.UUID(int=0)}"]
+                holder = past[-1] if sensible else draw(st.sampled_from(past))
+                ended = cluster.holders.get(apiserver) == holder
+                event = ApiserverLeaseReleased(
+                    dataclasses.replace(meta, source=apiserver), apiserver, holder
+                )
+            else:
+                renewals = cluster.renewals.get(apiserver) or [START]
+                last_renew = renewals[-1] if sensible else draw(st.sampled_from(renewals[-3:]))
+                ended = apiserver in cluster.holders and last_renew == renewals[-1]
+                event = ApiserverLeaseExpired(
+                    dataclasses.replace(meta, source="lease-gc"),
+                    apiserver,
+                    last_renew,
+                    LEASE_DURATION_SECONDS,
+                )
+            if ended:
+                del cluster.holders[apiserver]
+                for name in cluster.entries:
+                    if cluster.set_entry(name, apiserver, None):
+                        cluster.changed_at.setdefault(name, []).append(str(position))
+        elif action == "reset":
+            known_resources = sorted(cluster.entries)
+            if sensible and known_resources:
+                subject = draw(st.sampled_from(known_resources))
+                group, resource = subject.split("/")
+            event = StorageStateReset(
+                dataclasses.replace(meta, source="operator"), group, resource, "operator reset"
+            )
+        elif action == "request":
+            migration_id = f"migration-{serial}"
+            cluster.phases[migration_id] = "Pending"
+            changed_at = cluster.changed_at.get(subject, ["0:0"])
+            target = cluster.common(subject)
+            if target is None or not sensible:
+                target = draw(st.sampled_from(VERSIONS))
+            event = MigrationRequested(
+                dataclasses.replace(meta, source="migrator"),
+                migration_id,
+                group,
+                resource,
+                target,
+                storage_version_hash(group, target, kind),
+                changed_at[-1] if sensible else draw(st.sampled_from(changed_at[-3:])),
+            )
+        else:
+            movable = sorted(m for m, phase in cluster.phases.items() if phase in _NEXT_STEPS)
+            if sensible and movable:
+                migration_id = draw(st.sampled_from(movable))
+                step = draw(st.sampled_from(_NEXT_STEPS[cluster.phases[migration_id]]))
+                cluster.phases[migration_id] = _PHASE_AFTER[step]
+            else:
+                known = sorted(cluster.phases)
+                if known and draw(st.integers(0, 3)) > 0:
+                    migration_id = draw(st.sampled_from(known))
+                else:
+                    migration_id = "migration-unknown"
+                step = draw(st.sampled_from(_STEPS))
+            event = step(
+                dataclasses.replace(meta, source="worker"),
+                migration_id,
+                objects_migrated=serial * 10,
+                continue_token=draw(st.sampled_from([None, f"token-{serial}"])),
+                reason=draw(st.sampled_from([None, "EncodingVersionsDisagree"])),
+            )
+        records.append((event, position))
+    return records

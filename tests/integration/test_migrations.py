@@ -1,0 +1,113 @@
+"""The projection schema on a real database: what ``svledger db upgrade`` builds, and
+how :func:`projections.database.engine` refuses a database it cannot use."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import insert, inspect, select
+from sqlalchemy.engine import make_url
+
+from projections import database
+from projections.schema import metadata, projection_checkpoints
+
+
+def test_upgrade_builds_exactly_the_schema_the_code_uses(database_url: str) -> None:
+    database.upgrade(database_url)
+    db = database.engine(database_url)
+    try:
+        with db.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, metadata) == []
+            assert set(inspect(connection).get_table_names()) == {
+                *metadata.tables,
+                "alembic_version",
+            }
+    finally:
+        db.dispose()
+
+
+def test_upgrade_is_idempotent_and_keeps_the_data(database_url: str) -> None:
+    database.upgrade(database_url)
+    db = database.engine(database_url)
+    checkpoint = {"projection": "p", "topic": "t", "log_partition": 0, "next_offset": 7}
+    try:
+        with db.begin() as connection:
+            connection.execute(insert(projection_checkpoints), checkpoint)
+        database.upgrade(database_url)
+        with db.connect() as connection:
+            rows = connection.execute(select(projection_checkpoints)).mappings().all()
+            assert [dict(row) for row in rows] == [checkpoint]
+    finally:
+        db.dispose()
+
+
+def test_plain_postgresql_urls_are_driven_by_psycopg(postgres_url: str) -> None:
+    plain = make_url(postgres_url).set(drivername="postgresql")
+    database.upgrade(plain.render_as_string(hide_password=False))
+    db = database.engine(plain.render_as_string(hide_password=False))
+    try:
+        assert db.dialect.driver == "psycopg"
+    finally:
+        db.dispose()
+
+
+def test_engine_refuses_a_database_that_was_not_upgraded(database_url: str) -> None:
+    if database_url.startswith("sqlite"):
+        # An existing but empty SQLite file, as a reader opening it first would find it.
+        path = make_url(database_url).database
+        assert path is not None
+        Path(path).touch()
+    with pytest.raises(database.DatabaseNotMigrated) as raised:
+        database.engine(database_url)
+    message = str(raised.value)
+    assert "svledger db upgrade" in message
+    assert make_url(database_url).database in message
+
+
+def test_engine_does_not_create_a_mistyped_sqlite_file(sqlite_url: str) -> None:
+    path = make_url(sqlite_url).database
+    assert path is not None
+    with pytest.raises(database.DatabaseNotMigrated, match="does not exist"):
+        database.engine(sqlite_url)
+    assert not Path(path).exists()
+
+
+def test_engine_names_an_unreachable_server_without_its_password() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql://svledger:s3cret@127.0.0.1:{port}/views"
+    with pytest.raises(database.DatabaseUnreachable) as raised:
+        database.engine(url)
+    message = str(raised.value)
+    assert f"127.0.0.1:{port}/views" in message
+    assert "s3cret" not in message
+    assert "svledger db upgrade" in message
+
+
+def test_urls_of_other_databases_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="mysql://svledger:\\*\\*\\*@db/views"):
+        database.engine("mysql://svledger:s3cret@db/views")
+
+
+def test_sqlite_lets_a_writer_commit_under_an_open_read(sqlite_url: str) -> None:
+    database.upgrade(sqlite_url)
+    db = database.engine(sqlite_url)
+    checkpoint = {"projection": "p", "topic": "t", "log_partition": 0, "next_offset": 1}
+    try:
+        with db.connect() as reader, db.connect() as writer:
+            with reader.begin():
+                assert reader.execute(select(projection_checkpoints)).all() == []
+                # A rollback journal would make this commit wait for the reader.
+                with writer.begin():
+                    writer.execute(insert(projection_checkpoints), checkpoint)
+                # The reader's transaction keeps the snapshot it started with.
+                assert reader.execute(select(projection_checkpoints)).all() == []
+            assert len(reader.execute(select(projection_checkpoints)).all()) == 1
+    finally:
+        db.dispose()

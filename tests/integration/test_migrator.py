@@ -1,0 +1,140 @@
+"""The migration trigger on the real broker, fed by real reporters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, run_migrator
+from ledger.events import Event, Meta, MigrationCancelled, MigrationRequested, MigrationStarted
+from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.reporter import Reporter, ResourceReport
+from ledger.settings import KafkaSettings
+
+# A guard against a hung broker, not a measurement.
+DEADLINE = 60.0
+
+
+def pods(version: str) -> ResourceReport:
+    return ResourceReport("", "pods", "Pod", version, ("v1", "v2"), ("v1", "v2"))
+
+
+def configmaps(version: str) -> ResourceReport:
+    return ResourceReport("", "configmaps", "ConfigMap", version, ("v1", "v2"), ("v1", "v2"))
+
+
+async def read_log(settings: KafkaSettings) -> list[Event]:
+    async with EventConsumer(settings, until="end") as consumer:
+        return [record.event async for record in consumer]
+
+
+async def wait_for(settings: KafkaSettings, done: Callable[[list[Event]], bool]) -> list[Event]:
+    """The committed log once ``done`` holds for it."""
+    async with asyncio.timeout(DEADLINE):
+        while True:
+            events = await read_log(settings)
+            if done(events):
+                return events
+            await asyncio.sleep(0.1)
+
+
+def migration_events(events: list[Event], resource: str = "pods") -> list[Event]:
+    requested = {
+        e.migration_id
+        for e in events
+        if isinstance(e, MigrationRequested) and e.resource == resource
+    }
+    return [e for e in events if getattr(e, "migration_id", None) in requested]
+
+
+@contextlib.asynccontextmanager
+async def migrator(settings: KafkaSettings, group_id: str) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_migrator(settings, stop=stop, group_id=group_id))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE)
+
+
+@pytest.fixture
+async def settings(kafka_bootstrap: str, unique_topic: str) -> KafkaSettings:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
+    await create_topics(settings)
+    return settings
+
+
+def requested(events: list[Event], resource: str = "pods") -> list[MigrationRequested]:
+    return [e for e in migration_events(events, resource) if isinstance(e, MigrationRequested)]
+
+
+async def test_agreement_requests_once_disagreement_cancels_and_change_requests_again(
+    settings: KafkaSettings, unique_topic: str
+) -> None:
+    group = f"{unique_topic}.migrator"
+    async with EventProducer(settings) as producer:
+        reporters = [
+            Reporter("east", f"cp-{i}", [pods("v1")], producer, heartbeat_interval=5.0)
+            for i in range(3)
+        ]
+        try:
+            async with migrator(settings, group):
+                for reporter in reporters:
+                    await reporter.start()
+                events = await wait_for(settings, lambda es: len(requested(es)) == 1)
+                (first,) = requested(events)
+                assert first.target_version == "v1"
+                await producer.send(
+                    MigrationStarted(Meta.new("east", "worker"), first.migration_id)
+                )
+
+                # One apiserver upgrades: the running migration is cancelled.
+                await reporters[0].update([pods("v2")])
+                events = await wait_for(
+                    settings,
+                    lambda es: any(isinstance(e, MigrationCancelled) for e in migration_events(es)),
+                )
+                cancels = [e for e in migration_events(events) if isinstance(e, MigrationCancelled)]
+                assert [(c.migration_id, c.reason) for c in cancels] == [
+                    (first.migration_id, REASON_DISAGREE)
+                ]
+
+                # All upgraded: a migration to v2 is requested.
+                for reporter in reporters[1:]:
+                    await reporter.update([pods("v2")])
+                events = await wait_for(settings, lambda es: len(requested(es)) == 2)
+                second = requested(events)[1]
+                assert second.target_version == "v2"
+
+                # The StorageVersion changes under it (a fourth apiserver joins, agreeing):
+                # cancelled as changed, and requested again for the new revision.
+                reporters.append(
+                    Reporter("east", "cp-3", [pods("v2")], producer, heartbeat_interval=5.0)
+                )
+                await reporters[-1].start()
+                events = await wait_for(settings, lambda es: len(requested(es)) == 3)
+                third = requested(events)[2]
+                assert third.storage_version_revision != second.storage_version_revision
+                assert [
+                    e.reason
+                    for e in migration_events(events)
+                    if isinstance(e, MigrationCancelled) and e.migration_id == second.migration_id
+                ] == [REASON_CHANGED]
+
+            # A restarted migrator re-reads everything and appends nothing twice.
+            async with migrator(settings, group):
+                reporters.append(
+                    Reporter("east", "cp-9", [configmaps("v1")], producer, heartbeat_interval=5.0)
+                )
+                await reporters[-1].start()
+                # Its decision on configmaps proves the new migrator has caught up ...
+                after = await wait_for(settings, lambda es: len(requested(es, "configmaps")) == 1)
+        finally:
+            for reporter in reporters:
+                await reporter.stop()
+    # ... and it decided nothing about pods again.
+    assert migration_events(after) == migration_events(events)

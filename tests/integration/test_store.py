@@ -1,0 +1,183 @@
+"""Writing folded batches to SQL and reading them back, on SQLite and PostgreSQL.
+
+The fold in memory is the reference: whatever split of a history the projector
+writes, and wherever it restarts from the database, the views must hold what
+folding the whole history in one go holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, delete
+from sqlalchemy.exc import IntegrityError, StatementError
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    Event,
+    Meta,
+    Position,
+    StorageVersionReported,
+)
+from projections import database, fold, store
+from projections.schema import ledger_events, metadata
+from projections.state import Changes, State
+from tests.histories import histories
+
+TOPIC = "svledger.events"
+PROJECTION = "views"
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Engine]:
+    database.upgrade(database_url)
+    engine = database.engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+def write(
+    db: Engine, state: State, records: Sequence[tuple[Event, Position]], topic: str = TOPIC
+) -> None:
+    """Fold ``records`` into ``state`` and write them as one batch, as the projector does."""
+    changes = Changes()
+    folded = []
+    for event, position in records:
+        changes.merge(fold.apply(state, event, position))
+        folded.append((event, position, fold.subject(event)))
+    with db.begin() as connection:
+        store.write_batch(connection, state, changes, folded, topic, PROJECTION)
+
+
+def clear(db: Engine) -> None:
+    with db.begin() as connection:
+        for table in reversed(metadata.sorted_tables):
+            connection.execute(delete(table))
+
+
+def snapshot(db: Engine) -> dict[str, list[tuple[object, ...]]]:
+    with db.connect() as connection:
+        return store.views_snapshot(connection)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(history=histories(), data=st.data())
+def test_any_split_of_a_history_writes_the_fold_of_the_whole(
+    db: Engine, history: list[tuple[Event, Position]], data: st.DataObject
+) -> None:
+    clear(db)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=6)))
+    bounds = [0, *cuts, len(history)]
+    state = State()
+    for start, end in itertools.pairwise(bounds):
+        if data.draw(st.booleans(), label="restart from the database"):
+            with db.connect() as connection:
+                state = store.load_state(connection)
+        write(db, state, history[start:end])
+
+    expected = fold.fold(history)
+    with db.connect() as connection:
+        assert store.load_state(connection) == expected
+        next_offsets: dict[int, int] = {}
+        for _, position in history:
+            next_offsets[position.partition] = position.offset + 1
+        assert store.load_checkpoints(connection, TOPIC, PROJECTION) == next_offsets
+        assert store.load_checkpoints(connection, TOPIC, "another") == {}
+    in_batches = snapshot(db)
+
+    clear(db)
+    write(db, State(), history)
+    assert snapshot(db) == in_batches
+
+    rejections = Changes()
+    reference = State()
+    for event, position in history:
+        rejections.merge(fold.apply(reference, event, position))
+    assert positions(in_batches, "ledger_events") == sorted(position for _, position in history)
+    assert positions(in_batches, "rejected_events") == sorted(
+        Position.parse(rejection.revision) for rejection in rejections.rejections
+    )
+
+
+def positions(views: dict[str, list[tuple[object, ...]]], table: str) -> list[Position]:
+    columns = metadata.tables[table].columns.keys()
+    partition, offset = columns.index("log_partition"), columns.index("log_offset")
+    return [Position(row[partition], row[offset]) for row in views[table]]  # type: ignore[arg-type]
+
+
+def heartbeat(apiserver: str, offset: int, at: datetime) -> tuple[Event, Position]:
+    meta = Meta(f"event-{offset}", "east", at, apiserver)
+    event = ApiserverHeartbeat(meta, apiserver, f"{apiserver}_1", "cp-0", 3600, at, "1.31.0")
+    return event, Position(0, offset)
+
+
+def report(apiserver: str, offset: int, at: datetime, version: str) -> tuple[Event, Position]:
+    meta = Meta(f"event-{offset}", "east", at, apiserver)
+    event = StorageVersionReported(
+        meta, apiserver, "apps", "deployments", "Deployment", version, ("v1", "v2"), ("v1", "v2")
+    )
+    return event, Position(0, offset)
+
+
+START = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def test_a_batch_overlapping_written_events_is_refused_whole(db: Engine) -> None:
+    first = [heartbeat("apiserver-a", 0, START), report("apiserver-a", 1, START, "v1")]
+    write(db, State(), first)
+    before = snapshot(db)
+    with db.connect() as connection:
+        state = store.load_state(connection)
+
+    overlapping = [
+        heartbeat("apiserver-b", 2, START + timedelta(seconds=1)),
+        report("apiserver-b", 3, START + timedelta(seconds=2), "v2"),
+        first[1],
+    ]
+    with pytest.raises(IntegrityError):
+        write(db, state, overlapping)
+    assert snapshot(db) == before
+    with db.connect() as connection:
+        assert store.load_checkpoints(connection, TOPIC, PROJECTION) == {0: 2}
+
+
+def test_the_same_batch_written_twice_is_refused(db: Engine) -> None:
+    batch = [heartbeat("apiserver-a", 0, START), report("apiserver-a", 1, START, "v1")]
+    write(db, State(), batch)
+    before = snapshot(db)
+    with pytest.raises(IntegrityError):
+        write(db, State(), batch)
+    assert snapshot(db) == before
+
+
+def test_times_come_back_as_the_same_instant_in_utc(db: Engine) -> None:
+    berlin = timezone(timedelta(hours=2))
+    at = datetime(2024, 5, 1, 14, 0, 0, 123456, tzinfo=berlin)
+    write(db, State(), [heartbeat("apiserver-a", 0, at)])
+    with db.connect() as connection:
+        (lease,) = store.load_state(connection).leases.values()
+        (row,) = store.views_snapshot(connection)["ledger_events"]
+    assert lease.renew_time == at
+    assert lease.renew_time.utcoffset() == timedelta(0)
+    payload = row[ledger_events.columns.keys().index("payload")]
+    assert datetime.fromisoformat(payload["renew_time"]) == at
+    assert payload["lease_duration_seconds"] == 3600
+
+
+def test_naive_times_are_refused(db: Engine) -> None:
+    naive = datetime(2024, 5, 1, 12, 0)
+    event, position = heartbeat("apiserver-a", 0, START)
+    event = dataclasses.replace(event, renew_time=naive)
+    with pytest.raises(StatementError, match="naive datetime"):
+        write(db, State(), [(event, position)])
+    assert snapshot(db) == {table.name: [] for table in store.VIEWS}

@@ -1,0 +1,155 @@
+"""Properties of the fold over random coherent histories (:mod:`tests.histories`).
+
+Batching must not matter: the projector folds the log in batches and restarts from a
+State rebuilt from the database rows, so folding a history in two parts, the second
+from the rows alone, must equal folding it at once. The fold must be deterministic,
+report exactly the rows it changed, and keep the views' invariants after every event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.events import Event, MigrationSucceeded, Position, StorageStateReset
+from projections.fold import apply, fold
+from projections.state import Changes, State
+from tests.histories import histories, storage_version_hash
+
+TABLES = ("leases", "storage_versions", "storage_states", "migrations")
+
+
+def rows(state: State) -> dict[str, dict[Any, Any]]:
+    """A copy of every view's rows (the rows themselves are immutable)."""
+    return {table: dict(getattr(state, table)) for table in TABLES}
+
+
+def reloaded(state: State) -> State:
+    """A State built from the rows alone, as the projector loads it from the database."""
+    return State(**rows(state))
+
+
+def fold_with_changes(history: list[tuple[Event, Position]], state: State) -> Changes:
+    changes = Changes()
+    for event, position in history:
+        changes.merge(apply(state, event, position))
+    return changes
+
+
+def assert_changes_are_the_differences(
+    before: dict[str, dict[Any, Any]], after: State, changes: Changes
+) -> None:
+    """Changed keys are exactly the rows that differ, or rows created and deleted since."""
+    for table in TABLES:
+        old, new = before[table], getattr(after, table)
+        differ = {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+        touched = getattr(changes, table)
+        assert differ <= touched, table
+        assert all(key not in old and key not in new for key in touched - differ), table
+
+
+@given(histories(), st.data())
+def test_folding_in_two_batches_equals_folding_at_once(
+    history: list[tuple[Event, Position]], data: st.DataObject
+) -> None:
+    split = data.draw(st.integers(0, len(history)), label="split")
+    whole = State()
+    whole_changes = fold_with_changes(history, whole)
+
+    first = State()
+    first_changes = fold_with_changes(history[:split], first)
+    at_split = rows(first)
+    second = reloaded(first)
+    second_changes = fold_with_changes(history[split:], second)
+
+    assert second == whole
+    assert second.resources_by_apiserver == whole.resources_by_apiserver
+    assert second.active_migrations_by_resource == whole.active_migrations_by_resource
+    assert_changes_are_the_differences(rows(State()), first, first_changes)
+    assert_changes_are_the_differences(at_split, second, second_changes)
+    assert first_changes.rejections + second_changes.rejections == whole_changes.rejections
+
+
+@given(histories())
+def test_folding_is_deterministic(history: list[tuple[Event, Position]]) -> None:
+    once, twice = fold(history), fold(history)
+
+    assert once == twice
+    assert repr(once) == repr(twice)
+
+
+@settings(max_examples=200)
+@given(histories())
+def test_invariants_hold_after_every_event(history: list[tuple[Event, Position]]) -> None:
+    state = State()
+    for event, position in history:
+        before = rows(state)
+        changes = apply(state, event, position)
+
+        assert_changes_are_the_differences(before, state, changes)
+        for table in TABLES:
+            for key in getattr(changes, table) & getattr(state, table).keys():
+                assert getattr(state, table)[key].revision == str(position)
+        if changes.rejections and not isinstance(event, MigrationSucceeded):
+            assert rows(state) == before, "a rejected event changed a view"
+        rebuilt = reloaded(state)
+        assert state.resources_by_apiserver == rebuilt.resources_by_apiserver
+        assert state.active_migrations_by_resource == rebuilt.active_migrations_by_resource
+        assert_storage_versions_consistent(state)
+        assert_persisted_hashes_only_grow(before, state, event, changes)
+
+
+def assert_storage_versions_consistent(state: State) -> None:
+    for key, storage_version in state.storage_versions.items():
+        cluster = key[0]
+        ids = [entry.apiserver_id for entry in storage_version.entries]
+        assert ids, "a StorageVersion without entries must have been deleted"
+        assert ids == sorted(set(ids))
+        assert all((cluster, apiserver) in state.leases for apiserver in ids)
+        versions = {entry.encoding_version for entry in storage_version.entries}
+        common = storage_version.common_encoding_version
+        assert common == (versions.pop() if len(versions) == 1 else None)
+        condition = storage_version.condition
+        if common is None:
+            assert (condition.status, condition.reason, condition.message) == (
+                "False",
+                "CommonEncodingVersionUnset",
+                "Common encoding version unset",
+            )
+        else:
+            assert (condition.status, condition.reason, condition.message) == (
+                "True",
+                "CommonEncodingVersionSet",
+                "Common encoding version set",
+            )
+        assert key in state.storage_states
+    for key, storage_state in state.storage_states.items():
+        reported = state.storage_versions.get(key)
+        common = None if reported is None else reported.common_encoding_version
+        expected = (
+            None
+            if reported is None or common is None
+            else storage_version_hash(key[1], common, reported.kind)
+        )
+        assert storage_state.current_storage_version_hash == expected
+        assert storage_state.persisted_storage_version_hashes
+
+
+def assert_persisted_hashes_only_grow(
+    before: dict[str, dict[Any, Any]], after: State, event: Event, changes: Changes
+) -> None:
+    refined: set[tuple[str, str, str]] = set()
+    if isinstance(event, StorageStateReset):
+        refined.add((event.meta.cluster, event.group, event.resource))
+    if isinstance(event, MigrationSucceeded) and not changes.rejections:
+        refined.add(after.migrations[(event.meta.cluster, event.migration_id)].resource_key)
+    for key, old in before["storage_states"].items():
+        new = after.storage_states[key]
+        if key in refined:
+            continue
+        grown = new.persisted_storage_version_hashes
+        prefix = grown[: len(old.persisted_storage_version_hashes)]
+        assert prefix == old.persisted_storage_version_hashes, dataclasses.astuple(new)

@@ -1,0 +1,231 @@
+"""The migration trigger's rules (DESIGN.md, "Migrator (trigger) rules"), without Kafka."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+
+from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, decide
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    Event,
+    Meta,
+    MigrationCancelled,
+    MigrationFailed,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationSucceeded,
+    Position,
+    StorageStateReset,
+    StorageVersionReported,
+)
+from projections.fold import active_migrations, apply
+from projections.state import ResourceKey, State
+from tests.histories import histories
+
+CLUSTER = "east"
+PODS: ResourceKey = (CLUSTER, "", "pods")
+START = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def pods_hash(version: str) -> str:
+    digest = hashlib.sha256(f"/{version}/Pod".encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
+
+
+class Ledger:
+    """A one-partition log folded as it grows; the trigger's output is appended to it."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.offset = 0
+        self.renewals: dict[str, datetime] = {}
+
+    def meta(self, source: str) -> Meta:
+        return Meta.new(CLUSTER, source, START + timedelta(seconds=self.offset))
+
+    def append(self, event: Event) -> None:
+        apply(self.state, event, Position(0, self.offset))
+        self.offset += 1
+
+    def heartbeat(self, apiserver: str) -> None:
+        renew = START + timedelta(seconds=self.offset)
+        self.renewals[apiserver] = renew
+        self.append(
+            ApiserverHeartbeat(
+                self.meta(apiserver), apiserver, f"{apiserver}_x", apiserver, 3600, renew
+            )
+        )
+
+    def report(self, apiserver: str, version: str) -> list[Event]:
+        """Append a report and then what the trigger decides on it; return the decision."""
+        event = StorageVersionReported(
+            self.meta(apiserver), apiserver, "", "pods", "Pod", version, ("v1", "v2"), ("v1", "v2")
+        )
+        return self.react(event)
+
+    def react(self, event: Event) -> list[Event]:
+        self.append(event)
+        decided = decide(self.state, PODS, event.meta)
+        for output in decided:
+            self.append(output)
+        return decided
+
+    def expire(self, apiserver: str) -> list[Event]:
+        return self.react(
+            ApiserverLeaseExpired(self.meta("gc"), apiserver, self.renewals[apiserver], 3600)
+        )
+
+    def active(self) -> list[tuple[str, str]]:
+        return [(m.target_version, m.phase) for m in active_migrations(self.state, PODS)]
+
+
+def three_on_v1() -> Ledger:
+    ledger = Ledger()
+    for apiserver in ("a1", "a2", "a3"):
+        ledger.heartbeat(apiserver)
+    for apiserver in ("a1", "a2", "a3"):
+        ledger.report(apiserver, "v1")
+    return ledger
+
+
+def kinds(events: list[Event]) -> list[str]:
+    return [
+        type(e).__name__ + (f"({e.reason})" if isinstance(e, MigrationCancelled) else "")
+        for e in events
+    ]
+
+
+def test_walkthrough_of_the_kep() -> None:
+    ledger = three_on_v1()
+    # The first agreement on v1 already asks for a migration: persisted is ["Unknown"].
+    assert ledger.active() == [("v1", "Pending")]
+
+    assert kinds(ledger.report("a1", "v2")) == [f"MigrationCancelled({REASON_DISAGREE})"]
+    assert kinds(ledger.report("a2", "v2")) == []  # still no agreement: nothing to do
+    decided = ledger.report("a3", "v2")
+    assert kinds(decided) == ["MigrationRequested"]
+    request = decided[0]
+    assert isinstance(request, MigrationRequested)
+    assert request.target_version == "v2"
+    assert request.target_hash == pods_hash("v2")
+    assert request.storage_version_revision == ledger.state.storage_versions[PODS].revision
+    ledger.append(MigrationStarted(ledger.meta("worker"), request.migration_id))
+
+    # Apiserver 3 is rolled back: the running migration is cancelled.
+    assert kinds(ledger.report("a3", "v1")) == [f"MigrationCancelled({REASON_DISAGREE})"]
+    assert ledger.active() == []
+    # Upgraded again: a new migration at the new revision.
+    decided = ledger.report("a3", "v2")
+    assert kinds(decided) == ["MigrationRequested"]
+    second = decided[0]
+    assert isinstance(second, MigrationRequested)
+    assert second.migration_id != request.migration_id
+    ledger.append(MigrationStarted(ledger.meta("worker"), second.migration_id))
+    assert kinds(ledger.react(MigrationSucceeded(ledger.meta("worker"), second.migration_id))) == []
+    assert ledger.state.storage_states[PODS].persisted_storage_version_hashes == (pods_hash("v2"),)
+    assert ledger.active() == []
+
+
+def test_storage_version_change_under_a_running_migration_cancels_and_requests_again() -> None:
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.heartbeat("a4")
+    decided = ledger.report("a4", "v1")  # agreement kept, but the StorageVersion changed
+    assert kinds(decided) == [f"MigrationCancelled({REASON_CHANGED})", "MigrationRequested"]
+    assert decided[0].migration_id == first.migration_id  # type: ignore[union-attr]
+    assert ledger.active() == [("v1", "Pending")]
+
+
+def test_no_request_when_persisted_is_already_the_common_version() -> None:
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.react(MigrationSucceeded(ledger.meta("worker"), first.migration_id))
+    # An apiserver leaving changes the StorageVersion, but everything is stored in v1.
+    assert kinds(ledger.expire("a3")) == []
+    # A reset says nothing is known about what is stored: migrate again.
+    decided = ledger.react(StorageStateReset(ledger.meta("ops"), "", "pods", "etcd restored"))
+    assert kinds(decided) == ["MigrationRequested"]
+
+
+def test_a_failed_migration_is_not_requested_again_until_the_resource_changes() -> None:
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    assert kinds(ledger.react(MigrationFailed(ledger.meta("worker"), first.migration_id))) == []
+    decided = ledger.react(StorageStateReset(ledger.meta("ops"), "", "pods", "retry"))
+    assert kinds(decided) == ["MigrationRequested"]
+
+
+def test_losing_every_apiserver_cancels() -> None:
+    ledger = three_on_v1()
+    ledger.expire("a1")
+    ledger.expire("a2")
+    assert kinds(ledger.expire("a3")) == [f"MigrationCancelled({REASON_DISAGREE})"]
+    assert PODS not in ledger.state.storage_versions
+
+
+# --------------------------------------------------------------------------- properties
+
+
+def _resources(state: State) -> set[ResourceKey]:
+    return (
+        set(state.storage_versions)
+        | set(state.storage_states)
+        | {m.resource_key for m in state.migrations.values()}
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories())
+def test_decisions_follow_the_rules_and_are_idempotent(
+    history: list[tuple[Event, Position]],
+) -> None:
+    state = State()
+    for event, position in history:
+        apply(state, event, position)
+    if not history:
+        return
+    cause = history[-1][0].meta
+    next_offset = {p.partition: p.offset + 1 for _, p in history}
+    for key in sorted(_resources(state)):
+        storage_version = state.storage_versions.get(key)
+        storage_state = state.storage_states.get(key)
+        common = storage_version.common_encoding_version if storage_version else None
+        active_before = active_migrations(state, key)
+        decided = decide(state, key, Meta.new(key[0], "test", cause.occurred_at))
+        requests = [e for e in decided if isinstance(e, MigrationRequested)]
+        cancels = [e for e in decided if isinstance(e, MigrationCancelled)]
+        assert len(requests) <= 1
+        assert len(cancels) + len(requests) == len(decided)
+        if common is None:
+            assert requests == []
+            assert {c.migration_id for c in cancels} == {m.migration_id for m in active_before}
+            assert all(c.reason == REASON_DISAGREE for c in cancels)
+        if requests:
+            (request,) = requests
+            assert storage_version is not None and storage_state is not None
+            assert request.target_version == common
+            assert request.target_hash == storage_state.current_storage_version_hash
+            assert storage_state.persisted_storage_version_hashes != (request.target_hash,)
+            assert request.storage_version_revision == storage_version.revision
+            # Everything active before is cancelled: a request leaves one active migration.
+            assert {c.migration_id for c in cancels} == {m.migration_id for m in active_before}
+        # Apply the decision where it would land, then decide again: nothing more.
+        partition = next(p.partition for e, p in history if e.meta.cluster == key[0])
+        for output in decided:
+            changes = apply(state, output, Position(partition, next_offset[partition]))
+            next_offset[partition] += 1
+            assert changes.rejections == [], changes.rejections
+        after = active_migrations(state, key)
+        if requests:
+            assert [m.migration_id for m in after] == [requests[0].migration_id]
+        if common is None:
+            assert after == []
+        assert decide(state, key, Meta.new(key[0], "test", cause.occurred_at)) == []

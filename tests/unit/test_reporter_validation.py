@@ -1,0 +1,133 @@
+"""A report is checked when built: bad names and versions fail with the field, value and rule."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.reporter import ResourceReport
+from ledger.validation import InvalidReport
+
+ALNUM = string.ascii_lowercase + string.digits
+
+
+@st.composite
+def dns_labels(draw: st.DrawFn, max_size: int = 63, first: str = ALNUM) -> str:
+    """A DNS-1123 label built from its definition (``first`` narrows the first character)."""
+    size = draw(st.integers(min_value=1, max_value=max_size))
+    if size == 1:
+        return draw(st.sampled_from(first))
+    middle = draw(st.text(alphabet=ALNUM + "-", min_size=size - 2, max_size=size - 2))
+    return draw(st.sampled_from(first)) + middle + draw(st.sampled_from(ALNUM))
+
+
+subdomains = st.lists(dns_labels(max_size=20), min_size=1, max_size=8).map(".".join)
+versions = dns_labels(first=string.ascii_lowercase)
+
+
+def _report(**fields: object) -> ResourceReport:
+    values: dict[str, object] = {
+        "group": "apps",
+        "resource": "deployments",
+        "kind": "Deployment",
+        "encoding_version": "v1",
+        "decodable_versions": ("v1", "v1beta1"),
+        "served_versions": ("v1",),
+    }
+    values.update(fields)
+    return ResourceReport(**values)  # type: ignore[arg-type]
+
+
+@given(group=st.one_of(st.just(""), subdomains), resource=dns_labels(), version=versions)
+def test_valid_names_are_accepted(group: str, resource: str, version: str) -> None:
+    report = _report(
+        group=group,
+        resource=resource,
+        encoding_version=version,
+        decodable_versions=[version, "v1"],
+        served_versions=[version],
+    )
+    assert report.key == (group, resource)
+    assert report.decodable_versions == (version, "v1")
+
+
+def _break(name: str, how: int, position: int) -> str:
+    """A name that breaks the DNS-1123 rules in one of several ways."""
+    cut = position % (len(name) + 1)
+    return [
+        name[:cut] + "A" + name[cut:],  # uppercase
+        name[:cut] + "_" + name[cut:],  # character outside the alphabet
+        "-" + name,  # starts with a dash
+        name + "-",  # ends with a dash
+        name + "x" * (64 - len(name)),  # 64 characters: longer than a label may be
+    ][how]
+
+
+@given(dns_labels(max_size=40), st.integers(0, 4), st.integers(0, 100))
+def test_invalid_resource_names_are_refused(name: str, how: int, position: int) -> None:
+    bad = _break(name, how, position)
+    with pytest.raises(InvalidReport) as raised:
+        _report(resource=bad)
+    assert raised.value.field == "resource"
+    assert raised.value.value == bad
+    assert repr(bad) in str(raised.value)
+    assert "DNS-1123 label" in str(raised.value)
+
+
+@given(subdomains, st.integers(0, 3), st.integers(0, 100))
+def test_invalid_group_names_are_refused(group: str, how: int, position: int) -> None:
+    bad = _break(group, how, position)
+    with pytest.raises(InvalidReport) as raised:
+        _report(group=bad)
+    assert raised.value.field == "group"
+    assert raised.value.value == bad
+
+
+def test_group_longer_than_a_subdomain_is_refused() -> None:
+    group = ".".join(["a" * 63] * 4)  # 255 characters of valid labels
+    with pytest.raises(InvalidReport, match="group"):
+        _report(group=group)
+
+
+def test_core_group_must_be_written_empty() -> None:
+    with pytest.raises(InvalidReport, match="empty string") as raised:
+        _report(group="core", resource="pods", kind="Pod")
+    assert raised.value.field == "group"
+
+
+@given(versions.filter(lambda v: v not in ("v1", "v1beta1")))
+def test_encoding_version_must_be_decodable(version: str) -> None:
+    with pytest.raises(InvalidReport) as raised:
+        _report(encoding_version=version)
+    assert raised.value.field == "encoding_version"
+    assert raised.value.value == version
+    assert "decodable_versions" in raised.value.rule
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("encoding_version", "1"),
+        ("encoding_version", "V1"),
+        ("decodable_versions", ("v1", "v1_beta")),
+        ("served_versions", ("v1", "")),
+        ("kind", ""),
+        ("kind", "9Lives"),
+        ("kind", "Deploy ment"),
+        ("decodable_versions", ()),
+    ],
+)
+def test_each_field_is_named_when_it_breaks_a_rule(field: str, value: object) -> None:
+    with pytest.raises(InvalidReport) as raised:
+        _report(**{field: value})
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"invalid {field} ")
+
+
+def test_reports_compare_by_value_whatever_sequence_was_given() -> None:
+    assert _report(decodable_versions=["v1", "v1beta1"]) == _report(
+        decodable_versions=("v1", "v1beta1")
+    )

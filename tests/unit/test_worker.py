@@ -1,0 +1,209 @@
+"""The migration worker's semantics, against an in-process target (no process boundary)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.targets import Conflict, NotFound, ObjectRef, Page, TooManyRequests, Transient
+from consumers.worker import RetryPolicy, migrate
+from ledger.events import (
+    Event,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationStarted,
+    MigrationSucceeded,
+)
+from projections.state import Migration, Phase
+
+START = datetime(2024, 1, 1, tzinfo=UTC)
+POLICY = RetryPolicy(max_retries=3, backoff=1.0)
+
+
+class StepClock:
+    """Time that moves exactly by what is slept; remembers every sleep."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def now(self) -> datetime:
+        return START + timedelta(seconds=sum(self.slept))
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+class FakeTarget:
+    """Objects ``obj-0 .. obj-(n-1)``; the continue token is the index to go on from."""
+
+    def __init__(self, count: int, failures: dict[int, list[Exception]] | None = None) -> None:
+        self.refs = [ObjectRef("default", f"obj-{i}") for i in range(count)]
+        self.failures = failures or {}
+        self.rewrites: list[ObjectRef] = []
+        self.attempts: list[ObjectRef] = []
+        self.listed_from: list[str | None] = []
+
+    async def list(self, group: str, resource: str, continue_token: str | None, limit: int) -> Page:
+        self.listed_from.append(continue_token)
+        start = int(continue_token) if continue_token else 0
+        end = min(start + limit, len(self.refs))
+        return Page(tuple(self.refs[start:end]), str(end) if end < len(self.refs) else None)
+
+    async def rewrite(self, group: str, resource: str, ref: ObjectRef) -> None:
+        self.attempts.append(ref)
+        pending = self.failures.get(int(ref.name.split("-")[1]))
+        if pending:
+            raise pending.pop(0)
+        self.rewrites.append(ref)
+
+
+def migration(phase: Phase = "Pending", done: int = 0, token: str | None = None) -> Migration:
+    return Migration(
+        cluster="east",
+        migration_id="m-1",
+        group="apps",
+        resource="deployments",
+        target_version="v1",
+        target_hash="h",
+        storage_version_revision="0:1",
+        phase=phase,
+        objects_migrated=done,
+        continue_token=token,
+        reason=None,
+        message=None,
+        requested_at=START,
+        updated_at=START,
+        revision="0:2",
+    )
+
+
+@dataclasses.dataclass
+class Run:
+    events: list[Event] = dataclasses.field(default_factory=list)
+    clock: StepClock = dataclasses.field(default_factory=StepClock)
+
+    async def append(self, events: Sequence[Event]) -> None:
+        self.events.extend(events)
+
+    def steps(self) -> list[tuple[str, int, str | None]]:
+        return [
+            (type(e).__name__, e.objects_migrated, e.continue_token)  # type: ignore[union-attr]
+            for e in self.events
+        ]
+
+
+async def run(
+    target: FakeTarget,
+    the_migration: Migration,
+    *,
+    chunk_size: int = 500,
+    cancel_after: int | None = None,
+    policy: RetryPolicy = POLICY,
+) -> Run:
+    result = Run()
+
+    def cancelled() -> bool:
+        return cancel_after is not None and len(target.rewrites) >= cancel_after
+
+    await migrate(
+        the_migration,
+        target,
+        append=result.append,
+        cancelled=cancelled,
+        clock=result.clock,
+        chunk_size=chunk_size,
+        policy=policy,
+    )
+    return result
+
+
+@settings(max_examples=50, deadline=None)
+@given(count=st.integers(0, 1300), chunk_size=st.integers(1, 600))
+async def test_every_object_is_rewritten_once_chunk_by_chunk(count: int, chunk_size: int) -> None:
+    target = FakeTarget(count)
+    result = await run(target, migration(), chunk_size=chunk_size)
+    assert target.rewrites == target.refs
+    chunks = max(1, -(-count // chunk_size))
+    expected_progress = [
+        ("MigrationProgressed", (i + 1) * chunk_size, str((i + 1) * chunk_size))
+        for i in range(chunks - 1)
+    ]
+    assert result.steps() == [
+        ("MigrationStarted", 0, None),
+        *expected_progress,
+        ("MigrationSucceeded", count, None),
+    ]
+
+
+async def test_default_chunks_are_500_objects() -> None:
+    target = FakeTarget(1234)
+    await migrate(
+        migration(), target, append=Run().append, cancelled=lambda: False, clock=StepClock()
+    )
+    assert target.listed_from == [None, "500", "1000"]
+
+
+async def test_conflict_is_retried_at_once_by_reading_again() -> None:
+    target = FakeTarget(3, {1: [Conflict("changed"), Conflict("changed again")]})
+    result = await run(target, migration())
+    assert target.rewrites == target.refs
+    assert target.attempts.count(target.refs[1]) == 3
+    assert result.clock.slept == [0.0, 0.0]
+    assert isinstance(result.events[-1], MigrationSucceeded)
+
+
+async def test_an_object_gone_counts_as_migrated() -> None:
+    target = FakeTarget(3, {0: [NotFound("deleted")]})
+    result = await run(target, migration())
+    assert target.rewrites == target.refs[1:]
+    assert result.steps()[-1] == ("MigrationSucceeded", 3, None)
+    assert result.clock.slept == []
+
+
+async def test_too_many_requests_honours_retry_after_else_backs_off() -> None:
+    target = FakeTarget(
+        2, {0: [TooManyRequests("slow down", retry_after=7.0)], 1: [Transient("timeout")] * 2}
+    )
+    result = await run(target, migration())
+    assert result.clock.slept == [7.0, 1.0, 2.0]
+    assert target.rewrites == target.refs
+
+
+async def test_exhausted_retries_fail_with_the_last_continue_token() -> None:
+    target = FakeTarget(7, {5: [TooManyRequests("busy")] * 10})
+    result = await run(target, migration(), chunk_size=3)
+    failed = result.events[-1]
+    assert isinstance(failed, MigrationFailed)
+    assert (failed.reason, failed.objects_migrated, failed.continue_token) == (
+        "TooManyRequests",
+        3,
+        "3",
+    )
+    assert "obj-5" in (failed.message or "")
+    assert len(result.clock.slept) == 3  # max_retries
+
+
+async def test_a_running_migration_resumes_from_its_continue_token() -> None:
+    target = FakeTarget(10)
+    result = await run(target, migration("Running", done=4, token="4"), chunk_size=4)
+    assert target.listed_from[0] == "4"
+    assert target.rewrites == target.refs[4:]
+    assert not any(isinstance(e, MigrationStarted) for e in result.events)
+    assert result.steps() == [
+        ("MigrationProgressed", 8, "8"),
+        ("MigrationSucceeded", 10, None),
+    ]
+
+
+async def test_a_cancelled_migration_stops_between_objects() -> None:
+    target = FakeTarget(10)
+    result = await run(target, migration(), chunk_size=4, cancel_after=6)
+    assert target.rewrites == target.refs[:6]
+    assert result.steps() == [("MigrationStarted", 0, None), ("MigrationProgressed", 4, "4")]
+    assert not any(
+        isinstance(e, MigrationProgressed | MigrationSucceeded) for e in result.events[2:]
+    )
