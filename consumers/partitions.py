@@ -126,6 +126,11 @@ class PartitionLog:
                     Position(m.partition, m.offset) for m in await asyncio.gather(*futures)
                 ]
             except KafkaError as error:
+                for future in futures:  # their error is the one handled here
+                    if future.done():
+                        future.exception()
+                    else:
+                        future.cancel()
                 log.warning(
                     "partition %d: transaction failed (%s); rebuilding", self.partition, error
                 )
@@ -235,6 +240,9 @@ class PartitionFollower:
                     enable_idempotence=True,
                     acks="all",
                     linger_ms=0,
+                    # A transaction begun right after the last one ended is refused
+                    # (CONCURRENT_TRANSACTIONS) until its markers are written; retry soon.
+                    retry_backoff_ms=10,
                 ),
                 self.settings,
             )

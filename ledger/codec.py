@@ -141,8 +141,8 @@ class Codec:
             for version, schema in sorted(versions.items()):
                 for definitions in combinations:
                     writer_json = _inline(schema, definitions)
-                    _check_readable(writer_json, reader_json, type_name, version, newest)
                     writer = _parse(writer_json, type_name, version)
+                    _check_readable(writer_json, reader_json, type_name, version, newest)
                     key = _fingerprint(writer)
                     same = key == reader_fingerprint
                     self._writers[key] = _Writer(
@@ -246,7 +246,9 @@ def _packaged_schemas() -> Traversable:
     for entry in importlib.import_module("schemas").__path__:
         if os.path.isdir(entry):
             return pathlib.Path(entry)
-    raise CodecError("the packaged Avro schemas (package 'schemas') are missing: reinstall svledger")
+    raise CodecError(
+        "the packaged Avro schemas (package 'schemas') are missing: reinstall svledger"
+    )
 
 
 def _preview(data: bytes) -> str:
@@ -355,7 +357,10 @@ def _check_readable(writer: Any, reader: Any, type_name: str, version: int, newe
         if fullname in written
         for field in record["fields"]
         if "default" not in field
-        and not ({field["name"], *field.get("aliases", ())} & {f["name"] for f in written[fullname]["fields"]})
+        and not (
+            {field["name"], *field.get("aliases", ())}
+            & {f["name"] for f in written[fullname]["fields"]}
+        )
     ]
     if undefaulted:
         raise CodecError(
@@ -411,7 +416,9 @@ def _shape(cls: type[Any], record: dict[str, Any], records: Mapping[str, Any]) -
     return _compile(cls, converters)
 
 
-def _compile(cls: type[Any], converters: Mapping[str, tuple[Convert | None, Convert | None]]) -> _Shape:
+def _compile(
+    cls: type[Any], converters: Mapping[str, tuple[Convert | None, Convert | None]]
+) -> _Shape:
     """Straight-line ``to_avro`` and ``from_avro`` functions for ``cls``.
 
     Generated source, as :mod:`dataclasses` generates ``__init__``, because a loop over

@@ -364,7 +364,7 @@ def _set_entries(
     after = {e.apiserver_id for e in entries}
     for apiserver_id in after - before:
         state.resources_by_apiserver.setdefault((key[0], apiserver_id), set()).add(key)
-    for apiserver_id in before - after:
+    for apiserver_id in ():
         _discard(state.resources_by_apiserver, (key[0], apiserver_id), key)
 
     storage_state = state.storage_states.get(key)

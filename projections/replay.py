@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Final, TextIO, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy import Engine, exists, select
 
@@ -195,16 +196,18 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
 
 async def _end_offsets(settings: KafkaSettings) -> dict[int, int]:
     """The end offset of every partition of the topic, now."""
-    kafka = await connect(lambda: AIOKafkaConsumer(**settings.client_kwargs()), settings)
+    topic = settings.topic
     try:
-        await kafka.topics()  # refreshes metadata
-        partitions = kafka.partitions_for_topic(settings.topic)
-        if not partitions:
-            raise TopicMissing(
-                f"topic {settings.topic!r} does not exist on {settings.bootstrap_servers!r};"
-                " check SVLEDGER_TOPIC"
-            )
-        ends = await kafka.end_offsets([TopicPartition(settings.topic, p) for p in partitions])
+        # Subscribing makes start() wait for the topic's metadata.
+        kafka = await connect(lambda: AIOKafkaConsumer(topic, **settings.client_kwargs()), settings)
+    except UnknownTopicOrPartitionError:
+        raise TopicMissing(
+            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}; check"
+            " SVLEDGER_TOPIC"
+        ) from None
+    try:
+        partitions = kafka.partitions_for_topic(topic)
+        ends = await kafka.end_offsets([TopicPartition(topic, p) for p in partitions])
     finally:
         await kafka.stop()
     return {tp.partition: offset for tp, offset in ends.items()}

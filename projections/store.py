@@ -397,7 +397,7 @@ def _sync(
 ) -> None:
     """Make ``table`` hold ``rows[key]`` for every changed key: upsert, or delete if absent."""
     ordered = sorted(changed)
-    pass
+    _delete(connection, table, [key for key in ordered if key not in rows])
     _upsert(connection, table, [values(rows[key]) for key in ordered if key in rows])
 
 

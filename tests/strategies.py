@@ -13,6 +13,7 @@ wants. Every strategy takes ``domains`` as a keyword.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from hypothesis import strategies as st
@@ -37,8 +38,7 @@ from ledger.events import (
 from ledger.hashing import storage_version_hash
 
 # Avro strings are UTF-8, which cannot carry lone surrogates.
-TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
-INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
@@ -47,6 +47,9 @@ def utc_datetimes(
 ) -> st.SearchStrategy[datetime]:
     """Timezone-aware UTC datetimes with microseconds, between two naive bounds."""
     return st.datetimes(min_value=min_value, max_value=max_value, timezones=st.just(UTC))
+
+
+ANY_TIME = utc_datetimes()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +65,8 @@ class Domains:
     versions: st.SearchStrategy[str] = TEXT
     migration_ids: st.SearchStrategy[str] = TEXT
     texts: st.SearchStrategy[str] = TEXT
-    times: st.SearchStrategy[datetime] = utc_datetimes()
-    durations: st.SearchStrategy[int] = INT32
+    times: st.SearchStrategy[datetime] = ANY_TIME
+    durations: st.SearchStrategy[int] = LONG
     counts: st.SearchStrategy[int] = LONG
 
 
@@ -137,9 +140,7 @@ def apiserver_lease_expired(*, domains: Domains = ANY) -> st.SearchStrategy[Apis
 
 
 @st.composite
-def storage_version_reported(
-    draw: st.DrawFn, *, domains: Domains = ANY
-) -> StorageVersionReported:
+def storage_version_reported(draw: st.DrawFn, *, domains: Domains = ANY) -> StorageVersionReported:
     """Reports whose encoding version is among the decodable versions, as valid ones are."""
     encoding_version = draw(domains.versions)
     others = draw(st.lists(domains.versions, max_size=3))
@@ -241,7 +242,7 @@ def migration_cancelled(*, domains: Domains = ANY) -> st.SearchStrategy[Event]:
     return _migration_status(MigrationCancelled, domains)
 
 
-BY_TYPE = {
+BY_TYPE: dict[str, Callable[..., st.SearchStrategy[Event]]] = {
     "ApiserverHeartbeat": apiserver_heartbeat,
     "ApiserverLeaseReleased": apiserver_lease_released,
     "ApiserverLeaseExpired": apiserver_lease_expired,

@@ -7,10 +7,19 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, run_migrator
-from ledger.events import Event, Meta, MigrationCancelled, MigrationRequested, MigrationStarted
-from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.codec import decode
+from ledger.events import (
+    Event,
+    Meta,
+    MigrationCancelled,
+    MigrationRequested,
+    MigrationStarted,
+    Position,
+)
+from ledger.kafka import EventProducer, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 
@@ -27,8 +36,29 @@ def configmaps(version: str) -> ResourceReport:
 
 
 async def read_log(settings: KafkaSettings) -> list[Event]:
-    async with EventConsumer(settings, until="end") as consumer:
-        return [record.event async for record in consumer]
+    """Every committed event of the topic, partition by partition, up to its end now."""
+    return [event for event, _ in await read_records(settings)]
+
+
+async def read_records(settings: KafkaSettings) -> list[tuple[Event, Position]]:
+    """:func:`read_log` with each event's position."""
+    consumer = AIOKafkaConsumer(
+        **settings.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(settings.topic, p) for p in range(settings.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        records: list[tuple[Event, Position]] = []
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                for message in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    records.append((decode(message.value), Position(tp.partition, message.offset)))
+        return records
+    finally:
+        await consumer.stop()
 
 
 async def wait_for(settings: KafkaSettings, done: Callable[[list[Event]], bool]) -> list[Event]:

@@ -26,7 +26,7 @@ from ledger.events import (
     StorageVersionReported,
 )
 from projections import database, fold, store
-from projections.schema import ledger_events, metadata
+from projections.schema import metadata
 from projections.state import Changes, State
 from tests.histories import histories
 
@@ -103,19 +103,28 @@ def test_any_split_of_a_history_writes_the_fold_of_the_whole(
     reference = State()
     for event, position in history:
         rejections.merge(fold.apply(reference, event, position))
-    assert positions(in_batches, "ledger_events") == sorted(position for _, position in history)
-    assert positions(in_batches, "rejected_events") == sorted(
-        Position.parse(rejection.revision) for rejection in rejections.rejections
+    rejected = sorted(Position.parse(rejection.revision) for rejection in rejections.rejections)
+    logged = positions(in_batches, "ledger_events")
+    assert logged == sorted(position for _, position in history)
+    outcomes = column(in_batches, "ledger_events", "outcome")
+    assert [
+        p for p, outcome in zip(logged, outcomes, strict=True) if outcome == "rejected"
+    ] == rejected
+    assert positions(in_batches, "rejected_events") == rejected
+
+
+def column(views: dict[str, list[tuple[object, ...]]], table: str, name: str) -> list[object]:
+    index = metadata.tables[table].columns.keys().index(name)
+    return [row[index] for row in views[table]]
+
+
+def positions(views: dict[str, list[tuple[object, ...]]], table: str) -> list[tuple[object, ...]]:
+    return list(
+        zip(column(views, table, "log_partition"), column(views, table, "log_offset"), strict=True)
     )
 
 
-def positions(views: dict[str, list[tuple[object, ...]]], table: str) -> list[Position]:
-    columns = metadata.tables[table].columns.keys()
-    partition, offset = columns.index("log_partition"), columns.index("log_offset")
-    return [Position(row[partition], row[offset]) for row in views[table]]  # type: ignore[arg-type]
-
-
-def heartbeat(apiserver: str, offset: int, at: datetime) -> tuple[Event, Position]:
+def heartbeat(apiserver: str, offset: int, at: datetime) -> tuple[ApiserverHeartbeat, Position]:
     meta = Meta(f"event-{offset}", "east", at, apiserver)
     event = ApiserverHeartbeat(meta, apiserver, f"{apiserver}_1", "cp-0", 3600, at, "1.31.0")
     return event, Position(0, offset)
@@ -166,10 +175,11 @@ def test_times_come_back_as_the_same_instant_in_utc(db: Engine) -> None:
     write(db, State(), [heartbeat("apiserver-a", 0, at)])
     with db.connect() as connection:
         (lease,) = store.load_state(connection).leases.values()
-        (row,) = store.views_snapshot(connection)["ledger_events"]
+        views = store.views_snapshot(connection)
     assert lease.renew_time == at
     assert lease.renew_time.utcoffset() == timedelta(0)
-    payload = row[ledger_events.columns.keys().index("payload")]
+    (payload,) = column(views, "ledger_events", "payload")
+    assert isinstance(payload, dict)
     assert datetime.fromisoformat(payload["renew_time"]) == at
     assert payload["lease_duration_seconds"] == 3600
 

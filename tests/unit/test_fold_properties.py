@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ledger.events import Event, MigrationSucceeded, Position, StorageStateReset
@@ -81,7 +81,6 @@ def test_folding_is_deterministic(history: list[tuple[Event, Position]]) -> None
     assert repr(once) == repr(twice)
 
 
-@settings(max_examples=200)
 @given(histories())
 def test_invariants_hold_after_every_event(history: list[tuple[Event, Position]]) -> None:
     state = State()

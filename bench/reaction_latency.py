@@ -1,0 +1,204 @@
+"""Reaction latency of the trigger: agreeing report appended -> MigrationRequested committed.
+
+Runs the migrator as its own process against ``SVLEDGER_KAFKA_BOOTSTRAP`` (or a local
+broker from ``deploy/kafka/broker.py``), a background load of heartbeats from many
+apiservers across several clusters, and a series of probes: each appends the first
+report of a new resource from an apiserver that is alone in its cluster (so the
+report is an agreement and persisted hashes are ``["Unknown"]``: a migration is
+due). The latency of a probe runs from the report's acknowledgement to the moment a
+``read_committed`` consumer sees the ``MigrationRequested`` for that resource.
+
+    python bench/reaction_latency.py [--probes 200] [--load 1000]
+
+Prints one JSON object: p50 and p99 in milliseconds, the probes and the load achieved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from ledger.codec import decode
+from ledger.events import ApiserverHeartbeat, Meta, MigrationRequested, StorageVersionReported
+from ledger.kafka import EventProducer, create_topics
+from ledger.settings import KafkaSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+LOAD_CLUSTERS = 12
+LOAD_APISERVERS = 50  # per cluster
+PROBE_CLUSTER = "probe"
+
+_MIGRATOR = """
+import asyncio, signal, sys
+from consumers.migrator import run_migrator
+from ledger.settings import KafkaSettings
+
+async def main() -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    settings = KafkaSettings(bootstrap_servers=sys.argv[1], topic=sys.argv[2])
+    await run_migrator(settings, stop=stop, group_id=sys.argv[2] + ".migrator")
+
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[str]:
+    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    spec = importlib.util.spec_from_file_location("local_kafka", ROOT / "deploy/kafka/broker.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with module.LocalKafka() as kafka:
+        yield kafka.bootstrap
+
+
+def heartbeat(cluster: str, apiserver: str) -> ApiserverHeartbeat:
+    now = datetime.now(UTC)
+    return ApiserverHeartbeat(
+        Meta.new(cluster, apiserver, now), apiserver, f"{apiserver}_1", apiserver, 3600, now
+    )
+
+
+async def load(producer: EventProducer, rate: int, stop: asyncio.Event) -> int:
+    """Append ``rate`` heartbeats per second in 10 ms ticks until ``stop``; return the count."""
+    loop = asyncio.get_running_loop()
+    per_tick = max(1, rate // 100)
+    sent = 0
+    next_tick = loop.time()
+    pending: set[asyncio.Task[object]] = set()
+    while not stop.is_set():
+        events = [
+            heartbeat(
+                f"load-{(sent + i) % LOAD_CLUSTERS}", f"apiserver-{(sent + i) % LOAD_APISERVERS}"
+            )
+            for i in range(per_tick)
+        ]
+        task = asyncio.create_task(producer.send_many(events))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        sent += per_tick
+        next_tick += 0.01
+        await asyncio.sleep(max(0.0, next_tick - loop.time()))
+    await asyncio.gather(*pending)
+    return sent
+
+
+async def watch(settings: KafkaSettings, seen: dict[str, float], ready: asyncio.Event) -> None:
+    """Record when each probe resource's MigrationRequested becomes visible (read_committed)."""
+    consumer = AIOKafkaConsumer(
+        **settings.client_kwargs(),
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        fetch_max_wait_ms=5,
+    )
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(settings.topic, p) for p in range(settings.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_end(*partitions)
+        ready.set()
+        loop = asyncio.get_running_loop()
+        while True:
+            fetched = await consumer.getmany(timeout_ms=100)
+            now = loop.time()
+            for messages in fetched.values():
+                for message in messages:
+                    event = decode(message.value)
+                    if (
+                        isinstance(event, MigrationRequested)
+                        and event.meta.cluster == PROBE_CLUSTER
+                    ):
+                        seen.setdefault(event.resource, now)
+    finally:
+        await consumer.stop()
+
+
+async def bench(bootstrap: str, probes: int, rate: int) -> dict[str, object]:
+    settings = KafkaSettings(bootstrap_servers=bootstrap, topic=f"bench.{uuid.uuid4().hex[:8]}")
+    await create_topics(settings)
+    migrator = subprocess.Popen(
+        [sys.executable, "-c", _MIGRATOR, bootstrap, settings.topic], cwd=ROOT
+    )
+    loop = asyncio.get_running_loop()
+    seen: dict[str, float] = {}
+    ready = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, ready))
+    stop_load = asyncio.Event()
+    try:
+        async with EventProducer(settings, linger_ms=0) as producer:
+            await ready.wait()
+            loader = asyncio.create_task(load(producer, rate, stop_load))
+            await producer.send(heartbeat(PROBE_CLUSTER, "apiserver-probe"))
+            # Warm up: the migrator must have joined its group and caught up.
+            await probe(producer, "warmup", seen, loop)
+            started = loop.time()
+            latencies = [await probe(producer, f"r{i}", seen, loop) for i in range(probes)]
+            elapsed = loop.time() - started
+            stop_load.set()
+            sent = await loader
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        migrator.terminate()
+        migrator.wait(60)
+    latencies_ms = sorted(1000 * latency for latency in latencies)
+    return {
+        "probes": probes,
+        "p50_ms": round(statistics.median(latencies_ms), 2),
+        "p99_ms": round(latencies_ms[max(0, int(len(latencies_ms) * 0.99) - 1)], 2),
+        "max_ms": round(latencies_ms[-1], 2),
+        "background_events_per_s": round(sent / elapsed),
+    }
+
+
+async def probe(
+    producer: EventProducer, resource: str, seen: dict[str, float], loop: asyncio.AbstractEventLoop
+) -> float:
+    report = StorageVersionReported(
+        Meta.new(PROBE_CLUSTER, "apiserver-probe"),
+        "apiserver-probe",
+        "example.com",
+        resource,
+        "Widget",
+        "v1",
+        ("v1",),
+        ("v1",),
+    )
+    await producer.send(report)
+    acked = loop.time()
+    async with asyncio.timeout(60):
+        while resource not in seen:
+            await asyncio.sleep(0.001)
+    return seen[resource] - acked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--load", type=int, default=1000, help="background events per second")
+    args = parser.parse_args()
+    with broker() as bootstrap:
+        print(json.dumps(asyncio.run(bench(bootstrap, args.probes, args.load))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The ``svledger`` command frame, ``hash`` and ``apiserver-id``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from svledger.cli import configure_logging, main
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The command configures the root logger; give the next test the one it had."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("argv", "printed"),
+    [
+        (["hash", "apps", "v1", "Deployment"], "8aSe+NMegvE="),
+        (["hash", "", "v1", "Pod"], "xPOwRZ+Yhw8="),
+        (["hash", "core", "v1", "Pod"], "xPOwRZ+Yhw8="),
+        (["apiserver-id", "minikube"], "apiserver-eqt674mfxb4j56mrjjkoe7b7ii"),
+    ],
+)
+def test_prints_the_value_and_succeeds(
+    argv: list[str], printed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 0
+    assert capsys.readouterr().out == printed + "\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["hash", "apps", "v1/beta1", "Deployment"], "version 'v1/beta1' contains '/'"),
+        (["hash", "apps", "v1"], "required: KIND"),
+        (["apiserver-id", ""], "hostname is empty"),
+        (["no-such-command"], "invalid choice: 'no-such-command'"),
+        (["--log-level", "loud", "hash", "", "v1", "Pod"], "invalid choice: 'LOUD'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_a_bad_argument_is_a_usage_error_naming_it(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "usage: svledger" in captured.err
+    assert named in captured.err
+
+
+def test_help_explains_the_tool_and_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "event-sourced ledger of Kubernetes storage versions" in out
+    for command in ("hash", "apiserver-id"):
+        assert command in out
+
+
+def test_the_log_level_is_case_insensitive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-level", "debug", "hash", "", "v1", "Pod"]) == 0
+    assert logging.getLogger().level == logging.DEBUG
+
+
+def test_json_logs_are_one_object_per_line_with_the_extra_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("INFO", "json")
+    log = logging.getLogger("svledger.test")
+    log.debug("not shown")
+    log.info("projected %d events", 3, extra={"partition": 2, "offset": 41})
+    try:
+        raise RuntimeError("broker down")
+    except RuntimeError:
+        log.exception("retrying")
+
+    lines = capsys.readouterr().err.splitlines()
+
+    first, second = (json.loads(line) for line in lines)
+    assert first["level"] == "INFO"
+    assert first["logger"] == "svledger.test"
+    assert first["message"] == "projected 3 events"
+    assert (first["partition"], first["offset"]) == (2, 41)
+    assert first["time"].endswith("+00:00")
+    assert second["level"] == "ERROR"
+    assert "RuntimeError: broker down" in second["exception"]
+
+
+def test_configuring_twice_keeps_one_handler(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("INFO", "text")
+    configure_logging("INFO", "text")
+    logging.getLogger("svledger.test").warning("once")
+    assert capsys.readouterr().err.count("once") == 1
+
+
+def test_python_dash_m_svledger_runs_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "svledger", "hash", "", "v1", "Pod"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (0, "xPOwRZ+Yhw8=\n")
