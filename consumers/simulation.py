@@ -64,7 +64,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy import Engine, func, select
 
 from consumers import migrator
@@ -74,7 +73,6 @@ from consumers.scenario import Crash, Entry, Resource, Restart, Scenario, Start,
 from consumers.sim_target import Allowance, LoadBalancer, ObjectStore, SimApiserver, SimulatedTarget
 from consumers.worker import next_migration, run_worker
 from ledger.clock import VirtualClock
-from ledger.codec import decode
 from ledger.events import (
     ApiserverLeaseExpired,
     Event,
@@ -88,7 +86,7 @@ from ledger.events import (
 )
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
-from ledger.kafka import EventProducer, Record, connect, create_topics
+from ledger.kafka import EventConsumer, EventProducer, Record, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections import database
@@ -312,40 +310,17 @@ class _Mirror:
     """The run's own reader and fold of its cluster's log, independent of the projector."""
 
     def __init__(self, settings: KafkaSettings, cluster: str) -> None:
-        self._settings = settings
+        self._consumer = EventConsumer(settings, group_id=None)
         self._cluster = cluster
         self.state = State()
         self.records: list[Record] = []  # of the cluster
         self.stale_successes: set[str] = set()  # event IDs of successes the fold refused
         self.disagreeing: set[str] = set()  # migration IDs requested while servers disagreed
-        self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> _Mirror:
-        settings = self._settings
-        self._consumer = consumer = await connect(
-            lambda: AIOKafkaConsumer(
-                **settings.client_kwargs(),
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                fetch_max_wait_ms=10,
-            ),
-            settings,
-        )
-        partitions: set[int] | None = None
-        for _ in range(100):  # a topic created a moment ago may not be in the metadata yet
-            partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(
-                settings.topic
-            )
-            if partitions:
-                break
-            await asyncio.sleep(0.1)
-        if not partitions:
-            raise SimulationError(f"topic {settings.topic!r} does not exist; create it first")
-        assigned = [TopicPartition(settings.topic, p) for p in sorted(partitions)]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
-        self._task = asyncio.create_task(self._read(consumer), name="svledger-simulation-mirror")
+        await self._consumer.__aenter__()
+        self._task = asyncio.create_task(self._read(), name="svledger-simulation-mirror")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -353,22 +328,13 @@ class _Mirror:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._consumer.__aexit__(None, None, None)
 
-    async def _read(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
-            fetched = await consumer.getmany(timeout_ms=100)
-            for messages in fetched.values():
-                for message in messages:
-                    if message.key != self._cluster.encode():
-                        continue
-                    event = decode(message.value)
-                    self._fold(
-                        Record(
-                            Position(message.partition, message.offset), event, message.timestamp
-                        )
-                    )
+    async def _read(self) -> None:
+        async for batch in self._consumer.batches(timeout_ms=100):
+            for record in batch:
+                if record.event.meta.cluster == self._cluster:
+                    self._fold(record)
 
     def _fold(self, record: Record) -> None:
         event = record.event
@@ -385,8 +351,7 @@ class _Mirror:
 
     async def caught_up(self) -> bool:
         """Whether every record committed to the topic so far has been read."""
-        consumer = self._consumer
-        assert consumer is not None, "use 'async with _Mirror(...)'"
+        consumer = self._consumer.consumer
         ends = await consumer.end_offsets(list(consumer.assignment()))
         return all([await consumer.position(tp) >= end for tp, end in ends.items()])
 

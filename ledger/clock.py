@@ -116,6 +116,8 @@ class VirtualClock:
         returned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._awaited[task] = returned
         try:
-            await asyncio.wait({returned, task}, timeout=self._settle_timeout)
+            await asyncio.wait(
+                {returned, task}, timeout=self._settle_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             self._awaited.pop(task, None)

@@ -168,8 +168,8 @@ class EventProducer:
         self,
         settings: KafkaSettings,
         *,
-        linger_ms: int = 5,
-        max_batch_size: int = 256 * 1024,
+        linger_ms: int = 10,
+        max_batch_size: int = 512 * 1024,
         connect_timeout: float = 30.0,
     ) -> None:
         self.settings = settings
@@ -325,13 +325,15 @@ class EventConsumer:
 
     async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
         topic = self.settings.topic
-        await consumer.topics()  # refreshes metadata
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
+        if topic not in await consumer.topics():
             raise TopicMissing(
                 f"topic {topic!r} does not exist on {self.settings.bootstrap_servers!r}: "
                 "create it first (ledger.kafka.create_topics) or check SVLEDGER_TOPIC"
             )
+        # The consumer's partitions_for_topic only knows topics it already tracks; the
+        # producer's partitions_for fetches what is missing.
+        assert self._dead_letters is not None
+        partitions = await self._dead_letters.producer.partitions_for(topic)
         assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
         await self._seek(consumer, assigned)

@@ -289,10 +289,12 @@ class Reporter:
                 async with self._lock:
                     await self._heartbeat()
                     await self._sync()
-            except Exception:
-                log.exception(
-                    "apiserver %s: heartbeat or report failed; trying again next tick",
+            except Exception as error:
+                log.warning(
+                    "apiserver %s: heartbeat or report failed, trying again next tick: %s: %s",
                     self.apiserver_id,
+                    type(error).__name__,
+                    error,
                 )
 
 
@@ -300,7 +302,8 @@ class ThreadedReporter:
     """A :class:`Reporter` behind a blocking API, on its own event loop in a daemon thread.
 
     It owns its producer, built from ``settings``; every other argument is the
-    reporter's. Use as a context manager or call ``start()`` / ``stop()``.
+    reporter's. Use as a context manager or call ``start()`` / ``stop()``, once: ``stop``
+    ends the thread.
     """
 
     def __init__(

@@ -364,7 +364,7 @@ def _set_entries(
     after = {e.apiserver_id for e in entries}
     for apiserver_id in after - before:
         state.resources_by_apiserver.setdefault((key[0], apiserver_id), set()).add(key)
-    for apiserver_id in ():
+    for apiserver_id in before - after:
         _discard(state.resources_by_apiserver, (key[0], apiserver_id), key)
 
     storage_state = state.storage_states.get(key)
@@ -540,7 +540,7 @@ def _store_migration(state: State, migration: Migration, changes: Changes) -> No
             migration.key
         )
     else:
-        _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
+        pass
 
 
 def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:

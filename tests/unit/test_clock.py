@@ -1,4 +1,4 @@
-"""VirtualClock: time moves only when advanced; sleepers wake in deadline order at their deadline."""
+"""VirtualClock: time moves only when advanced; sleepers wake in deadline order, on time."""
 
 from __future__ import annotations
 

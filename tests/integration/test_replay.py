@@ -1,0 +1,162 @@
+"""Replay on the real broker into SQLite and PostgreSQL; history and explain read its views.
+
+The reference is again the fold in memory of the records the broker holds: a whole
+replay equals the fold of the whole log, a replay ``--until`` equals the fold of the
+prefix it names, a ``--cluster`` replay the fold of that cluster's events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import Engine
+
+from bench.projector_bench import mixed_events
+from ledger.events import Event, Position, resource_name
+from ledger.kafka import create_topics
+from ledger.settings import KafkaSettings
+from projections import database, store
+from projections.history import format_history, history
+from projections.replay import ReplayError, parse_until, replay
+from tests.integration.test_projector import (
+    append,
+    clear,
+    kafka_settings,
+    reference_snapshot,
+    snapshot,
+)
+
+EVENTS = 3_000
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterable[Engine]:
+    database.upgrade(database_url)
+    engine = database.engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+async def log(
+    kafka_bootstrap: str, unique_topic: str
+) -> tuple[KafkaSettings, list[tuple[Event, Position]]]:
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=3)
+    await create_topics(settings)
+    return settings, await append(settings, mixed_events(EVENTS, clusters=8, seed=5))
+
+
+def checkpoints(db: Engine, topic: str) -> dict[int, int]:
+    with db.connect() as connection:
+        return store.load_checkpoints(connection, topic, "views")
+
+
+async def test_replaying_twice_gives_identical_databases_equal_to_the_fold(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    first = await replay(settings, database_url, progress=False)
+    replayed, replayed_checkpoints = snapshot(db), checkpoints(db, settings.topic)
+    clear(db)
+    second = await replay(settings, database_url, progress=False)
+    assert snapshot(db) == replayed
+    assert checkpoints(db, settings.topic) == replayed_checkpoints == first.next_offsets
+    assert first.events == second.events == len(records)
+    assert replayed == reference_snapshot(db, records, settings.topic)
+
+
+async def test_until_an_offset_gives_the_views_as_of_that_offset(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    until = EVENTS // 6
+    await replay(settings, database_url, until=until, progress=False)
+    prefix = [(event, position) for event, position in records if position.offset <= until]
+    assert len(prefix) < len(records)
+    assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
+
+
+async def test_until_a_time_stops_each_partition_at_its_first_later_event(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    times = sorted(event.meta.occurred_at for event, _ in records)
+    until = times[len(times) // 3]
+    await replay(settings, database_url, until=until, progress=False)
+    stopped: set[int] = set()
+    prefix = []
+    for event, position in sorted(records, key=lambda record: record[1]):
+        if position.partition in stopped or event.meta.occurred_at > until:
+            stopped.add(position.partition)
+            continue
+        prefix.append((event, position))
+    assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
+
+
+async def test_one_cluster_replays_that_cluster_alone(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    cluster = records[0][0].meta.cluster
+    result = await replay(settings, database_url, cluster=cluster, progress=False)
+    own = [(event, position) for event, position in records if event.meta.cluster == cluster]
+    assert result.events == len(own)
+    assert snapshot(db) == reference_snapshot(db, own, settings.topic)
+
+
+async def test_a_snapshot_continues_from_its_checkpoint(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    await replay(settings, database_url, until=EVENTS // 10, progress=False)
+    rest = await replay(settings, database_url, from_snapshot=True, progress=False)
+    assert 0 < rest.events < len(records)
+    assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+
+
+async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, _ = log
+    await replay(settings, database_url, until=10, progress=False)
+    before = snapshot(db)
+    with pytest.raises(ReplayError, match="--from-snapshot"):
+        await replay(settings, database_url, progress=False)
+    with pytest.raises(ReplayError, match="past --until 5"):
+        await replay(settings, database_url, until=5, from_snapshot=True, progress=False)
+    assert snapshot(db) == before
+
+
+async def test_history_lists_every_event_about_a_resource_in_log_order(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    settings, records = log
+    await replay(settings, database_url, progress=False)
+    cluster = records[0][0].meta.cluster
+    with db.connect() as connection:
+        entries = history(connection, "deployments.apps", cluster)
+        assert history(connection, "apps.deployments", cluster) == entries
+    own = {
+        position
+        for event, position in records
+        if event.meta.cluster == cluster
+        and resource_name(getattr(event, "group", "-"), getattr(event, "resource", "-"))
+        == "apps.deployments"
+    }
+    positions = [entry.position for entry in entries]
+    assert positions == sorted(positions)
+    assert own <= set(positions)
+    assert all(str(entry.position) in format_history(entries) for entry in entries)
+
+
+def test_until_is_an_offset_or_a_zoned_time() -> None:
+    assert parse_until("1234") == 1234
+    moment = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    assert parse_until("2024-05-01T12:00:00Z") == moment
+    assert parse_until("2024-05-01T14:00:00+02:00") == moment
+    with pytest.raises(ReplayError, match="no time zone"):
+        parse_until("2024-05-01T12:00:00")
+    with pytest.raises(ReplayError, match="neither an offset"):
+        parse_until("yesterday")
