@@ -59,7 +59,7 @@ import random
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, TypeAlias
@@ -423,7 +423,10 @@ class _Run:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _refuse_used_cluster(self) -> None:
-        await self._wait_for(self.mirror.caught_up, "reading the topic")
+        async def unread() -> str | None:
+            return None if await self.mirror.caught_up() else "the end of the topic"
+
+        await self._wait_for(unread, "reading the topic")
         cluster = self.scenario.cluster
         with self.db.connect() as connection:
             projected = connection.execute(
@@ -604,17 +607,18 @@ class _Run:
     # --- quiescence ---
 
     async def _settle(self, now: int, tasks: Sequence[asyncio.Future[object]]) -> None:
-        async def quiescent() -> bool:
+        async def unsettled() -> str | None:
             for task in tasks:
                 if task.done():
                     task.result()  # a consumer that died fails the run with its error
-            return await self._quiescent()
+            return await self._unsettled()
 
-        await self._wait_for(quiescent, f"the system to come to rest at minute {now / 60:g}")
+        await self._wait_for(unsettled, f"the system to come to rest at minute {now / 60:g}")
 
-    async def _quiescent(self) -> bool:
+    async def _unsettled(self) -> str | None:
+        """What the system is still doing (None: it is at rest)."""
         if not await self.mirror.caught_up():
-            return False
+            return "reading the log"
         state = self.mirror.state
         records = self.mirror.records
         if records:
@@ -628,24 +632,29 @@ class _Run:
                     )
                 ).scalar_one_or_none()
             if checkpoint is None or checkpoint <= last.offset:
-                return False
+                return f"the projector (at {checkpoint}) to reach the last record ({last})"
         if self.trigger == "agreement":
             cause = Meta.new(self.scenario.cluster, "simulation", self.clock.now())
-            if any(migrator.decide(state, key, cause) for key in self._resource_keys()):
-                return False
-        if next_migration(state) is not None and not self.allowance.waiting:
-            return False
+            for key in self._resource_keys():
+                owed = migrator.decide(state, key, cause)
+                if owed:
+                    return f"the migration trigger to append {[type(e).__name__ for e in owed]}"
+        running = next_migration(state)
+        if running is not None and not self.allowance.waiting:
+            return f"the worker to run migration {running.migration_id} ({running.phase})"
         # Nothing may have been appended while this was checked.
-        return len(self.mirror.records) == len(records) and await self.mirror.caught_up()
+        if len(self.mirror.records) != len(records) or not await self.mirror.caught_up():
+            return "reading the log"
+        return None
 
-    async def _wait_for(self, condition: Any, what: str) -> None:
+    async def _wait_for(self, pending: Callable[[], Awaitable[str | None]], what: str) -> None:
         deadline = asyncio.get_running_loop().time() + SETTLE_TIMEOUT_SECONDS
-        while not await condition():
+        while (waiting := await pending()) is not None:
             if asyncio.get_running_loop().time() > deadline:
                 raise SimulationError(
-                    f"gave up waiting for {what} after {SETTLE_TIMEOUT_SECONDS:g} s; check"
-                    f" that the broker at {self.settings.bootstrap_servers!r} and the"
-                    " database are healthy"
+                    f"gave up waiting for {what} after {SETTLE_TIMEOUT_SECONDS:g} s, still"
+                    f" waiting for {waiting}; check that the broker at"
+                    f" {self.settings.bootstrap_servers!r} and the database are healthy"
                 )
             await asyncio.sleep(0.005)
 

@@ -359,7 +359,7 @@ class Projector:
             what,
             _shown(address),
             delay,
-            error,
+            str(error).strip().splitlines()[0],
             extra={"unreachable": what, "address": _shown(address), "retry_in": delay},
         )
         await _sleep_unless_stopped(stop, delay)

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from hypothesis import HealthCheck, given, settings
-from sqlalchemy import Engine, delete, func, select, text
+from hypothesis import HealthCheck, Phase, given, settings
+from sqlalchemy import Engine, create_engine, delete, func, select, text
 
 from bench.projector_bench import mixed_events
 from ledger.events import (
@@ -125,6 +125,8 @@ def db(database_url: str) -> Iterable[Engine]:
 @settings(
     max_examples=6,
     deadline=None,
+    # Every example runs the real broker and projector: seconds each, too slow to shrink.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(history=histories(max_events=80))
@@ -272,7 +274,8 @@ async def test_a_database_outage_is_waited_out_and_loses_nothing(
     database.upgrade(postgres_url)
     db = database.engine(postgres_url)
     name = db.url.database
-    admin = database.engine(postgres_url)  # another pool, to lock the database out
+    # Locking a database out is done from another one, on the server's maintenance database.
+    admin = create_engine(db.url.set(database="postgres"))
     settings = kafka_settings(kafka_bootstrap, unique_topic)
     await create_topics(settings)
     events = list(mixed_events(1_500, clusters=4, seed=4))
