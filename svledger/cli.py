@@ -17,16 +17,22 @@ subcommands are long-running services whose logs are collected by machines;
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import json
 import logging
+import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
+
+if TYPE_CHECKING:
+    from ledger.settings import KafkaSettings
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -159,7 +165,484 @@ def _apiserver_id(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- options shared by the commands that touch Kafka or the database ---------------
+
+DEFAULT_DB: Final = "sqlite:///svledger.db"
+
+
+def add_kafka_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Kafka", "also from SVLEDGER_KAFKA_* variables (security: SASL/SSL, see README)"
+    )
+    group.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT[,...]",
+        help="Kafka bootstrap servers (default: $SVLEDGER_KAFKA_BOOTSTRAP or localhost:9092)",
+    )
+    group.add_argument(
+        "--topic", help="the events topic (default: $SVLEDGER_TOPIC or svledger.events)"
+    )
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=os.environ.get("SVLEDGER_DATABASE_URL", DEFAULT_DB),
+        help=(
+            "SQLAlchemy URL of the projection database, e.g. sqlite:///svledger.db or "
+            "postgresql://user:pass@host/db (default: $SVLEDGER_DATABASE_URL or "
+            f"{DEFAULT_DB})"
+        ),
+    )
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    from ledger.settings import KafkaSettings, SettingsError
+
+    overrides: dict[str, Any] = {}
+    if args.bootstrap:
+        overrides["bootstrap_servers"] = args.bootstrap
+    if args.topic:
+        overrides["topic"] = args.topic
+    try:
+        return KafkaSettings.from_env(**overrides)
+    except SettingsError as error:
+        raise UsageError(str(error)) from error
+
+
+def run_until_signalled(service: Callable[[asyncio.Event], Awaitable[object]]) -> int:
+    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await service(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+# --- schema ------------------------------------------------------------------------
+
+
+def add_db(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "db",
+        _db_upgrade,
+        help="create or upgrade the projection database schema",
+        description=(
+            "svledger db upgrade: apply every Alembic migration of the projection schema\n"
+            "to the database (idempotent). Run it before 'svledger project'."
+        ),
+    )
+    parser.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations")
+    add_db_option(parser)
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from projections.database import DatabaseNotReady, upgrade
+
+    try:
+        upgrade(args.db)
+    except DatabaseNotReady as error:
+        raise UsageError(str(error)) from error
+    print(f"schema of {_safe_url(args.db)} is up to date")
+    return 0
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception as error:
+        raise UsageError(
+            f"--db {url!r} is not a database URL; give e.g. sqlite:///svledger.db"
+        ) from error
+
+
+# --- the projector, replay and reading the history ----------------------------------
+
+
+def add_project(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "project",
+        _project,
+        help="fold the log into the SQL views, continuously",
+        description=(
+            "Consume the events topic and fold every event into the SQL views\n"
+            "(apiserver_leases, storage_versions, storage_states, migrations, ledger_events).\n"
+            "Each batch's rows and its checkpoint are written in one transaction; on start\n"
+            "the projector resumes from the checkpoint. Several projectors share the\n"
+            "partitions. SIGTERM finishes the batch, commits and exits."
+        ),
+    )
+    add_kafka_options(parser)
+    add_db_option(parser)
+
+
+def _project(args: argparse.Namespace) -> int:
+    from projections.database import upgrade
+    from projections.projector import run_projector
+
+    settings = kafka_settings(args)
+    upgrade(args.db)
+    return run_until_signalled(lambda stop: run_projector(settings, args.db, stop=stop))
+
+
+def add_replay(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "replay",
+        _replay,
+        help="rebuild the views into a fresh database from the log, as of any point",
+        description=(
+            "Rebuild every view into a fresh database by replaying the log from the start,\n"
+            "up to now or to --until, optionally for one cluster only. With --from-snapshot\n"
+            "an existing projection database is continued from its checkpoint."
+        ),
+    )
+    add_kafka_options(parser)
+    add_db_option(parser)
+    parser.add_argument(
+        "--until",
+        metavar="OFFSET|TIMESTAMP",
+        help="stop after this log offset (e.g. 12345) or this time (e.g. 2026-01-02T03:04:05Z)",
+    )
+    parser.add_argument("--cluster", help="replay only this cluster's events")
+    parser.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="continue the existing database from its checkpoint instead of a fresh one",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from projections.replay import ReplayError, parse_until, replay
+
+    settings = kafka_settings(args)
+    try:
+        until = parse_until(args.until) if args.until is not None else None
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    try:
+        result = asyncio.run(
+            replay(
+                settings,
+                args.db,
+                until=until,
+                cluster=args.cluster,
+                from_snapshot=args.from_snapshot,
+                progress=args.progress,
+            )
+        )
+    except ReplayError as error:
+        raise UsageError(str(error)) from error
+    print(
+        json.dumps(
+            {
+                "events": result.events,
+                "rejected": result.rejected,
+                "seconds": round(result.seconds, 3),
+                "checkpoint": {str(p): o for p, o in sorted(result.next_offsets.items())},
+            }
+        )
+    )
+    return 0
+
+
+def add_history(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "history",
+        _history,
+        help="print the events that touched a resource",
+        description=(
+            "Print, in log order, every event that touched RESOURCE: reports, withdrawals,\n"
+            "lease ends that removed an entry, resets and migrations, with log positions.\n"
+            "RESOURCE is <group>.<resource> (core.pods), <resource>.<group> or a core resource."
+        ),
+    )
+    _add_resource_arguments(parser)
+
+
+def add_explain(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "explain",
+        _explain,
+        help="say in plain words why a resource is in its current state",
+        description=(
+            "Explain RESOURCE's current StorageVersion and StorageState: who reports which\n"
+            "encoding version, whether they agree and since when, which events put each\n"
+            "persisted hash there, and its latest migration, citing log positions."
+        ),
+    )
+    _add_resource_arguments(parser)
+
+
+def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("resource", metavar="RESOURCE", help="e.g. apps.deployments or core.pods")
+    parser.add_argument("--cluster", help="the cluster, when the resource is in several")
+    add_db_option(parser)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from projections.history import format_history, history
+
+    print(
+        _read_resource(
+            args, lambda conn: format_history(history(conn, args.resource, args.cluster))
+        )
+    )
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from projections.history import explain
+
+    print(_read_resource(args, lambda conn: explain(conn, args.resource, args.cluster)))
+    return 0
+
+
+def _read_resource(args: argparse.Namespace, read: Callable[[Any], str]) -> str:
+    from projections.database import DatabaseNotReady, engine
+    from projections.history import ResourceNameError
+
+    try:
+        with engine(args.db).connect() as connection:
+            return read(connection)
+    except (DatabaseNotReady, ResourceNameError) as error:
+        raise UsageError(str(error)) from error
+
+
+# --- consumers ------------------------------------------------------------------------
+
+
+def add_lease_gc(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "lease-gc",
+        _lease_gc,
+        help="expire the leases of apiservers that stopped heartbeating",
+        description=(
+            "Follow the log and, every check period, append ApiserverLeaseExpired for each\n"
+            "lease whose renew time plus its duration has passed. Never expires a lease that\n"
+            "was renewed; safe to run twice at once."
+        ),
+    )
+    add_kafka_options(parser)
+    parser.add_argument(
+        "--check-period",
+        type=_positive_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how often to look for expired leases (default: 3600, as upstream)",
+    )
+
+
+def _lease_gc(args: argparse.Namespace) -> int:
+    from consumers.lease_gc import run_lease_gc
+    from ledger.clock import SystemClock
+
+    settings = kafka_settings(args)
+    return run_until_signalled(
+        lambda stop: run_lease_gc(
+            settings, stop=stop, clock=SystemClock(), check_period=args.check_period
+        )
+    )
+
+
+def add_migrator(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "migrator",
+        _migrator,
+        help="request storage migrations when apiservers agree; cancel when they don't",
+        description=(
+            "The migration trigger: follow the log and append MigrationRequested once every\n"
+            "live apiserver encodes a resource in the same version and objects may still be\n"
+            "stored in another; MigrationCancelled when agreement breaks. Exactly once: Kafka\n"
+            "transactions, one transactional id per input partition."
+        ),
+    )
+    add_kafka_options(parser)
+
+
+def _migrator(args: argparse.Namespace) -> int:
+    from consumers.migrator import run_migrator
+
+    settings = kafka_settings(args)
+    return run_until_signalled(lambda stop: run_migrator(settings, stop=stop))
+
+
+def add_migrations(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "migrations",
+        _migrations_request,
+        help="operator actions on migrations: request one",
+        description=(
+            "svledger migrations request GROUP RESOURCE: append MigrationRequested for the\n"
+            "resource's common encoding version (or --version), with the operator as source."
+        ),
+    )
+    parser.add_argument("action", choices=["request"], help="request: start a migration")
+    _add_operator_arguments(parser)
+    parser.add_argument("--version", help="target version (default: the common encoding version)")
+
+
+def _migrations_request(args: argparse.Namespace) -> int:
+    from consumers.operator import request_migration
+
+    settings = kafka_settings(args)
+    event = _operator_action(
+        lambda: request_migration(
+            settings, args.cluster, _group(args.group), args.resource, args.version, args.operator
+        )
+    )
+    print(f"requested migration {event.migration_id} to {event.target_version}")
+    return 0
+
+
+def add_storagestate(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "storagestate",
+        _storagestate_reset,
+        help="operator actions on StorageStates: reset one",
+        description=(
+            "svledger storagestate reset GROUP RESOURCE --reason TEXT: set the persisted\n"
+            'hashes back to ["Unknown"] (e.g. after restoring etcd from a backup).'
+        ),
+    )
+    parser.add_argument("action", choices=["reset"], help="reset: persisted hashes to Unknown")
+    _add_operator_arguments(parser)
+    parser.add_argument("--reason", required=True, help="why, recorded in the event")
+
+
+def _storagestate_reset(args: argparse.Namespace) -> int:
+    from consumers.operator import reset_storage_state
+
+    settings = kafka_settings(args)
+    _operator_action(
+        lambda: reset_storage_state(
+            settings, args.cluster, _group(args.group), args.resource, args.reason, args.operator
+        )
+    )
+    print(f"reset the StorageState of {args.resource} in {args.cluster}")
+    return 0
+
+
+def _add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("group", metavar="GROUP", help='API group; "" or core for the core group')
+    parser.add_argument("resource", metavar="RESOURCE", help="resource, e.g. deployments")
+    parser.add_argument("--cluster", required=True, help="the cluster the resource is in")
+    parser.add_argument(
+        "--operator",
+        default=os.environ.get("USER", "operator"),
+        help="who is acting, recorded as the event's source (default: $USER)",
+    )
+    add_kafka_options(parser)
+
+
+def _group(text: str) -> str:
+    return "" if text == "core" else text
+
+
+T = TypeVar("T")
+
+
+def _operator_action(action: Callable[[], Awaitable[T]]) -> T:
+    from consumers.operator import OperatorError
+
+    async def run() -> T:
+        return await action()
+
+    try:
+        return asyncio.run(run())
+    except OperatorError as error:
+        raise UsageError(str(error)) from error
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+# --- the simulation --------------------------------------------------------------------
+
+
+def add_simulate(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "simulate",
+        _simulate,
+        help="simulate an HA control plane's rolling upgrade on the real log",
+        description=(
+            "Run SCENARIO.yaml (see docs/scenarios.md): simulated apiservers embedding the\n"
+            "real reporter and write gate, clients writing through a load balancer, and the\n"
+            "real projector, lease GC, migrator and worker, on Kafka and SQL, in virtual time.\n"
+            "Prints a timeline and a pollution check; exits 1 if objects were left in a\n"
+            "version outside the persisted hashes or a migration ran while apiservers\n"
+            "disagreed."
+        ),
+    )
+    parser.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
+    add_kafka_options(parser)
+    add_db_option(parser)
+    parser.add_argument(
+        "--trigger",
+        choices=["agreement", "discovery-hash"],
+        default="agreement",
+        help=(
+            "agreement: the ledger's migrator (default); discovery-hash: the old way, "
+            "polling one apiserver every 10 minutes, for comparison"
+        ),
+    )
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from consumers.scenario import ScenarioError
+    from consumers.simulation import simulate
+
+    settings = kafka_settings(args)
+    try:
+        result = asyncio.run(simulate(args.scenario, settings, args.db, trigger=args.trigger))
+    except (ScenarioError, OSError) as error:
+        raise UsageError(str(error)) from error
+    if args.trigger == "agreement":
+        return int(bool(result.polluted_objects or result.migrations_while_disagreeing))
+    return 0
+
+
 COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
+    add_simulate,
+    add_db,
+    add_project,
+    add_lease_gc,
+    add_migrator,
+    add_migrations,
+    add_storagestate,
+    add_replay,
+    add_history,
+    add_explain,
     add_hash,
     add_apiserver_id,
 )
