@@ -218,8 +218,11 @@ class LocalKafka:
         return path
 
     def _format_storage(self, java_command: list[str], config: Path) -> None:
-        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64. One that
+        # starts with "-" would be read by StorageTool as an option: draw again.
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         result = subprocess.run(
             [
                 *java_command,
