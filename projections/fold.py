@@ -540,7 +540,7 @@ def _store_migration(state: State, migration: Migration, changes: Changes) -> No
             migration.key
         )
     else:
-        pass
+        _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
 
 
 def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:

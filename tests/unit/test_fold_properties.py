@@ -8,7 +8,6 @@ report exactly the rows it changed, and keep the views' invariants after every e
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from hypothesis import given
@@ -140,15 +139,18 @@ def assert_storage_versions_consistent(state: State) -> None:
 def assert_persisted_hashes_only_grow(
     before: dict[str, dict[Any, Any]], after: State, event: Event, changes: Changes
 ) -> None:
-    refined: set[tuple[str, str, str]] = set()
-    if isinstance(event, StorageStateReset):
-        refined.add((event.meta.cluster, event.group, event.resource))
+    """Persisted hashes only grow, except a reset (to Unknown) or a fresh success (to the target)."""
+    replaced: dict[tuple[str, str, str], tuple[str, ...]] = {}
+    if isinstance(event, StorageStateReset) and not changes.rejections:
+        replaced[(event.meta.cluster, event.group, event.resource)] = ("Unknown",)
     if isinstance(event, MigrationSucceeded) and not changes.rejections:
-        refined.add(after.migrations[(event.meta.cluster, event.migration_id)].resource_key)
+        migration = after.migrations[(event.meta.cluster, event.migration_id)]
+        replaced[migration.resource_key] = (migration.target_hash,)
     for key, old in before["storage_states"].items():
-        new = after.storage_states[key]
-        if key in refined:
-            continue
-        grown = new.persisted_storage_version_hashes
-        prefix = grown[: len(old.persisted_storage_version_hashes)]
-        assert prefix == old.persisted_storage_version_hashes, dataclasses.astuple(new)
+        hashes = after.storage_states[key].persisted_storage_version_hashes
+        if key in replaced:
+            assert hashes == replaced[key]
+        else:
+            assert hashes[: len(old.persisted_storage_version_hashes)] == (
+                old.persisted_storage_version_hashes
+            )

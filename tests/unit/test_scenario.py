@@ -209,9 +209,7 @@ def test_entries_keep_file_order_among_equal_times(writes: list[tuple[int, int]]
         ),
     ],
 )
-def test_timeline_errors_name_line_key_and_value(
-    timeline: str, needle: str, expected: str
-) -> None:
+def test_timeline_errors_name_line_key_and_value(timeline: str, needle: str, expected: str) -> None:
     message = refused(timeline)
     text = HEAD + "timeline:\n" + textwrap.indent(timeline, "  ")
     assert message.startswith(f"s.yaml:{line_of(text, needle)}: ")
@@ -228,8 +226,9 @@ def test_timeline_errors_name_line_key_and_value(
             " decodable; got ['v1']",
         ),
         (
-            HEAD.replace("    deployments.apps: {encoding: v2, decodable: [v1, v2]}\n", "")
-            .replace("  new:\n", "  new: {}\n"),
+            HEAD.replace("    deployments.apps: {encoding: v2, decodable: [v1, v2]}\n", "").replace(
+                "  new:\n", "  new: {}\n"
+            ),
             "new: {}",
             "binaries.new: expected a non-empty mapping, got {}",
         ),
@@ -268,17 +267,16 @@ def test_a_binary_must_say_how_it_stores_every_resource() -> None:
         "  - {group: '', resource: pods, kind: Pod}\n",
     ).replace(
         "    deployments.apps: {encoding: v1, decodable: [v1, v2]}\n",
-        "    deployments.apps: {encoding: v1, decodable: [v1, v2]}\n"
-        "    pods: {encoding: v1}\n",
+        "    deployments.apps: {encoding: v1, decodable: [v1, v2]}\n    pods: {encoding: v1}\n",
     )
     message = refused("- {at: 0, start: a}\n- {at: 1, end: true}\n", head)
     assert "binaries.new: binary 'new' does not say how it stores 'pods'" in message
 
 
 def test_not_yaml_and_not_a_mapping_are_refused() -> None:
-    with pytest.raises(ScenarioError, match="s.yaml: not valid YAML"):
+    with pytest.raises(ScenarioError, match=r"s\.yaml: not valid YAML"):
         scenario.parse("cluster: [", "s.yaml")
-    with pytest.raises(ScenarioError, match="s.yaml: a scenario is a YAML mapping, got"):
+    with pytest.raises(ScenarioError, match=r"s\.yaml: a scenario is a YAML mapping, got"):
         scenario.parse(yaml.safe_dump([1, 2]), "s.yaml")
 
 
@@ -286,3 +284,16 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ScenarioError, match=f"cannot read scenario '{missing}'"):
         scenario.load(missing)
+
+
+def test_the_documented_example_is_a_valid_scenario() -> None:
+    docs = (EXAMPLES.parent / "docs" / "scenarios.md").read_text()
+    block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = scenario.parse(block, "docs/scenarios.md")
+    restarts = [e for e in documented.timeline if isinstance(e.action, Restart)]
+    assert restarts[0].note == "The admin starts rolling upgrades."
+    assert [e.action for e in restarts] == [
+        e.action
+        for e in scenario.load(EXAMPLES / "kep-walkthrough.yaml").timeline
+        if isinstance(e.action, Restart)
+    ]
