@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 import sys
 import uuid
@@ -64,6 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, TypeAlias
 
+from aiokafka import AIOKafkaConsumer
 from sqlalchemy import Engine, func, select
 
 from consumers import migrator
@@ -86,7 +88,7 @@ from ledger.events import (
 )
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
-from ledger.kafka import EventConsumer, EventProducer, Record, create_topics
+from ledger.kafka import EventConsumer, EventProducer, Record, connect, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections import database
@@ -95,6 +97,8 @@ from projections.projector import run_projector
 from projections.schema import ledger_events, projection_checkpoints
 from projections.state import UNKNOWN_HASH, Migration, ResourceKey, State
 from projections.store import load_state
+
+log = logging.getLogger(__name__)
 
 Trigger: TypeAlias = Literal["agreement", "discovery-hash"]
 TRIGGERS: Final[tuple[Trigger, ...]] = ("agreement", "discovery-hash")
@@ -310,15 +314,31 @@ class _Mirror:
     """The run's own reader and fold of its cluster's log, independent of the projector."""
 
     def __init__(self, settings: KafkaSettings, cluster: str) -> None:
+        self._settings = settings
         self._consumer = EventConsumer(settings, group_id=None)
+        # End offsets are asked on a connection of their own: a broker answers a
+        # connection's requests in order, so behind the reader's long-polling fetch
+        # they would wait for the fetch to time out.
+        self._ends: AIOKafkaConsumer | None = None
         self._cluster = cluster
         self.state = State()
         self.records: list[Record] = []  # of the cluster
-        self.stale_successes: set[str] = set()  # event IDs of successes the fold refused
+        self.refused_successes: set[str] = set()  # event IDs of successes the fold refused
+        # The common version of each StorageVersion revision the log went through.
+        self.common_at: dict[tuple[ResourceKey, str], str | None] = {}
         self.disagreeing: set[str] = set()  # migration IDs requested while servers disagreed
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> _Mirror:
+        settings = self._settings
+        self._ends = await connect(
+            lambda: AIOKafkaConsumer(
+                **settings.client_kwargs(),
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+            ),
+            settings,
+        )
         await self._consumer.__aenter__()
         self._task = asyncio.create_task(self._read(), name="svledger-simulation-mirror")
         return self
@@ -329,6 +349,8 @@ class _Mirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self._consumer.__aexit__(None, None, None)
+        if self._ends is not None:
+            await self._ends.stop()
 
     async def _read(self) -> None:
         async for batch in self._consumer.batches(timeout_ms=100):
@@ -339,20 +361,27 @@ class _Mirror:
     def _fold(self, record: Record) -> None:
         event = record.event
         if isinstance(event, MigrationRequested):
+            # Judged by the StorageVersion revision the request was decided on: a trigger
+            # decides on the log as it has read it, and reports may land in between.
             key = (event.meta.cluster, event.group, event.resource)
-            storage_version = self.state.storage_versions.get(key)
-            common = storage_version.common_encoding_version if storage_version else None
-            if common != event.target_version:
+            if self.common_at.get((key, event.storage_version_revision)) != event.target_version:
                 self.disagreeing.add(event.migration_id)
         changes = apply(self.state, event, record.position)
+        for key in changes.storage_versions:
+            storage_version = self.state.storage_versions.get(key)
+            if storage_version is not None:
+                self.common_at[key, storage_version.revision] = (
+                    storage_version.common_encoding_version
+                )
         if isinstance(event, MigrationSucceeded) and changes.rejections:
-            self.stale_successes.add(event.meta.event_id)
+            self.refused_successes.add(event.meta.event_id)
         self.records.append(record)
 
     async def caught_up(self) -> bool:
         """Whether every record committed to the topic so far has been read."""
         consumer = self._consumer.consumer
-        ends = await consumer.end_offsets(list(consumer.assignment()))
+        assert self._ends is not None, "use 'async with _Mirror(...)'"
+        ends = await self._ends.end_offsets(list(consumer.assignment()))
         return all([await consumer.position(tp) >= end for tp, end in ends.items()])
 
     def check_active(self) -> None:
@@ -408,7 +437,10 @@ class _Run:
             self.producer = producer
             await self._refuse_used_cluster()
             self.store.clear()
-            tasks = [asyncio.ensure_future(c) for c in self._consumers(stop)]
+            tasks = [
+                asyncio.create_task(run, name=f"svledger-simulation-{name}")
+                for name, run in self._consumers(stop).items()
+            ]
             try:
                 return await self._timeline(tasks)
             finally:
@@ -419,8 +451,9 @@ class _Run:
                 self.allowance.grant(0)  # wake a worker waiting for requests: it sees stop
                 _, late = await asyncio.wait(tasks, timeout=30)
                 for task in late:
+                    log.warning("%s did not stop within 30 s; cancelling it", task.get_name())
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.wait(tasks, timeout=30)
 
     async def _refuse_used_cluster(self) -> None:
         async def unread() -> str | None:
@@ -440,28 +473,30 @@ class _Run:
                 " topic (SVLEDGER_TOPIC) and database"
             )
 
-    def _consumers(self, stop: asyncio.Event) -> list[Coroutine[Any, Any, object]]:
+    def _consumers(self, stop: asyncio.Event) -> dict[str, Coroutine[Any, Any, object]]:
         # Consumer groups of their own, so a simulation never joins a real deployment's.
         def group(name: str) -> str:
             return f"svledger-simulation-{name}.{self.settings.topic}"
 
-        consumers: list[Coroutine[Any, Any, object]] = [
-            run_projector(
+        consumers: dict[str, Coroutine[Any, Any, object]] = {
+            "projector": run_projector(
                 self.settings, self.db_url, projection=PROJECTION, stop=stop, group=False
             ),
-            run_worker(
+            "worker": run_worker(
                 self.settings, self.target, stop=stop, clock=self.clock, group_id=group("worker")
             ),
-            run_lease_gc(
+            "lease-gc": run_lease_gc(
                 self.settings,
                 stop=stop,
                 clock=self.clock,
                 check_period=self.scenario.lease_gc_check_period_seconds,
                 group_id=group("lease-gc"),
             ),
-        ]
+        }
         if self.trigger == "agreement":
-            consumers.append(run_migrator(self.settings, stop=stop, group_id=group("migrator")))
+            consumers["migrator"] = run_migrator(
+                self.settings, stop=stop, group_id=group("migrator")
+            )
         return consumers
 
     # --- the step loop ---
@@ -751,9 +786,11 @@ class _Run:
             match event:
                 case MigrationRequested():
                     news.append(f"migration to {to} requested")
-                case MigrationSucceeded() if event.meta.event_id in self.mirror.stale_successes:
+                case MigrationSucceeded() if event.meta.event_id in self.mirror.refused_successes:
                     news.append(
-                        f"migration to {to} done, but stale: the ledger keeps the persisted hashes"
+                        f"migration to {to} reported done after it was cancelled: ignored"
+                        if migration.phase == "Cancelled"
+                        else f"migration to {to} done, but stale: persisted hashes kept"
                     )
                 case MigrationSucceeded():
                     news.append(f"migration to {to} succeeded ({event.objects_migrated} objects)")

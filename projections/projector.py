@@ -408,8 +408,6 @@ async def run_projector(
     max_batch: int = MAX_BATCH,
 ) -> ProjectorMetrics:
     """``svledger project --db URL``: project until ``stop`` is set (wire SIGTERM to it)."""
-    projector = Projector(
-        settings, db_url, projection=projection, group=group, max_batch=max_batch
-    )
+    projector = Projector(settings, db_url, projection=projection, group=group, max_batch=max_batch)
     await projector.run(stop if stop is not None else asyncio.Event())
     return projector.metrics

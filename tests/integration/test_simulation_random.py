@@ -32,7 +32,7 @@ from projections import database
 
 pytestmark = pytest.mark.slow
 
-RUNS = 120
+RUNS = 200
 
 BINARIES = {
     "old": {"widgets.example.com": {"encoding": "v1", "decodable": ["v1", "v2"]}},

@@ -139,7 +139,7 @@ def assert_storage_versions_consistent(state: State) -> None:
 def assert_persisted_hashes_only_grow(
     before: dict[str, dict[Any, Any]], after: State, event: Event, changes: Changes
 ) -> None:
-    """Persisted hashes only grow, except a reset (to Unknown) or a fresh success (to the target)."""
+    """Persisted hashes only grow, but for a reset (to Unknown) or a fresh success (to target)."""
     replaced: dict[tuple[str, str, str], tuple[str, ...]] = {}
     if isinstance(event, StorageStateReset) and not changes.rejections:
         replaced[(event.meta.cluster, event.group, event.resource)] = ("Unknown",)

@@ -1,0 +1,29 @@
+"""A projector in its own process, for tests that kill it.
+
+``python -m tests.integration.projector_proc BOOTSTRAP TOPIC DB_URL`` projects
+without a consumer group (a restart after ``kill -9`` then need not wait for the
+broker to expire the dead member) and stops cleanly on SIGTERM: the batch in hand
+is committed, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from ledger.settings import KafkaSettings
+from projections.projector import run_projector
+
+
+async def main(bootstrap: str, topic: str, db_url: str) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic)
+    await run_projector(settings, db_url, stop=stop, group=False)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main(*sys.argv[1:4]))
