@@ -508,8 +508,10 @@ class _Run:
         shown: dict[str, tuple[object, ...]] = {}
         worst: Counter[str] = Counter()
         ledger_worst: Counter[str] = Counter()
+        final: dict[str, TimelineRow] = {}
         seen = 0
         now = 0
+        next_poll = 0
         while True:
             actions: list[str] = []
             while pending and pending[0].at_seconds <= now:
@@ -517,7 +519,8 @@ class _Run:
                 if described is not None and described not in actions:
                     actions.append(described)
             await self._settle(now, tasks)
-            if self.baseline is not None and now % s.discovery_poll_seconds == 0:
+            if self.baseline is not None and now >= next_poll:
+                next_poll += s.discovery_poll_seconds
                 requests = self.baseline.poll(self.mirror.state, self.clock.now())
                 if requests:
                     await self.producer.send_many(requests)
@@ -531,9 +534,11 @@ class _Run:
             for resource in s.resources:
                 row = self._row(now, resource, views, actions, fresh)
                 worst[resource.name] = max(worst[resource.name], row.polluted)
-                ledger_worst[resource.name] = max(
-                    ledger_worst[resource.name], self._ledger_polluted(resource, views)
+                ledger_polluted = self._polluted(
+                    resource, self._persisted(views, resource), row.stored
                 )
+                ledger_worst[resource.name] = max(ledger_worst[resource.name], ledger_polluted)
+                final[resource.name] = row
                 key = (
                     row.encoding_versions,
                     row.common_version,
@@ -552,7 +557,6 @@ class _Run:
             self.allowance.grant(following - now)
             await self.clock.advance(following - now)
             now = following
-        last = {row.resource: row for row in rows}
         return SimulationResult(
             cluster=s.cluster,
             trigger=self.trigger,
@@ -561,8 +565,8 @@ class _Run:
             polluted_objects=sum(worst.values()),
             ledger_polluted_objects=sum(ledger_worst.values()),
             migrations_while_disagreeing=tuple(sorted(self.mirror.disagreeing)),
-            final_persisted_versions={name: row.persisted_versions for name, row in last.items()},
-            final_stored={name: dict(row.stored) for name, row in last.items()},
+            final_persisted_versions={name: row.persisted_versions for name, row in final.items()},
+            final_stored={name: row.stored for name, row in final.items()},
             refused_writes=self.refused_writes,
             events=len(self.mirror.records),
         )
@@ -712,12 +716,11 @@ class _Run:
             if storage_version_hash(resource.group, version, resource.kind) not in hashes
         )
 
-    def _ledger_polluted(self, resource: Resource, views: State) -> int:
-        storage_state = views.storage_states.get(
-            (self.scenario.cluster, resource.group, resource.resource)
-        )
-        hashes = storage_state.persisted_storage_version_hashes if storage_state else ()
-        return self._polluted(resource, hashes, self.store.versions(resource))
+    def _persisted(self, views: State, resource: Resource) -> tuple[str, ...]:
+        """The ledger's persisted hashes of ``resource``."""
+        key = (self.scenario.cluster, resource.group, resource.resource)
+        storage_state = views.storage_states.get(key)
+        return storage_state.persisted_storage_version_hashes if storage_state else ()
 
     def _row(
         self,
@@ -734,8 +737,7 @@ class _Run:
             if storage_version
             else {}
         )
-        storage_state = views.storage_states.get(key)
-        hashes = storage_state.persisted_storage_version_hashes if storage_state else ()
+        hashes = self._persisted(views, resource)
         belief = self.baseline.beliefs.get(resource.name) if self.baseline else None
         stored = self.store.versions(resource)
         in_charge = (
