@@ -147,15 +147,47 @@ async def create_topics(settings: KafkaSettings) -> None:
                 for name in (settings.topic, settings.dlq_topic)
             ]
         )
+        for topic, code, *rest in response.topic_errors:
+            if code and code != _TOPIC_ALREADY_EXISTS:
+                message = rest[0] if rest and rest[0] else for_code(code).description
+                raise KafkaError(
+                    f"cannot create topic {topic!r} ({settings.partitions} partitions, "
+                    f"replication factor {settings.replication_factor}): {message}"
+                )
+        await _await_leaders(admin, [settings.topic, settings.dlq_topic])
     finally:
         await admin.close()
-    for topic, code, *rest in response.topic_errors:
-        if code and code != _TOPIC_ALREADY_EXISTS:
-            message = rest[0] if rest and rest[0] else for_code(code).description
+
+
+async def _await_leaders(
+    admin: AIOKafkaAdminClient, topics: list[str], timeout: float = 30.0
+) -> None:
+    """Wait until every partition of ``topics`` has a leader.
+
+    A topic exists as soon as the controller has accepted it, but its partitions are
+    led a moment later; clients that start in between only log retriable errors, so
+    the caller is handed the topics once they are usable.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        described = await admin.describe_topics(topics)
+        leaderless = [
+            f"{topic['topic']}/{partition['partition']}"
+            for topic in described
+            for partition in topic["partitions"]
+            if partition["leader"] < 0
+        ]
+        leaderless += [
+            topic["topic"] for topic in described if topic["error_code"] or not topic["partitions"]
+        ]
+        if not leaderless and len(described) == len(topics):
+            return
+        if asyncio.get_running_loop().time() > deadline:
             raise KafkaError(
-                f"cannot create topic {topic!r} ({settings.partitions} partitions, "
-                f"replication factor {settings.replication_factor}): {message}"
+                f"partitions {', '.join(leaderless)} have no leader after {timeout:.0f} s; "
+                "check the broker's log"
             )
+        await asyncio.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- producing
