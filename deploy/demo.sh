@@ -31,10 +31,16 @@ for trigger in agreement discovery-hash; do
   db="sqlite:///$work/$trigger.db"
   echo
   echo "=== svledger simulate examples/kep-walkthrough.yaml --trigger $trigger ==="
-  .venv/bin/svledger --log-level warning simulate examples/kep-walkthrough.yaml \
-    --db "$db" --topic "svledger.demo.$trigger.$$" --trigger "$trigger"
+  log="$work/simulate-$trigger.log"
+  if ! .venv/bin/svledger simulate examples/kep-walkthrough.yaml \
+      --db "$db" --topic "svledger.demo.$trigger.$$" --trigger "$trigger" 2>"$log"; then
+    echo "simulation failed; the last lines of its log ($log):" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
 done
 
 echo
-echo "The agreement run's views are in $work/agreement.db; try:"
+echo "Logs (JSON lines) are in $work/simulate-*.log; the agreement run's views are in"
+echo "$work/agreement.db; try:"
 echo "  .venv/bin/svledger explain apps.deployments --db sqlite:///$work/agreement.db"

@@ -88,7 +88,7 @@ def engine(url: str) -> Engine:
 
 
 def _create_engine(url: str) -> Engine:
-    parsed = _parse(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         db = create_engine(parsed)
         event.listen(db, "connect", _configure_sqlite)
@@ -97,7 +97,8 @@ def _create_engine(url: str) -> Engine:
     return create_engine(parsed, pool_pre_ping=True)
 
 
-def _parse(url: str) -> URL:
+def parse_url(url: str) -> URL:
+    """The SQLAlchemy URL of a PostgreSQL or SQLite database; ValueError saying what to give."""
     try:
         parsed = make_url(url)
     except ArgumentError:

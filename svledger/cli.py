@@ -101,6 +101,8 @@ def configure_logging(level: str = "INFO", log_format: str = "json") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # Alembic narrates every migration check at INFO; only a debugging user wants that.
+    logging.getLogger("alembic").setLevel(level if level == "DEBUG" else "WARNING")
 
 
 def add_command(
@@ -188,6 +190,7 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         metavar="URL",
+        type=_database_url,
         default=os.environ.get("SVLEDGER_DATABASE_URL", DEFAULT_DB),
         help=(
             "SQLAlchemy URL of the projection database, e.g. sqlite:///svledger.db or "
@@ -244,25 +247,27 @@ def add_db(subparsers: Subparsers) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy.engine import make_url
+
     from projections.database import DatabaseNotReady, upgrade
 
     try:
         upgrade(args.db)
     except DatabaseNotReady as error:
         raise UsageError(str(error)) from error
-    print(f"schema of {_safe_url(args.db)} is up to date")
+    shown = make_url(args.db).render_as_string(hide_password=True)
+    print(f"schema of {shown} is up to date")
     return 0
 
 
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
+def _database_url(text: str) -> str:
+    from projections.database import parse_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception as error:
-        raise UsageError(
-            f"--db {url!r} is not a database URL; give e.g. sqlite:///svledger.db"
-        ) from error
+        parse_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
 
 
 # --- the projector, replay and reading the history ----------------------------------
@@ -334,9 +339,6 @@ def _replay(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     try:
         until = parse_until(args.until) if args.until is not None else None
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    try:
         result = asyncio.run(
             replay(
                 settings,
@@ -695,3 +697,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        if not isinstance(error, _unavailable_errors()):
+            raise
+        # The message says what could not be reached and what to check; no traceback.
+        print(f"svledger: error: {error}", file=sys.stderr)
+        return UNAVAILABLE
+
+
+UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be reached
+
+
+def _unavailable_errors() -> tuple[type[Exception], ...]:
+    from ledger.kafka import BrokerUnavailable
+    from projections.database import DatabaseNotReady
+
+    return (BrokerUnavailable, DatabaseNotReady)

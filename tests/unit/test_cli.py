@@ -112,3 +112,24 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         check=False,
     )
     assert (result.returncode, result.stdout) == (0, "xPOwRZ+Yhw8=\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["replay", "--until", "yesterday", "--db", "sqlite:///x.db"], "'yesterday'"),
+        (
+            ["explain", "apps.deployments", "--db", "sqlite:///missing/views.db"],
+            "svledger db upgrade",
+        ),
+        (["history", "apps.deployments", "--db", "mysql://h/db"], "mysql"),
+        (["simulate", "no-such-scenario.yaml"], "no-such-scenario.yaml"),
+        (["lease-gc", "--check-period", "-5"], "'-5'"),
+        (["storagestate", "reset", "apps", "deployments", "--cluster", "c"], "--reason"),
+    ],
+)
+def test_bad_arguments_name_the_value_and_exit_2(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert named in capsys.readouterr().err
