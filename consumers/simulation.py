@@ -12,8 +12,9 @@ that acts on time. The run advances it in steps (``step_seconds``, shorter when 
 timeline action falls inside a step) and after each step waits until the system is
 *quiescent*:
 
-* the run's own reader of the log has read every committed record, and the projector's
-  checkpoint has passed the cluster's last record;
+* the run's own reader of the log has read every record appended to it, so no
+  transaction is open (a committed transaction's markers may land after its commit
+  returned), and the projector's checkpoint has passed the cluster's last record;
 * the migration trigger owes nothing: its rule (:func:`consumers.migrator.decide`, a pure
   function of the folded log) asks for no event on the log as it stands;
 * the worker has no active migration, or is waiting for the next step's request
@@ -22,7 +23,11 @@ timeline action falls inside a step) and after each step waits until the system 
 Only then does time move on, so a run takes as long as its work, not as long as its
 virtual hour, and a scenario gives the same timeline on every run: every random choice
 (which apiserver serves a request, which object a client writes, heartbeat jitter)
-comes from the scenario's seed.
+comes from the scenario's seed. One thing stays up to the broker's timing: how the
+trigger's polls split the events of one instant. Of two apiservers started together,
+the first one's report may be decided on alone, drawing a request that the second
+one's report then replaces; each was decided on the StorageVersion as it then stood,
+and the checks judge a request by the revision it names, so they hold either way.
 
 **Processes.** ``start`` creates a new apiserver process (a new reporter, so a new
 holder identity); ``upgrade`` and ``rollback`` stop it gracefully (lease released) and
@@ -318,7 +323,11 @@ class _Mirror:
         self._consumer = EventConsumer(settings, group_id=None)
         # End offsets are asked on a connection of their own: a broker answers a
         # connection's requests in order, so behind the reader's long-polling fetch
-        # they would wait for the fetch to time out.
+        # they would wait for the fetch to time out. They are high watermarks
+        # (read_uncommitted), not last stable offsets: a transaction's commit returns
+        # before the broker has written its markers, so for a moment the last stable
+        # offset stops short of a record already appended (a lease GC's expiry, say)
+        # and the log would look read to its end while that record is still to come.
         self._ends: AIOKafkaConsumer | None = None
         self._cluster = cluster
         self.state = State()
@@ -335,7 +344,7 @@ class _Mirror:
             lambda: AIOKafkaConsumer(
                 **settings.client_kwargs(),
                 enable_auto_commit=False,
-                isolation_level="read_committed",
+                isolation_level="read_uncommitted",
             ),
             settings,
         )
@@ -378,7 +387,11 @@ class _Mirror:
         self.records.append(record)
 
     async def caught_up(self) -> bool:
-        """Whether every record committed to the topic so far has been read."""
+        """Whether every record appended to the topic so far has been read.
+
+        The reader reads committed records only, so it gets to the high watermark once
+        no transaction is open: a record of an undecided transaction is still to come.
+        """
         consumer = self._consumer.consumer
         assert self._ends is not None, "use 'async with _Mirror(...)'"
         ends = await self._ends.end_offsets(list(consumer.assignment()))
@@ -659,9 +672,9 @@ class _Run:
         if not await self.mirror.caught_up():
             return "reading the log"
         state = self.mirror.state
-        records = self.mirror.records
-        if records:
-            last = records[-1].position
+        read = len(self.mirror.records)
+        if read:
+            last = self.mirror.records[read - 1].position
             with self.db.connect() as connection:
                 checkpoint = connection.execute(
                     select(projection_checkpoints.c.next_offset).where(
@@ -682,7 +695,7 @@ class _Run:
         if running is not None and not self.allowance.waiting:
             return f"the worker to run migration {running.migration_id} ({running.phase})"
         # Nothing may have been appended while this was checked.
-        if len(self.mirror.records) != len(records) or not await self.mirror.caught_up():
+        if len(self.mirror.records) != read or not await self.mirror.caught_up():
             return "reading the log"
         return None
 

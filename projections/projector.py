@@ -40,6 +40,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 from aiokafka.errors import KafkaError
@@ -49,16 +51,17 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from ledger.kafka import BrokerUnavailable, EventConsumer, Record
 from ledger.settings import KafkaSettings
+from projections import store
 from projections.database import DatabaseUnreachable, engine
 from projections.fold import apply, subject
 from projections.schema import projection_checkpoints
 from projections.state import Changes, State
-from projections.store import load_checkpoints, load_state, write_batch
+from projections.store import load_checkpoints, load_state
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PROJECTION: Final = "views"
-MAX_BATCH: Final = 5_000
+MAX_BATCH: Final = 20_000
 POLL_MS: Final = 200
 LOG_INTERVAL_SECONDS: Final = 10.0
 BACKOFF_START_SECONDS: Final = 0.5
@@ -93,42 +96,75 @@ class BatchResult:
     skipped: int  # at or before the checkpoint: already in the views
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FoldedBatch:
+    """A batch folded in memory, not yet committed."""
+
+    batch: store.Batch
+    partitions: frozenset[int]
+    expected: dict[int, int]  # the checkpoint the database must be at, of those partitions
+    result: BatchResult
+
+
+def fold_batch(projection: Projection, records: Sequence[Record]) -> FoldedBatch:
+    """Fold the records past ``projection``'s offsets into it; :func:`commit` writes them.
+
+    ``projection`` moves past the batch at once, so the next batch can be folded
+    while this one is written; if the write fails, reload it (:meth:`Projection.load`).
+    """
+    next_offsets = projection.next_offsets
+    partitions = frozenset(record.position.partition for record in records)
+    expected = {p: next_offsets[p] for p in partitions if p in next_offsets}
+    changes = Changes()
+    folded = []
+    for record in records:
+        position = record.position
+        if position.offset < next_offsets.get(position.partition, 0):
+            continue
+        changes.merge(apply(projection.state, record.event, position))
+        folded.append((record.event, position, subject(record.event)))
+        next_offsets[position.partition] = position.offset + 1
+    return FoldedBatch(
+        store.Batch.of(projection.state, changes, folded, projection.topic, projection.name),
+        partitions,
+        expected,
+        BatchResult(len(folded), len(changes.rejections), len(records) - len(folded)),
+    )
+
+
+def commit(db: Engine, folded: FoldedBatch) -> None:
+    """Write a folded batch and its checkpoint in one transaction.
+
+    Raises :class:`StaleProjection`, writing nothing, unless the database's checkpoint
+    is the one the fold started from.
+    """
+    batch = folded.batch
+    if not batch.folded:
+        return
+    with db.begin() as connection:
+        committed = _locked_checkpoints(connection, batch, folded.partitions)
+        if committed != folded.expected:
+            raise StaleProjection(
+                f"projection {batch.projection!r} of topic {batch.topic!r} is at"
+                f" {_offsets(committed)} in the database, not {_offsets(folded.expected)} as"
+                " this projector's state; another projector wrote it meanwhile"
+            )
+        store.write(connection, batch)
+
+
 def commit_batch(db: Engine, projection: Projection, records: Sequence[Record]) -> BatchResult:
     """Fold the records past the checkpoint into ``projection`` and commit them, atomically.
 
     On any exception nothing is committed but ``projection`` may be ahead of the
     database: the caller must reload it (:meth:`Projection.load`).
     """
-    partitions = {record.position.partition for record in records}
-    with db.begin() as connection:
-        committed = _locked_checkpoints(connection, projection, partitions)
-        expected = {
-            p: projection.next_offsets[p] for p in partitions if p in projection.next_offsets
-        }
-        if committed != expected:
-            raise StaleProjection(
-                f"projection {projection.name!r} of topic {projection.topic!r} is at"
-                f" {_offsets(committed)} in the database, not {_offsets(expected)} as this"
-                " projector's state; another projector wrote it meanwhile"
-            )
-        changes = Changes()
-        folded = []
-        next_offsets = projection.next_offsets
-        for record in records:
-            position = record.position
-            if position.offset < next_offsets.get(position.partition, 0):
-                continue
-            changes.merge(apply(projection.state, record.event, position))
-            folded.append((record.event, position, subject(record.event)))
-            next_offsets[position.partition] = position.offset + 1
-        write_batch(
-            connection, projection.state, changes, folded, projection.topic, projection.name
-        )
-    return BatchResult(len(folded), len(changes.rejections), len(records) - len(folded))
+    folded = fold_batch(projection, records)
+    commit(db, folded)
+    return folded.result
 
 
 def _locked_checkpoints(
-    connection: Connection, projection: Projection, partitions: Collection[int]
+    connection: Connection, batch: store.Batch, partitions: Collection[int]
 ) -> dict[int, int]:
     # FOR UPDATE makes a concurrent writer of the same partitions wait for this
     # transaction and then see its checkpoint (SQLite writers are serialized anyway).
@@ -136,8 +172,8 @@ def _locked_checkpoints(
     rows = connection.execute(
         select(table.c.log_partition, table.c.next_offset)
         .where(
-            table.c.projection == projection.name,
-            table.c.topic == projection.topic,
+            table.c.projection == batch.projection,
+            table.c.topic == batch.topic,
             table.c.log_partition.in_(sorted(partitions)),
         )
         .with_for_update()
@@ -212,15 +248,18 @@ class Projector:
         self._state: Projection | None = None
         self._reassigned = False
         self._backoff = _Backoff()
+        self._writer: ThreadPoolExecutor  # one thread, made by run(): writes batches in turn
+        self._writing: tuple[futures.Future[None], BatchResult] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
         try:
-            while not stop.is_set():
-                try:
-                    await self._session(stop)
-                except _BROKER_DOWN as error:
-                    await self._outage("kafka", self.settings.bootstrap_servers, error, stop)
+            with ThreadPoolExecutor(1, thread_name_prefix="svledger-projector") as self._writer:
+                while not stop.is_set():
+                    try:
+                        await self._session(stop)
+                    except _BROKER_DOWN as error:
+                        await self._outage("kafka", self.settings.bootstrap_servers, error, stop)
         finally:
             if self._db is not None:
                 self._db.dispose()
@@ -261,6 +300,9 @@ class Projector:
                         return
             finally:
                 stopped.cancel()
+                # Whatever ended the session, the batch being written is finished first;
+                # if it failed, the next session reloads from the database anyway.
+                await self._settle(stop)
 
     async def _database(self, stop: asyncio.Event) -> Engine | None:
         while self._db is None and not stop.is_set():
@@ -290,6 +332,11 @@ class Projector:
         """Where newly assigned partitions resume: their SQL checkpoints."""
         assert self._db is not None
         self._reassigned = True
+        if self._writing is not None:
+            # Runs on the event loop, in the middle of a rebalance: block it until the
+            # batch being written commits (or fails; _settle reports that), so the
+            # checkpoints read here include it.
+            futures.wait([self._writing[0]])
         try:
             with self._db.connect() as connection:
                 checkpoints = load_checkpoints(connection, self.settings.topic, self.projection)
@@ -308,16 +355,38 @@ class Projector:
     async def _project(
         self, consumer: EventConsumer, records: Sequence[Record], stop: asyncio.Event
     ) -> None:
+        """Fold a batch and start writing it, once the batch before it is committed.
+
+        Folding this batch overlaps the write of the one before it, and fetching the
+        next overlaps this one's write; batches still commit one at a time, in order.
+        """
         assert self._db is not None
-        if self._reassigned and not await self._reload(stop):
-            return
+        if self._reassigned:
+            if not await self._settle(stop):
+                await self._recover(consumer, stop)
+                return
+            if not await self._reload(stop):
+                return
         assert self._state is not None
+        folded = fold_batch(self._state, records)
+        if not await self._settle(stop):
+            # Folded on top of a batch that did not commit: dropped, read again.
+            await self._recover(consumer, stop)
+            return
+        self._writing = self._writer.submit(commit, self._db, folded), folded.result
+
+    async def _settle(self, stop: asyncio.Event) -> bool:
+        """Wait for the batch being written, if any; False if it did not commit."""
+        if self._writing is None:
+            return True
+        writing, result = self._writing
+        self._writing = None
         try:
-            result = commit_batch(self._db, self._state, records)
+            await asyncio.wrap_future(writing)
         except (StaleProjection, IntegrityError) as conflict:
             log.warning(
-                "batch of %d records refused, reloading from the database: %s",
-                len(records),
+                "batch of %d events refused, reloading from the database: %s",
+                result.folded,
                 conflict,
                 extra={"projection": self.projection},
             )
@@ -329,8 +398,11 @@ class Projector:
             self.metrics.rejected += result.rejected
             self.metrics.skipped += result.skipped
             self._backoff.reset()
-            return
-        # The state was folded past what committed: start over from the database.
+            return True
+        return False
+
+    async def _recover(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
+        """After a batch that did not commit: the state was folded past the database."""
         if await self._reload(stop):
             self._seek_to_checkpoints(consumer)
 

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
+import psycopg
 from sqlalchemy import Connection, Table, and_, bindparam, delete, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
-from ledger.events import Event, Position, type_name
+from ledger.events import EVENT_TYPES, Event, Position, type_name
 from projections.schema import (
     apiserver_leases,
     ledger_events,
@@ -48,6 +51,7 @@ from projections.state import (
     LeaseKey,
     Migration,
     MigrationKey,
+    Rejection,
     ResourceKey,
     ServerStorageVersion,
     State,
@@ -69,6 +73,51 @@ Key = TypeVar("Key", bound=tuple[str, ...])
 Row = TypeVar("Row")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """One folded batch, as :func:`write` puts it in the database.
+
+    It holds the view rows the batch changed (``None`` for a row the batch deleted),
+    taken from the state right after the batch. The rows are immutable, so a batch
+    can be written while the fold goes on with the next one.
+    """
+
+    topic: str
+    projection: str
+    folded: Sequence[tuple[Event, Position, str]]
+    rejections: Sequence[Rejection]
+    leases: Mapping[LeaseKey, Lease | None]
+    storage_versions: Mapping[ResourceKey, StorageVersion | None]
+    storage_states: Mapping[ResourceKey, StorageState | None]
+    migrations: Mapping[MigrationKey, Migration | None]
+
+    @classmethod
+    def of(
+        cls,
+        state: State,
+        changes: Changes,
+        folded: Sequence[tuple[Event, Position, str]],
+        topic: str,
+        projection: str,
+    ) -> Batch:
+        """The batch whose events are ``folded``, ``state`` and ``changes`` being after it.
+
+        ``folded`` is each event with its log position and subject (what it is about:
+        a resource name, an apiserver ID); ``changes`` are the merged changes of its
+        events.
+        """
+        return cls(
+            topic,
+            projection,
+            folded,
+            tuple(changes.rejections),
+            _rows(changes.leases, state.leases),
+            _rows(changes.storage_versions, state.storage_versions),
+            _rows(changes.storage_states, state.storage_states),
+            _rows(changes.migrations, state.migrations),
+        )
+
+
 def write_batch(
     connection: Connection,
     state: State,
@@ -77,73 +126,68 @@ def write_batch(
     topic: str,
     projection: str,
 ) -> None:
-    """Write one folded batch: its events, the rows it changed, and its checkpoint.
+    """Write one folded batch (see :meth:`Batch.of`) in the caller's transaction."""
+    write(connection, Batch.of(state, changes, folded, topic, projection))
 
-    ``state`` is the state after the batch, ``changes`` the merged changes of its
-    events, ``folded`` each event with its log position and subject (what it is
-    about: a resource name, an apiserver ID). Runs in the caller's transaction and
-    raises :class:`sqlalchemy.exc.IntegrityError` if any event was written before.
+
+def write(connection: Connection, batch: Batch) -> None:
+    """Write a batch's events, the rows it changed, and its checkpoint.
+
+    Runs in the caller's transaction and raises
+    :class:`sqlalchemy.exc.IntegrityError` if any event was written before.
     """
-    if not folded:
+    if not batch.folded:
         return
-    events = {position: event for event, position, _ in folded}
-    rejected = {Position.parse(rejection.revision): rejection for rejection in changes.rejections}
-    connection.execute(
-        insert(ledger_events),
+    topic = batch.topic
+    rejected = {Position.parse(rejection.revision): rejection for rejection in batch.rejections}
+    _insert_rows(
+        connection,
+        ledger_events,
         [
-            _ledger_values(event, position, subject, topic, position in rejected)
-            for event, position, subject in folded
+            _ledger_row(event, position, subject, topic, position in rejected)
+            for event, position, subject in batch.folded
         ],
     )
-    _insert_many(
+    occurred = {position: event.meta.occurred_at for event, position, _ in batch.folded}
+    _insert_rows(
         connection,
         rejected_events,
         [
-            {
-                **_position_values(topic, position),
-                "cluster": rejection.cluster,
-                "event_id": rejection.event_id,
-                "event_type": rejection.event_type,
-                "subject": rejection.subject,
-                "occurred_at": events[position].meta.occurred_at,
-                "reason": rejection.reason,
-            }
+            (
+                topic,
+                position.partition,
+                position.offset,
+                rejection.cluster,
+                rejection.event_id,
+                rejection.event_type,
+                rejection.subject,
+                occurred[position],
+                rejection.reason,
+            )
             for position, rejection in rejected.items()
         ],
     )
 
-    _sync(connection, apiserver_leases, changes.leases, state.leases, _lease_values)
+    _sync(connection, apiserver_leases, batch.leases, _lease_values)
     # A StorageVersion's entries are replaced as a whole: the changed resources'
     # entries go, then the current ones of those that still exist come back.
-    _delete(connection, server_storage_versions, changes.storage_versions)
-    _sync(
-        connection,
-        storage_versions,
-        changes.storage_versions,
-        state.storage_versions,
-        _storage_version_values,
-    )
-    _insert_many(
+    _delete(connection, server_storage_versions, batch.storage_versions.keys())
+    _sync(connection, storage_versions, batch.storage_versions, _storage_version_values)
+    _insert_rows(
         connection,
         server_storage_versions,
         [
-            _entry_values(state.storage_versions[key], entry)
-            for key in sorted(changes.storage_versions)
-            if key in state.storage_versions
-            for entry in state.storage_versions[key].entries
+            _entry_row(storage_version, entry)
+            for _, storage_version in sorted(batch.storage_versions.items())
+            if storage_version is not None
+            for entry in storage_version.entries
         ],
     )
-    _sync(connection, storage_states, changes.storage_states, state.storage_states, _state_values)
-    _sync(
-        connection,
-        storage_version_migrations,
-        changes.migrations,
-        state.migrations,
-        _migration_values,
-    )
+    _sync(connection, storage_states, batch.storage_states, _state_values)
+    _sync(connection, storage_version_migrations, batch.migrations, _migration_values)
 
     next_offsets: dict[int, int] = {}
-    for _, position, _ in folded:
+    for _, position, _ in batch.folded:
         next_offsets[position.partition] = max(
             next_offsets.get(position.partition, 0), position.offset + 1
         )
@@ -151,7 +195,12 @@ def write_batch(
         connection,
         projection_checkpoints,
         [
-            {"projection": projection, "topic": topic, "log_partition": p, "next_offset": n}
+            {
+                "projection": batch.projection,
+                "topic": topic,
+                "log_partition": p,
+                "next_offset": n,
+            }
             for p, n in sorted(next_offsets.items())
         ],
     )
@@ -278,39 +327,44 @@ def views_snapshot(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
     return snapshot
 
 
-def _ledger_values(
+def _ledger_row(
     event: Event, position: Position, subject: str, topic: str, rejected: bool
-) -> dict[str, Any]:
+) -> tuple[Any, ...]:
+    """The ``ledger_events`` row of one event, values in the table's column order."""
     meta = event.meta
-    return {
-        **_position_values(topic, position),
-        "cluster": meta.cluster,
-        "event_id": meta.event_id,
-        "event_type": type_name(event),
-        "subject": subject,
-        "occurred_at": meta.occurred_at,
-        "source": meta.source,
-        "causation_id": meta.causation_id,
-        "correlation_id": meta.correlation_id,
-        "payload": {
-            field.name: _json_value(getattr(event, field.name))
-            for field in dataclasses.fields(event)
-            if field.name != "meta"
-        },
-        "outcome": "rejected" if rejected else "applied",
-    }
+    names, times = _PAYLOAD_FIELDS[type(event)]
+    payload = {name: getattr(event, name) for name in names}
+    for name in times:
+        if payload[name] is not None:
+            payload[name] = payload[name].astimezone(UTC).isoformat()
+    return (
+        topic,
+        position.partition,
+        position.offset,
+        meta.cluster,
+        meta.event_id,
+        type_name(event),
+        subject,
+        meta.occurred_at,
+        meta.source,
+        meta.causation_id,
+        meta.correlation_id,
+        payload,
+        "rejected" if rejected else "applied",
+    )
 
 
-def _json_value(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat()
-    if isinstance(value, tuple):
-        return list(value)
-    return value
+def _payload_fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """An event class's payload fields (all but ``meta``) and those of them that are times.
 
-
-def _position_values(topic: str, position: Position) -> dict[str, Any]:
-    return {"topic": topic, "log_partition": position.partition, "log_offset": position.offset}
+    Times become ISO 8601 strings in the JSON payload; tuples need nothing, JSON
+    writes them as arrays.
+    """
+    hints = typing.get_type_hints(cls)
+    names = tuple(field.name for field in dataclasses.fields(cls) if field.name != "meta")
+    return names, tuple(
+        name for name in names if datetime in (hints[name], *typing.get_args(hints[name]))
+    )
 
 
 def _lease_values(lease: Lease) -> dict[str, Any]:
@@ -344,16 +398,16 @@ def _storage_version_values(storage_version: StorageVersion) -> dict[str, Any]:
     }
 
 
-def _entry_values(storage_version: StorageVersion, entry: ServerStorageVersion) -> dict[str, Any]:
-    return {
-        "cluster": storage_version.cluster,
-        "api_group": storage_version.group,
-        "resource": storage_version.resource,
-        "apiserver_id": entry.apiserver_id,
-        "encoding_version": entry.encoding_version,
-        "decodable_versions": list(entry.decodable_versions),
-        "served_versions": list(entry.served_versions),
-    }
+def _entry_row(storage_version: StorageVersion, entry: ServerStorageVersion) -> tuple[Any, ...]:
+    return (
+        storage_version.cluster,
+        storage_version.group,
+        storage_version.resource,
+        entry.apiserver_id,
+        entry.encoding_version,
+        list(entry.decodable_versions),
+        list(entry.served_versions),
+    )
 
 
 def _state_values(storage_state: StorageState) -> dict[str, Any]:
@@ -388,17 +442,20 @@ def _migration_values(migration: Migration) -> dict[str, Any]:
     }
 
 
+def _rows(changed: Collection[Key], rows: Mapping[Key, Row]) -> dict[Key, Row | None]:
+    return {key: rows.get(key) for key in changed}
+
+
 def _sync(
     connection: Connection,
     table: Table,
-    changed: Collection[Key],
-    rows: Mapping[Key, Row],
+    rows: Mapping[Key, Row | None],
     values: Callable[[Row], dict[str, Any]],
 ) -> None:
-    """Make ``table`` hold ``rows[key]`` for every changed key: upsert, or delete if absent."""
-    ordered = sorted(changed)
-    _delete(connection, table, [key for key in ordered if key not in rows])
-    _upsert(connection, table, [values(rows[key]) for key in ordered if key in rows])
+    """Make ``table`` hold each row: upsert it, or delete its key where it is ``None``."""
+    ordered = sorted(rows.items())
+    _delete(connection, table, [key for key, row in ordered if row is None])
+    _upsert(connection, table, [values(row) for _, row in ordered if row is not None])
 
 
 def _delete(connection: Connection, table: Table, keys: Collection[tuple[str, ...]]) -> None:
@@ -427,10 +484,39 @@ def _upsert(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]
     connection.execute(statement, rows)
 
 
-def _insert_many(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    if rows:
-        connection.execute(insert(table), rows)
+def _insert_rows(connection: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert ``rows``, each with a value per column of ``table`` in column order.
 
+    On PostgreSQL by binary ``COPY``: one statement streams the whole batch, where an
+    executemany costs a statement per row, and the server parses no text. A row
+    already present fails the COPY on the primary key exactly as an INSERT would;
+    the driver's error is raised as SQLAlchemy's
+    (:class:`sqlalchemy.exc.IntegrityError` for that case), so callers handle both
+    backends alike.
+    """
+    if not rows:
+        return
+    if connection.dialect.name != "postgresql":
+        names = table.columns.keys()
+        connection.execute(insert(table), [dict(zip(names, row, strict=True)) for row in rows])
+        return
+    statement = f"COPY {table.name} ({', '.join(table.columns.keys())}) FROM STDIN (FORMAT BINARY)"
+    types = [column.type.compile(dialect=connection.dialect).lower() for column in table.columns]
+    cursor = connection.connection.cursor()
+    try:
+        with cursor.copy(statement) as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.Error as error:
+        raise DBAPIError.instance(
+            statement, None, error, psycopg.Error, dialect=connection.dialect
+        ) from error
+    finally:
+        cursor.close()
+
+
+_PAYLOAD_FIELDS: Final = {cls: _payload_fields(cls) for cls in EVENT_TYPES.values()}
 
 _INSERTS: Final[dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]]] = {
     "postgresql": postgresql.insert,
