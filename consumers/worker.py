@@ -156,9 +156,13 @@ async def migrate(
         await append([MigrationFailed(meta(), mid, done, token, reason=reason, message=str(error))])
 
 
-def next_migration(state: State) -> Migration | None:
-    """The oldest Pending or Running migration of the partition's clusters."""
-    active = [m for m in state.migrations.values() if m.active]
+def next_migration(state: State, cluster: str | None = None) -> Migration | None:
+    """The oldest Pending or Running migration of the partition's clusters, or of ``cluster``."""
+    active = [
+        m
+        for m in state.migrations.values()
+        if m.active and (cluster is None or m.cluster == cluster)
+    ]
     return min(active, key=lambda m: (m.requested_at, m.migration_id), default=None)
 
 
@@ -171,19 +175,26 @@ async def run_worker(
     chunk_size: int = CHUNK_SIZE,
     policy: RetryPolicy = RetryPolicy(),
     group_id: str = GROUP_ID,
+    cluster: str | None = None,
 ) -> None:
-    """Run the migrations of the partitions this member owns until ``stop`` is set."""
+    """Run the migrations of the partitions this member owns until ``stop`` is set.
+
+    With ``cluster``, only that cluster's migrations: a target that reaches one
+    cluster's apiserver must not run another's. Workers of different clusters then
+    need groups of their own (each follows every partition); the transactional ids
+    derive from ``group_id``, so they do not fence one another.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk size {chunk_size!r} must be at least 1, e.g. 500")
     follower = PartitionFollower(
-        settings, group_id=group_id, transactional_prefix=f"svledger-worker-{settings.topic}"
+        settings, group_id=group_id, transactional_prefix=f"{group_id}-{settings.topic}"
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
 
     async def serve(partition_log: PartitionLog) -> None:
         while True:
             await partition_log.wait_folded()
-            migration = next_migration(partition_log.state)
+            migration = next_migration(partition_log.state, cluster)
             if migration is None:
                 await partition_log.wait_moved()
                 continue

@@ -489,6 +489,91 @@ def _migrator(args: argparse.Namespace) -> int:
     return run_until_signalled(lambda stop: run_migrator(settings, stop=stop))
 
 
+def add_worker(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "worker",
+        _worker,
+        help="run the requested storage migrations against a Kubernetes API server",
+        description=(
+            "The migration worker: follow the log and run each requested migration of the\n"
+            "partitions it owns, oldest first: list the resource in chunks with continue\n"
+            "tokens and write every object back unchanged, so the API server stores it in\n"
+            "its storage version. Reports MigrationStarted/Progressed/Succeeded/Failed; a\n"
+            "restarted worker resumes from the last continue token. It runs the migrations of\n"
+            "--cluster only, through that cluster's API server: inside the cluster as the\n"
+            "pod's service account, elsewhere as given by --server."
+        ),
+    )
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        help="the cluster whose migrations to run (the name its apiservers report under)",
+    )
+    add_kafka_options(parser)
+    api = parser.add_argument_group(
+        "Kubernetes API", "default: the cluster the worker runs in, as its service account"
+    )
+    api.add_argument("--server", metavar="URL", help="API server URL, e.g. https://10.0.0.1:6443")
+    api.add_argument("--token-file", metavar="PATH", help="file holding the bearer token")
+    api.add_argument("--ca-file", metavar="PATH", help="PEM file of the API server's CA")
+    api.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help="do not verify the API server's certificate (testing only)",
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=500,
+        metavar="N",
+        help="objects listed per request (default: 500, as upstream)",
+    )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from consumers.kubernetes import ConfigurationError, KubernetesTarget
+    from consumers.worker import GROUP_ID, run_worker
+    from ledger.clock import SystemClock
+
+    settings = kafka_settings(args)
+    if args.server is None and (args.token_file or args.ca_file or args.insecure_skip_tls_verify):
+        raise UsageError(
+            "--token-file, --ca-file and --insecure-skip-tls-verify apply to --server; "
+            "give the API server with --server URL"
+        )
+    try:
+        if args.server is None:
+            target = KubernetesTarget.in_cluster()
+        else:
+            target = KubernetesTarget(
+                args.server,
+                token_file=args.token_file,
+                ca_file=args.ca_file,
+                insecure_skip_tls_verify=args.insecure_skip_tls_verify,
+            )
+    except ConfigurationError as error:
+        hint = "; give the API server with --server URL" if args.server is None else ""
+        raise UsageError(f"{error}{hint}") from error
+
+    async def work(stop: asyncio.Event) -> None:
+        try:
+            await run_worker(
+                settings,
+                target,
+                stop=stop,
+                clock=SystemClock(),
+                chunk_size=args.chunk_size,
+                # A group per cluster: each cluster's workers follow every partition.
+                group_id=f"{GROUP_ID}.{args.cluster}",
+                cluster=args.cluster,
+            )
+        finally:
+            target.close()
+
+    return run_until_signalled(work)
+
+
 def add_migrations(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
@@ -578,6 +663,16 @@ def _operator_action(action: Callable[[], Awaitable[T]]) -> T:
         raise UsageError(str(error)) from error
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -640,6 +735,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     add_project,
     add_lease_gc,
     add_migrator,
+    add_worker,
     add_migrations,
     add_storagestate,
     add_replay,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.targets import Conflict, NotFound, ObjectRef, Page, TooManyRequests, Transient
-from consumers.worker import RetryPolicy, migrate
+from consumers.worker import RetryPolicy, migrate, next_migration
 from ledger.events import (
     Event,
     MigrationFailed,
@@ -18,7 +18,7 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
 )
-from projections.state import Migration, Phase
+from projections.state import Migration, Phase, State
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
 POLICY = RetryPolicy(max_retries=3, backoff=1.0)
@@ -207,3 +207,24 @@ async def test_a_cancelled_migration_stops_between_objects() -> None:
     assert not any(
         isinstance(e, MigrationProgressed | MigrationSucceeded) for e in result.events[2:]
     )
+
+
+def test_next_migration_is_the_oldest_active_one_of_the_cluster_asked_for() -> None:
+    def at(cluster: str, mid: str, minutes: int, phase: Phase = "Pending") -> Migration:
+        return dataclasses.replace(
+            migration(phase),
+            cluster=cluster,
+            migration_id=mid,
+            requested_at=START + timedelta(minutes=minutes),
+        )
+
+    rows = [
+        at("east", "e-done", 0, "Succeeded"),
+        at("west", "w-old", 1),
+        at("east", "e-old", 2, "Running"),
+        at("east", "e-new", 3),
+    ]
+    state = State(migrations={m.key: m for m in rows})
+    assert next_migration(state) == rows[1]
+    assert next_migration(state, "east") == rows[2]
+    assert next_migration(state, "north") is None

@@ -1,0 +1,655 @@
+"""The Kubernetes REST target against a real HTTP server with Kubernetes semantics.
+
+:class:`FakeApiserver` is a small apiserver on 127.0.0.1 (stdlib ``http.server`` in a
+thread): discovery, list with ``limit``/``continue`` across namespaces, get, and a
+PUT that is conditional on ``metadata.resourceVersion`` (409 otherwise) and
+re-encodes the object in the server's storage version. Failures are injected per
+object name (a concurrent writer, a 429 with Retry-After, a 403) and every request is
+recorded, so the tests assert on what went over the wire.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.kubernetes import (
+    ConfigurationError,
+    Forbidden,
+    KubernetesTarget,
+    RequestFailed,
+    Unauthorized,
+)
+from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
+from consumers.worker import RetryPolicy, migrate
+from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
+from projections.state import Migration
+from svledger.cli import main
+
+TOKEN = "token-1"
+OLD, NEW = "v1beta1", "v1"  # encoding versions: as found, and the server's storage version
+
+# group -> versions in preference order -> resource -> namespaced
+API: dict[str, dict[str, dict[str, bool]]] = {
+    "": {"v1": {"pods": True, "namespaces": False}},
+    "apps": {
+        "v1": {"deployments": True},
+        "v1beta1": {"deployments": True, "legacythings": False},
+    },
+}
+
+Key = tuple[str, str, str | None, str]  # group, resource, namespace, name
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # with the query string, as sent
+    authorization: str | None
+    status: int
+
+
+def _token(position: Sequence[str], fresh: bool = False) -> str:
+    raw = json.dumps([*position, fresh]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _position(token: str) -> tuple[str, str]:
+    namespace, name, _ = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    return namespace, name
+
+
+class FakeApiserver:
+    """An apiserver with a handful of objects; see the module docstring."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.token = TOKEN
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.encoded: dict[Key, str] = {}
+        self.requests: list[Request] = []
+        self.concurrent_write_on: set[str] = set()  # names changed right after their GET
+        self.throttle: dict[str, int] = {}  # name -> Retry-After seconds of one 429
+        self.forbid_updates = False
+        self.expire_next_continue = False
+        self._revision = 0
+        self._lock = threading.Lock()
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        if tls is not None:
+            self._http.socket = tls.wrap_socket(self._http.socket, server_side=True)
+        self.port = self._http.server_address[1]
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    def __enter__(self) -> FakeApiserver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def create(self, group: str, resource: str, namespace: str | None, name: str) -> Key:
+        key = (group, resource, namespace, name)
+        metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
+        if namespace is not None:
+            metadata["namespace"] = namespace
+        self.objects[key] = {"metadata": metadata, "spec": {"replicas": len(name)}}
+        self.encoded[key] = OLD
+        self._bump(key)
+        return key
+
+    def _bump(self, key: Key) -> None:
+        self._revision += 1
+        self.objects[key]["metadata"]["resourceVersion"] = str(self._revision)
+
+    def puts(self, name: str) -> list[int]:
+        """Statuses of the PUTs of object ``name``, in order."""
+        return [
+            r.status for r in self.requests if r.method == "PUT" and r.path.endswith(f"/{name}")
+        ]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the apiserver
+            disable_nagle_algorithm = True  # headers and body go out in two writes
+
+            def do_GET(self) -> None:
+                self._serve()
+
+            def do_PUT(self) -> None:
+                self._serve()
+
+            def _serve(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with server._lock:
+                    status, payload, headers = server._answer(
+                        self.command, self.path, self.headers.get("Authorization"), body
+                    )
+                    server.requests.append(
+                        Request(self.command, self.path, self.headers.get("Authorization"), status)
+                    )
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                for name, value in {**headers, "Content-Type": "application/json"}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def _answer(
+        self, method: str, target: str, authorization: str | None, body: bytes
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if authorization != f"Bearer {self.token}":
+            return _status(401, "Unauthorized")
+        path, _, query = target.partition("?")
+        parts = path.strip("/").split("/")
+        if parts[0] == "api":
+            group, rest = "", parts[1:]
+        elif parts[0] == "apis" and len(parts) > 1:
+            group, rest = parts[1], parts[2:]
+        else:
+            return _status(404, "NotFound")
+        versions = API.get(group)
+        if versions is None:
+            return _status(404, "NotFound")
+        if not rest:  # group discovery
+            if not group:
+                return 200, {"kind": "APIVersions", "versions": list(versions)}, {}
+            entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+            return (
+                200,
+                {"kind": "APIGroup", "versions": entries, "preferredVersion": entries[0]},
+                {},
+            )
+        resources = versions.get(rest[0])
+        if resources is None:
+            return _status(404, "NotFound")
+        if len(rest) == 1:  # version discovery
+            listed = [{"name": r, "namespaced": n} for r, n in resources.items()]
+            return 200, {"kind": "APIResourceList", "resources": listed}, {}
+        namespace = None
+        if len(rest) >= 4 and rest[1] == "namespaces" and rest[3] in resources:
+            namespace, rest = rest[2], [rest[0], *rest[3:]]
+        resource = rest[1]
+        if resource not in resources:
+            return _status(404, "NotFound")
+        if len(rest) == 2 and method == "GET":
+            return self._list(group, resource, query)
+        if len(rest) == 3 and resources[resource] == (namespace is not None):
+            return self._object(method, (group, resource, namespace, rest[2]), body)
+        return _status(404, "NotFound")
+
+    def _list(
+        self, group: str, resource: str, query: str
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        params = dict(p.split("=", 1) for p in query.split("&") if p)
+        keys = sorted(
+            (k for k in self.objects if k[:2] == (group, resource)),
+            key=lambda k: (k[2] or "", k[3]),
+        )
+        token = params.get("continue")
+        if token is not None:
+            if self.expire_next_continue:
+                self.expire_next_continue = False
+                status = _status(410, "Expired")
+                status[1]["metadata"] = {"continue": _token(_position(token), fresh=True)}
+                return status
+            after = _position(token)
+            keys = [k for k in keys if (k[2] or "", k[3]) > after]
+        limit = int(params.get("limit", "0")) or len(keys)
+        page, more = keys[:limit], len(keys) > limit
+        metadata = {"continue": _token((page[-1][2] or "", page[-1][3]))} if more else {}
+        items = [self.objects[k] for k in page]
+        return 200, {"kind": "List", "metadata": metadata, "items": items}, {}
+
+    def _object(
+        self, method: str, key: Key, body: bytes
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        name = key[3]
+        if key not in self.objects:
+            return _status(404, "NotFound")
+        if method == "GET":
+            if name in self.throttle:
+                seconds = self.throttle.pop(name)
+                status, payload, _ = _status(429, "TooManyRequests")
+                return status, payload, {"Retry-After": str(seconds)}
+            found = copy.deepcopy(self.objects[key])
+            if name in self.concurrent_write_on:
+                self.concurrent_write_on.discard(name)
+                self._bump(key)
+            return 200, found, {}
+        if self.forbid_updates:
+            return _status(403, "Forbidden")
+        sent = json.loads(body)
+        stored = self.objects[key]
+        if sent["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict")
+        self.objects[key] = sent
+        if self.encoded[key] != NEW:  # same bytes would not be written again
+            self.encoded[key] = NEW
+            self._bump(key)
+        return 200, self.objects[key], {}
+
+
+def _status(code: int, reason: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    payload = {"kind": "Status", "status": "Failure", "reason": reason, "code": code}
+    payload["message"] = f"fake apiserver says {reason}"
+    return code, payload, {}
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiserver]:
+    with FakeApiserver() as server:
+        yield server
+
+
+@pytest.fixture
+def target(apiserver: FakeApiserver, token_file: Path) -> Iterator[KubernetesTarget]:
+    client = KubernetesTarget(apiserver.url, token_file=token_file, timeout=10)
+    yield client
+    client.close()
+
+
+async def _list_all(
+    target: KubernetesTarget, group: str, resource: str, limit: int
+) -> list[ObjectRef]:
+    refs: list[ObjectRef] = []
+    token = None
+    while True:
+        page = await target.list(group, resource, token, limit)
+        refs.extend(page.objects)
+        token = page.continue_token
+        if token is None:
+            return refs
+
+
+async def test_lists_and_rewrites_at_the_paths_kubernetes_serves(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    apiserver.create("", "pods", "ns-b", "web")
+    apiserver.create("", "pods", "ns-a", "db")
+    apiserver.create("apps", "deployments", "ns-a", "api")
+    apiserver.create("apps", "deployments", "ns-a", "ui")
+    apiserver.create("apps", "legacythings", None, "old")
+
+    pods = await target.list("", "pods", None, 500)
+    first = await target.list("apps", "deployments", None, 1)
+    assert first.continue_token is not None
+    second = await target.list("apps", "deployments", first.continue_token, 1)
+    await target.rewrite("", "pods", ObjectRef("ns-a", "db"))
+    legacy = await target.list("apps", "legacythings", None, 500)
+    await target.rewrite("apps", "legacythings", ObjectRef(None, "old"))
+
+    assert pods.objects == (ObjectRef("ns-a", "db"), ObjectRef("ns-b", "web"))
+    assert pods.continue_token is None
+    assert (first.objects, second.objects) == (
+        (ObjectRef("ns-a", "api"),),
+        (ObjectRef("ns-a", "ui"),),
+    )
+    assert second.continue_token is None
+    assert legacy.objects == (ObjectRef(None, "old"),)
+    assert [(r.method, r.path) for r in apiserver.requests] == [
+        ("GET", "/api"),
+        ("GET", "/api/v1"),
+        ("GET", "/api/v1/pods?limit=500"),
+        ("GET", "/apis/apps"),
+        ("GET", "/apis/apps/v1"),
+        ("GET", "/apis/apps/v1/deployments?limit=1"),
+        ("GET", "/apis/apps"),
+        ("GET", "/apis/apps/v1"),
+        ("GET", f"/apis/apps/v1/deployments?limit=1&continue={first.continue_token}"),
+        ("GET", "/api/v1/namespaces/ns-a/pods/db"),
+        ("PUT", "/api/v1/namespaces/ns-a/pods/db"),
+        # served only in the group's less preferred version
+        ("GET", "/apis/apps"),
+        ("GET", "/apis/apps/v1"),
+        ("GET", "/apis/apps/v1beta1"),
+        ("GET", "/apis/apps/v1beta1/legacythings?limit=500"),
+        ("GET", "/apis/apps/v1beta1/legacythings/old"),
+        ("PUT", "/apis/apps/v1beta1/legacythings/old"),
+    ]
+    assert {r.authorization for r in apiserver.requests} == {f"Bearer {TOKEN}"}
+    assert {r.status for r in apiserver.requests} == {200}
+
+
+async def test_a_rotated_token_is_read_again(
+    apiserver: FakeApiserver, target: KubernetesTarget, token_file: Path
+) -> None:
+    apiserver.create("", "pods", "ns", "p")
+    await target.rewrite("", "pods", ObjectRef("ns", "p"))
+    apiserver.token = "token-2"
+    token_file.write_text("token-2\n")
+    await target.rewrite("", "pods", ObjectRef("ns", "p"))
+    assert [r.authorization for r in apiserver.requests[-2:]] == ["Bearer token-2"] * 2
+    assert {r.status for r in apiserver.requests} == {200}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    names=st.sets(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.text("xyz", min_size=1, max_size=4)),
+        max_size=25,
+    ),
+    limit=st.integers(1, 8),
+)
+async def test_chunks_with_continue_tokens_cover_every_object_once(
+    names: set[tuple[str, str]], limit: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN)
+    with FakeApiserver() as apiserver:
+        for namespace, name in names:
+            apiserver.create("apps", "deployments", namespace, name)
+        target = KubernetesTarget(apiserver.url, token_file=token_file)
+        try:
+            refs = await _list_all(target, "apps", "deployments", limit)
+        finally:
+            target.close()
+        lists = [r for r in apiserver.requests if r.path.startswith("/apis/apps/v1/deployments")]
+    assert sorted(refs, key=lambda r: (r.namespace or "", r.name)) == refs
+    assert {(r.namespace, r.name) for r in refs} == names
+    assert len(refs) == len(names)
+    assert len(lists) == max(1, -(-len(names) // limit))
+
+
+async def test_a_continue_token_that_expired_goes_on_from_the_offered_one(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    names = [f"d{i}" for i in range(5)]
+    for name in names:
+        apiserver.create("apps", "deployments", "ns", name)
+    first = await target.list("apps", "deployments", None, 2)
+    assert first.continue_token is not None
+    apiserver.expire_next_continue = True
+    rest = await _list_all_from(target, first.continue_token)
+    assert [r.name for r in (*first.objects, *rest)] == names
+    assert [r.status for r in apiserver.requests].count(410) == 1
+
+
+async def _list_all_from(target: KubernetesTarget, token: str) -> list[ObjectRef]:
+    refs: list[ObjectRef] = []
+    next_token: str | None = token
+    while next_token is not None:
+        page = await target.list("apps", "deployments", next_token, 2)
+        refs.extend(page.objects)
+        next_token = page.continue_token
+    return refs
+
+
+async def test_a_concurrent_write_is_a_conflict_and_the_next_rewrite_reads_again(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    key = apiserver.create("apps", "deployments", "ns", "d")
+    apiserver.concurrent_write_on.add("d")
+    with pytest.raises(Conflict, match="409"):
+        await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
+    assert apiserver.encoded[key] == OLD
+    await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
+    assert apiserver.puts("d") == [409, 200]
+    assert apiserver.encoded[key] == NEW
+
+
+async def test_too_many_requests_carries_retry_after(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    apiserver.create("", "pods", "ns", "p")
+    apiserver.throttle["p"] = 7
+    with pytest.raises(TooManyRequests) as raised:
+        await target.rewrite("", "pods", ObjectRef("ns", "p"))
+    assert raised.value.retry_after == 7.0
+
+
+async def test_a_deleted_object_is_not_found(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    key = apiserver.create("", "pods", "ns", "p")
+    page = await target.list("", "pods", None, 500)
+    del apiserver.objects[key]
+    with pytest.raises(NotFound, match="'p'"):
+        await target.rewrite("", "pods", page.objects[0])
+
+
+async def test_an_unknown_resource_is_not_found_by_name(target: KubernetesTarget) -> None:
+    with pytest.raises(NotFound, match=r"'widgets\.apps'"):
+        await target.list("apps", "widgets", None, 500)
+
+
+async def test_a_forbidden_update_names_the_verb_and_the_resource(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    apiserver.create("apps", "deployments", "ns", "d")
+    apiserver.forbid_updates = True
+    with pytest.raises(Forbidden, match=r"may not update deployments\.apps 'd' in namespace 'ns'"):
+        await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
+
+
+async def test_a_rejected_token_is_unauthorized_naming_the_token_file(
+    apiserver: FakeApiserver, target: KubernetesTarget, token_file: Path
+) -> None:
+    apiserver.token = "another"
+    with pytest.raises(Unauthorized, match=str(token_file)):
+        await target.list("", "pods", None, 500)
+
+
+async def test_an_unreachable_server_is_transient() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    target = KubernetesTarget(f"http://127.0.0.1:{port}")
+    with pytest.raises(Transient, match=f"127.0.0.1:{port}/api"):
+        await target.list("", "pods", None, 500)
+
+
+def test_a_url_that_is_not_http_is_refused_by_name() -> None:
+    with pytest.raises(ConfigurationError, match="'ftp://example'"):
+        KubernetesTarget("ftp://example")
+
+
+def test_in_cluster_needs_the_service_environment(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="KUBERNETES_SERVICE_HOST"):
+        KubernetesTarget.in_cluster(environ={}, account=tmp_path)
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(ConfigurationError, match=str(tmp_path / "token")):
+        KubernetesTarget.in_cluster(environ=env, account=tmp_path)
+
+
+# --- TLS -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (also the CA file)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "ca.crt", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def tls_apiserver(certificate: tuple[Path, Path]) -> Iterator[FakeApiserver]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    with FakeApiserver(tls=context) as server:
+        yield server
+
+
+async def test_in_cluster_speaks_tls_with_the_service_account(
+    tls_apiserver: FakeApiserver, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(TOKEN)
+    shutil.copy(certificate[0], account / "ca.crt")
+    tls_apiserver.create("", "pods", "ns", "p")
+    env = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(tls_apiserver.port),
+    }
+    target = KubernetesTarget.in_cluster(environ=env, account=account)
+    try:
+        page = await target.list("", "pods", None, 500)
+    finally:
+        target.close()
+    assert page.objects == (ObjectRef("ns", "p"),)
+    assert target.server == f"https://127.0.0.1:{tls_apiserver.port}"
+
+
+async def test_a_certificate_that_does_not_verify_says_to_give_the_ca(
+    tls_apiserver: FakeApiserver, token_file: Path
+) -> None:
+    target = KubernetesTarget(f"https://127.0.0.1:{tls_apiserver.port}", token_file=token_file)
+    with pytest.raises(RequestFailed, match="--ca-file"):
+        await target.list("", "pods", None, 500)
+    insecure = KubernetesTarget(
+        f"https://127.0.0.1:{tls_apiserver.port}",
+        token_file=token_file,
+        insecure_skip_tls_verify=True,
+    )
+    try:
+        assert (await insecure.list("", "pods", None, 500)).objects == ()
+    finally:
+        insecure.close()
+
+
+# --- a whole migration -----------------------------------------------------------------
+
+START = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+class StepClock:
+    """Time that moves exactly by what is slept; remembers every sleep."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def now(self) -> datetime:
+        return START + timedelta(seconds=sum(self.slept))
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+async def test_the_worker_migrates_every_object_through_the_api(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    keys = [
+        apiserver.create("apps", "deployments", namespace, f"d{i}")
+        for i, namespace in enumerate(["ns-b", "ns-a", "ns-c", "ns-a", "ns-b", "ns-c", "ns-a"])
+    ]
+    before = {k: copy.deepcopy(apiserver.objects[k]) for k in keys}
+    apiserver.concurrent_write_on.add("d2")
+    apiserver.throttle["d4"] = 3
+    events: list[Event] = []
+    clock = StepClock()
+
+    async def append(batch: Sequence[Event]) -> None:
+        events.extend(batch)
+
+    await migrate(
+        _migration(),
+        target,
+        append=append,
+        cancelled=lambda: False,
+        clock=clock,
+        chunk_size=3,
+        policy=RetryPolicy(max_retries=3),
+    )
+
+    steps = [(type(e), e.objects_migrated) for e in events]  # type: ignore[union-attr]
+    assert steps == [
+        (MigrationStarted, 0),
+        (MigrationProgressed, 3),
+        (MigrationProgressed, 6),
+        (MigrationSucceeded, 7),
+    ]
+    assert {k: apiserver.encoded[k] for k in keys} == {k: NEW for k in keys}
+    for key in keys:
+        name = key[3]
+        assert apiserver.puts(name) == ([409, 200] if name == "d2" else [200])
+        unchanged = {**apiserver.objects[key], "metadata": {**apiserver.objects[key]["metadata"]}}
+        unchanged["metadata"].pop("resourceVersion")
+        before[key]["metadata"].pop("resourceVersion")
+        assert unchanged == before[key]
+    assert sorted(clock.slept) == [0.0, 3.0]  # the conflict re-reads at once; 429 waits
+
+
+def _migration() -> Migration:
+    return Migration(
+        cluster="east",
+        migration_id="m-1",
+        group="apps",
+        resource="deployments",
+        target_version=NEW,
+        target_hash="h",
+        storage_version_revision="0:1",
+        phase="Pending",
+        objects_migrated=0,
+        continue_token=None,
+        reason=None,
+        message=None,
+        requested_at=START,
+        updated_at=START,
+        revision="0:2",
+    )
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def test_worker_outside_a_cluster_asks_for_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["worker", "--cluster", "east"]) == 2
+    error = capsys.readouterr().err
+    assert "KUBERNETES_SERVICE_HOST" in error
+    assert "--server" in error
+
+
+def test_worker_refuses_a_server_url_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--cluster", "east", "--server", "kube:6443"]) == 2
+    assert "'kube:6443'" in capsys.readouterr().err
