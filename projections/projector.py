@@ -1,10 +1,12 @@
 """The projector: folds the log into the SQL views, exactly once, for ever.
 
-Correctness rests on one step, :func:`commit_batch`, shared with replay: in a
-single transaction it reads the SQL checkpoint of every partition in the batch,
-folds the records past it, and writes their ``ledger_events`` rows, the view rows
-they changed and the new checkpoint (:func:`projections.store.write_batch`). The
-database, never Kafka's committed offsets, says how far the views are. So:
+Correctness rests on one step, :func:`commit_batch`, shared with replay: the
+records past the checkpoint are folded in memory (:func:`fold_batch`), then a
+single transaction (:func:`commit`) locks the SQL checkpoint of every partition in
+the batch, checks it is the one the fold started from, and writes the
+``ledger_events`` rows, the view rows the batch changed and the new checkpoint
+(:func:`projections.store.write`). The database, never Kafka's committed offsets,
+says how far the views are. So:
 
 * A crash (even ``kill -9``) anywhere loses nothing and applies nothing twice: an
   uncommitted batch leaves no trace and is read again from the checkpoint.
@@ -23,8 +25,17 @@ cluster's events live in one partition, so its state is wholly in one instance).
 On every assignment the consumer starts each partition at its SQL checkpoint and
 the state is reloaded from SQL before the next batch. Batches are whatever one
 poll returns, up to ``max_batch`` records: thousands while catching up, a handful
-when live. Batches are processed synchronously on the event loop, so a rebalance
-(and its revocation) can only happen between batches, never inside one.
+when live.
+
+Throughput comes from a pipeline of depth one: while a batch is written, by one
+writer thread, the event loop fetches, decodes and folds the next, and starts
+writing it only once the previous one has committed. Batches therefore commit one
+at a time, in log order, and the state is never more than one batch ahead of the
+database. If a write fails, the batch folded on top of it is dropped with it. A
+rebalance may now happen while a batch is being written; it needs no care: the
+batch's transaction still checks and locks its checkpoints, a new owner of the
+partition that read the checkpoint too early is refused and reloads, and this
+projector finishes the write before it reloads for its new assignment.
 
 Outages do not stop it: an unreachable broker or database is logged (naming which
 one), and retried with exponential backoff; the batch in hand is dropped and read
@@ -40,9 +51,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
-from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Any, Final
 
 from aiokafka.errors import KafkaError
 from sqlalchemy import Connection, Engine, select
@@ -249,7 +259,8 @@ class Projector:
         self._reassigned = False
         self._backoff = _Backoff()
         self._writer: ThreadPoolExecutor  # one thread, made by run(): writes batches in turn
-        self._writing: tuple[futures.Future[None], BatchResult] | None = None
+        self._writing: asyncio.Future[None] | None = None  # the batch being written
+        self._written = BatchResult(0, 0, 0)  # and what it holds
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
@@ -281,19 +292,33 @@ class Projector:
                 extra={"topic": self.settings.topic, "projection": self.projection},
             )
             batches = aiter(consumer.batches(self.max_batch, self.poll_ms))
+            fetch: asyncio.Future[list[Record]] | None = None
             stopped = asyncio.ensure_future(stop.wait())
             progress = _Progress(self.metrics, self.log_interval)
             try:
                 while True:
+                    if fetch is None:
+                        fetch = asyncio.ensure_future(anext(batches))
                     # Waiting for records is the one place a stop may cut short.
-                    fetch = asyncio.ensure_future(anext(batches))
-                    await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting: set[asyncio.Future[Any]] = {fetch, stopped}
+                    if self._writing is not None:
+                        waiting.add(self._writing)
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                     if not fetch.done():
-                        fetch.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                            await fetch
-                        return
-                    await self._project(consumer, fetch.result(), stop)
+                        if stop.is_set():
+                            await _cancel(fetch)
+                            return
+                        if await self._settle(stop):
+                            continue
+                        # The write failed while records were being fetched, maybe
+                        # fetched past it: drop them and read on from the checkpoints.
+                        await _cancel(fetch)
+                        fetch = None
+                        batches = aiter(consumer.batches(self.max_batch, self.poll_ms))
+                        await self._recover(consumer, stop)
+                        continue
+                    records, fetch = fetch.result(), None
+                    await self._project(consumer, records, stop)
                     self.metrics.lag = self._lag(consumer)
                     progress.maybe_log()
                     if stop.is_set():
@@ -332,11 +357,6 @@ class Projector:
         """Where newly assigned partitions resume: their SQL checkpoints."""
         assert self._db is not None
         self._reassigned = True
-        if self._writing is not None:
-            # Runs on the event loop, in the middle of a rebalance: block it until the
-            # batch being written commits (or fails; _settle reports that), so the
-            # checkpoints read here include it.
-            futures.wait([self._writing[0]])
         try:
             with self._db.connect() as connection:
                 checkpoints = load_checkpoints(connection, self.settings.topic, self.projection)
@@ -373,16 +393,18 @@ class Projector:
             # Folded on top of a batch that did not commit: dropped, read again.
             await self._recover(consumer, stop)
             return
-        self._writing = self._writer.submit(commit, self._db, folded), folded.result
+        self._writing = asyncio.get_running_loop().run_in_executor(
+            self._writer, commit, self._db, folded
+        )
+        self._written = folded.result
 
     async def _settle(self, stop: asyncio.Event) -> bool:
         """Wait for the batch being written, if any; False if it did not commit."""
         if self._writing is None:
             return True
-        writing, result = self._writing
-        self._writing = None
+        writing, result, self._writing = self._writing, self._written, None
         try:
-            await asyncio.wrap_future(writing)
+            await writing
         except (StaleProjection, IntegrityError) as conflict:
             log.warning(
                 "batch of %d events refused, reloading from the database: %s",
@@ -435,6 +457,12 @@ class Projector:
             extra={"unreachable": what, "address": _shown(address), "retry_in": delay},
         )
         await _sleep_unless_stopped(stop, delay)
+
+
+async def _cancel(fetch: asyncio.Future[list[Record]]) -> None:
+    fetch.cancel()
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+        await fetch
 
 
 def _shown(address: str) -> str:

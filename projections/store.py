@@ -1,6 +1,6 @@
 """Moving the fold's state in and out of the SQL views.
 
-:func:`write_batch` is the projector's one write per batch: the batch's events into
+:func:`write` is the projector's one write per batch: the batch's events into
 ``ledger_events`` (and ``rejected_events``), exactly the view rows the batch
 changed, and the checkpoint, all on the caller's connection inside the caller's
 transaction. The events go first: their key is the log position, so a batch that
@@ -9,9 +9,12 @@ the database as it was. The checkpoint commits with the rows it accounts for, so
 crash anywhere either keeps both or loses both, and the projector resumes from the
 checkpoint without applying anything twice.
 
-Rows are written with one executemany per table and kind of statement, never one
-round trip per row. Upserts use ``INSERT .. ON CONFLICT DO UPDATE``, which SQLite
-and PostgreSQL spell the same way.
+Rows are written with one statement per table and kind of statement, never one
+round trip per row: plain inserts (every event, StorageVersion entries) by binary
+``COPY`` on PostgreSQL and executemany on SQLite, upserts by executemany of
+``INSERT .. ON CONFLICT DO UPDATE``, which SQLite and PostgreSQL spell the same
+way. A :class:`Batch` holds the changed rows themselves, not the live state, so
+the projector can write one batch while it folds the next.
 
 :func:`load_state` is the inverse (how a projector resumes, and how a replay
 continues from a snapshot database); :func:`views_snapshot` dumps every view in a
