@@ -48,9 +48,10 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from ledger.events import (
     ApiserverHeartbeat,
@@ -106,6 +107,15 @@ _STEPS: Final[dict[type[MigrationStatusEvent], tuple[frozenset[Phase], Phase]]] 
 
 _Key = TypeVar("_Key")
 _Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration)
+
+# Each row type's content: every field but ``revision``, as one tuple. Comparing these
+# is what ``_store`` needs, without building a copy of the old row to compare with.
+_CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
+    row_type: operator.attrgetter(
+        *(field.name for field in dataclasses.fields(row_type) if field.name != "revision")
+    )
+    for row_type in (Lease, StorageVersion, StorageState, Migration)
+}
 
 
 def apply(state: State, event: Event, position: Position) -> Changes:
@@ -194,8 +204,9 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
 
 
 def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: Changes) -> None:
+    cluster = event.meta.cluster
     lease = Lease(
-        cluster=event.meta.cluster,
+        cluster=cluster,
         apiserver_id=event.apiserver_id,
         holder_identity=event.holder_identity,
         hostname=event.hostname,
@@ -204,7 +215,7 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         binary_version=event.binary_version,
         revision=revision,
     )
-    _store(state.leases, lease.key, lease, changes.leases)
+    _store(state.leases, (cluster, event.apiserver_id), lease, changes.leases)
 
 
 def _lease_ended(
@@ -467,27 +478,26 @@ def _migration_step(
             f" applies only to a migration that is {' or '.join(sorted(sources))}",
         )
         return
-    moved = dataclasses.replace(
-        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision
-    )
+    fields: dict[str, Any]
     match event:
         case MigrationStarted() | MigrationFailed() | MigrationCancelled():
-            moved = dataclasses.replace(moved, reason=event.reason, message=event.message)
+            fields = {"reason": event.reason, "message": event.message}
         case MigrationProgressed():
-            moved = dataclasses.replace(
-                moved,
-                objects_migrated=event.objects_migrated,
-                continue_token=event.continue_token,
-            )
+            fields = {
+                "objects_migrated": event.objects_migrated,
+                "continue_token": event.continue_token,
+            }
         case MigrationSucceeded():
-            moved = dataclasses.replace(
-                moved,
-                objects_migrated=event.objects_migrated,
-                continue_token=None,
-                reason=event.reason,
-                message=event.message,
-            )
+            fields = {
+                "objects_migrated": event.objects_migrated,
+                "continue_token": None,
+                "reason": event.reason,
+                "message": event.message,
+            }
             _refine_persisted_hashes(state, migration, event, revision, changes)
+    moved = dataclasses.replace(
+        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision, **fields
+    )
     _store_migration(state, moved, changes)
 
 
@@ -546,8 +556,10 @@ def _store_migration(state: State, migration: Migration, changes: Changes) -> No
 def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:
     """Put ``row`` under ``key`` unless only its revision would differ from the row there."""
     previous = rows.get(key)
-    if previous is not None and dataclasses.replace(previous, revision=row.revision) == row:
-        return
+    if previous is not None:
+        content = _CONTENT[type(row)]
+        if content(previous) == content(row):
+            return
     rows[key] = row
     touched.add(key)
 

@@ -157,11 +157,10 @@ def upgrade() -> None:
         "ix_ledger_events_cluster_occurred_at", "ledger_events", ["cluster", "occurred_at"]
     )
     op.create_index(
-        "ix_ledger_events_cluster_subject_log_offset",
+        "ix_ledger_events_cluster_subject_event_type",
         "ledger_events",
-        ["cluster", "subject", "log_offset"],
+        ["cluster", "subject", "event_type"],
     )
-    op.create_index("ix_ledger_events_event_id", "ledger_events", ["event_id"])
 
     op.create_table(
         "rejected_events",
