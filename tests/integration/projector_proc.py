@@ -3,7 +3,7 @@
 ``python -m tests.integration.projector_proc BOOTSTRAP TOPIC DB_URL`` projects
 without a consumer group (a restart after ``kill -9`` then need not wait for the
 broker to expire the dead member) and stops cleanly on SIGTERM: the batch in hand
-is committed, exit 0.
+is committed, exit 0. It prints ``ready`` once SIGTERM is handled so.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from projections.projector import run_projector
 async def main(bootstrap: str, topic: str, db_url: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("ready", flush=True)  # from here on SIGTERM means a clean stop
     settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic)
     await run_projector(settings, db_url, stop=stop, group=False)
 

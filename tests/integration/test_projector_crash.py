@@ -44,6 +44,7 @@ def start_projector(bootstrap: str, topic: str, db_url: str) -> subprocess.Popen
         [sys.executable, "-m", "tests.integration.projector_proc", bootstrap, topic, db_url],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
     )
 
 
@@ -112,6 +113,10 @@ def test_killed_projectors_leave_the_views_a_replay_gives(
                 assert time.monotonic() < deadline, f"stuck at {checkpoints(db, unique_topic)}"
                 time.sleep(0.5)
         finally:
+            # The last killed projector may have finished the log already: wait until
+            # this one handles SIGTERM before sending it.
+            assert process.stdout is not None
+            assert process.stdout.readline() == b"ready\n"
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=60) == 0
 
