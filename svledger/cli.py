@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
@@ -447,7 +447,7 @@ def add_lease_gc(subparsers: Subparsers) -> None:
     add_kafka_options(parser)
     parser.add_argument(
         "--check-period",
-        type=_positive_seconds,
+        type=_positive(float, "number of seconds"),
         default=3600.0,
         metavar="SECONDS",
         help="how often to look for expired leases (default: 3600, as upstream)",
@@ -524,7 +524,7 @@ def add_worker(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--chunk-size",
-        type=_positive_int,
+        type=_positive(int, "whole number"),
         default=500,
         metavar="N",
         help="objects listed per request (default: 500, as upstream)",
@@ -651,36 +651,31 @@ def _group(text: str) -> str:
 T = TypeVar("T")
 
 
-def _operator_action(action: Callable[[], Awaitable[T]]) -> T:
+def _operator_action(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
     from consumers.operator import OperatorError
 
-    async def run() -> T:
-        return await action()
-
     try:
-        return asyncio.run(run())
+        return asyncio.run(action())
     except OperatorError as error:
         raise UsageError(str(error)) from error
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return value
+Number = TypeVar("Number", int, float)
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
+    """An argparse type: ``convert`` the text, refusing values that are not above zero."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}")
+        return value
+
+    return parse
 
 
 # --- the simulation --------------------------------------------------------------------
