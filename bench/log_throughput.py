@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib.util
 import json
 import os
+import runpy
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -89,21 +87,6 @@ async def measure(settings: KafkaSettings, events: list[Event], chunk: int) -> d
     }
 
 
-@contextlib.contextmanager
-def kafka() -> Iterator[tuple[str, str]]:
-    """(bootstrap address, where it came from)."""
-    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
-    if configured:
-        yield configured, "SVLEDGER_KAFKA_BOOTSTRAP"
-        return
-    spec = importlib.util.spec_from_file_location("broker", ROOT / "deploy" / "kafka" / "broker.py")
-    assert spec is not None and spec.loader is not None
-    broker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(broker)
-    with broker.LocalKafka() as local:
-        yield local.bootstrap, "deploy/kafka/broker.py"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -112,7 +95,13 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=10_000, help="events per send_many")
     args = parser.parse_args()
     events = heartbeats(args.events, args.clusters)
-    with kafka() as (bootstrap, source):
+    source = (
+        "SVLEDGER_KAFKA_BOOTSTRAP"
+        if os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
+        else "deploy/kafka/broker.py"
+    )
+    broker = runpy.run_path(str(ROOT / "deploy" / "kafka" / "broker.py"))
+    with broker["kafka_bootstrap"]() as bootstrap:
         settings = KafkaSettings(
             bootstrap_servers=bootstrap,
             topic=f"svledger-bench.log.{uuid.uuid4().hex[:8]}",

@@ -28,11 +28,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import random
 import resource
+import runpy
 import sys
 import tempfile
 import time
@@ -259,18 +259,10 @@ def _result(events: int, seconds: float, rss_before: float) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _kafka() -> Iterator[str]:
-    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
-    if configured:
-        yield configured
-        return
-    spec = importlib.util.spec_from_file_location("broker", ROOT / "deploy" / "kafka" / "broker.py")
-    assert spec is not None and spec.loader is not None
-    broker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(broker)
-    with broker.LocalKafka() as kafka:
-        yield kafka.bootstrap
+def _kafka() -> contextlib.AbstractContextManager[str]:
+    broker = runpy.run_path(str(ROOT / "deploy" / "kafka" / "broker.py"))
+    bootstrap: contextlib.AbstractContextManager[str] = broker["kafka_bootstrap"]()
+    return bootstrap
 
 
 @contextlib.contextmanager

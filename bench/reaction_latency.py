@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
-import os
+import runpy
 import statistics
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,20 +52,6 @@ async def main() -> None:
 
 asyncio.run(main())
 """
-
-
-@contextlib.contextmanager
-def broker() -> Iterator[str]:
-    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
-    if configured:
-        yield configured
-        return
-    spec = importlib.util.spec_from_file_location("local_kafka", ROOT / "deploy/kafka/broker.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with module.LocalKafka() as kafka:
-        yield kafka.bootstrap
 
 
 def heartbeat(cluster: str, apiserver: str) -> ApiserverHeartbeat:
@@ -196,7 +180,8 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--load", type=int, default=1000, help="background events per second")
     args = parser.parse_args()
-    with broker() as bootstrap:
+    broker = runpy.run_path(str(ROOT / "deploy" / "kafka" / "broker.py"))
+    with broker["kafka_bootstrap"]() as bootstrap:
         print(json.dumps(asyncio.run(bench(bootstrap, args.probes, args.load))))
 
 

@@ -57,12 +57,8 @@ def _load_broker_module() -> ModuleType:
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
-    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
-    if configured:
-        yield configured
-        return
-    with _load_broker_module().LocalKafka() as kafka:
-        yield kafka.bootstrap
+    with _load_broker_module().kafka_bootstrap() as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

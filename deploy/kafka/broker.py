@@ -14,6 +14,9 @@ node: internal topics (consumer offsets, transaction state) have one replica and
 in-sync replica, so consumer groups and transactions work, and topics are never created
 implicitly, so code under test must create the topics it uses.
 
+``kafka_bootstrap()`` is what tests and benchmarks use: the broker named by
+``SVLEDGER_KAFKA_BOOTSTRAP`` if set, else a ``LocalKafka`` for the duration of the block.
+
 Stdlib only, so it runs before any virtualenv exists::
 
     python deploy/kafka/broker.py fetch   # resolve the jars into lib/ only
@@ -27,6 +30,7 @@ import base64
 import contextlib
 import ctypes
 import hashlib
+import os
 import shutil
 import signal
 import socket
@@ -36,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -68,19 +72,11 @@ def fetch_jars() -> Path:
     mvn = _require_tool("mvn", "Apache Maven 3.8+ (for example `apt-get install maven`)")
     # A half-copied or older lib/ may hold jars of another Kafka release: start afresh.
     shutil.rmtree(LIB, ignore_errors=True)
-    result = subprocess.run(
+    _run(
         [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
+        f"mvn could not resolve the Kafka broker jars named in {POM}",
+        "; check that Maven Central is reachable",
     )
-    if result.returncode != 0:
-        raise BrokerError(
-            f"mvn could not resolve the Kafka broker jars named in {POM} "
-            f"(exit code {result.returncode}); check that Maven Central is reachable.\n"
-            f"{result.stdout}{result.stderr}"
-        )
     _STAMP.write_text(digest + "\n")
     return LIB
 
@@ -223,7 +219,7 @@ class LocalKafka:
         cluster_id = "-"
         while cluster_id.startswith("-"):
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        result = subprocess.run(
+        _run(
             [
                 *java_command,
                 "kafka.tools.StorageTool",
@@ -233,16 +229,8 @@ class LocalKafka:
                 "-c",
                 str(config),
             ],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            check=False,
+            f"formatting the Kafka storage in {self._workdir} failed",
         )
-        if result.returncode != 0:
-            raise BrokerError(
-                f"formatting the Kafka storage in {self._workdir} failed "
-                f"(exit code {result.returncode}):\n{result.stdout}{result.stderr}"
-            )
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self._startup_timeout
@@ -261,6 +249,28 @@ class LocalKafka:
     def _log_tail(self) -> str:
         lines = self._log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
         return f"Last lines of {self._log_path}:\n" + "\n".join(lines)
+
+
+@contextlib.contextmanager
+def kafka_bootstrap() -> Iterator[str]:
+    """``SVLEDGER_KAFKA_BOOTSTRAP`` if set, else the address of a LocalKafka alive for the block."""
+    configured = os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    with LocalKafka() as kafka:
+        yield kafka.bootstrap
+
+
+def _run(command: list[str], failure: str, hint: str = "") -> None:
+    """Run ``command`` to completion; raise BrokerError with its output if it fails."""
+    result = subprocess.run(
+        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise BrokerError(
+            f"{failure} (exit code {result.returncode}){hint}:\n{result.stdout}{result.stderr}"
+        )
 
 
 def _require_tool(name: str, what: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 _ITEMS = sa.Table(
@@ -12,9 +13,13 @@ _ITEMS = sa.Table(
 )
 
 
-def test_database_is_empty_and_round_trips_a_row(database_url: str) -> None:
+def test_database_is_empty_and_round_trips_a_row(
+    database_url: str, request: pytest.FixtureRequest
+) -> None:
     engine = sa.create_engine(database_url)
     try:
+        # Each parameter must really run on its own backend, not on a default one.
+        assert engine.dialect.name == request.node.callspec.params["database_url"]
         assert sa.inspect(engine).get_table_names() == []
         _ITEMS.metadata.create_all(engine)
         with engine.begin() as connection:
