@@ -44,7 +44,7 @@ from aiokafka.errors import KafkaError
 
 from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position
-from ledger.kafka import connect, to_record
+from ledger.kafka import connect, ledger_consumer, to_record
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import Changes, ResourceKey, State
@@ -179,13 +179,8 @@ class PartitionFollower:
 
     async def __aenter__(self) -> Self:
         self._consumer = await connect(
-            lambda: AIOKafkaConsumer(
-                **self.settings.client_kwargs(),
-                group_id=self.group_id,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                isolation_level="read_committed",
-                fetch_max_wait_ms=self._fetch_max_wait_ms,
+            lambda: ledger_consumer(
+                self.settings, self.group_id, fetch_max_wait_ms=self._fetch_max_wait_ms
             ),
             self.settings,
         )

@@ -218,6 +218,11 @@ def resource_name(group: str, resource: str) -> str:
     return f"{group or 'core'}.{resource}"
 
 
+def group_resource_string(group: str, resource: str) -> str:
+    """Kubernetes' ``GroupResource.String()``: ``<resource>.<group>``, or ``<resource>``."""
+    return f"{resource}.{group}" if group else resource
+
+
 def storage_state_name(group: str, resource: str) -> str:
     """A StorageState's name, ``<resource>.<group>`` as in the migration KEP."""
-    return f"{resource}.{group}" if group else resource
+    return group_resource_string(group, resource)

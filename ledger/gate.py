@@ -27,14 +27,11 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
 
+from ledger.events import group_resource_string
+
 GroupResource: TypeAlias = tuple[str, str]  # (group, resource), group "" for core
 
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def group_resource_string(group: str, resource: str) -> str:
-    """Kubernetes' ``GroupResource.String()``: ``<resource>.<group>``, or ``<resource>``."""
-    return f"{resource}.{group}" if group else resource
 
 
 class WriteGate:

@@ -260,13 +260,31 @@ class EventProducer:
 # --------------------------------------------------------------------------- consuming
 
 
+def ledger_consumer(
+    settings: KafkaSettings, group_id: str | None, **options: Any
+) -> AIOKafkaConsumer:
+    """An aiokafka consumer that reads the ledger as every reader must.
+
+    Only committed records (``read_committed`` hides those of aborted transactions),
+    offsets committed by the caller and never automatically, and the beginning of a
+    partition where the group has no committed offset. ``options`` tune fetching.
+    """
+    return AIOKafkaConsumer(
+        **settings.client_kwargs(),
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        **options,
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Record:
-    """A decoded event with where it sits in the log and the broker's timestamp."""
+    """A decoded event with where it sits in the log."""
 
     position: Position
     event: Event
-    timestamp_ms: int
 
 
 class EventConsumer:
@@ -278,7 +296,8 @@ class EventConsumer:
       offset to read for those it knows; the others start at the beginning.
     * ``until="end"``: stop at the end offsets of the moment the consumer started
       (only without a group).
-    * ``isolation_level``: ``read_committed`` hides records of aborted transactions.
+
+    It reads committed records only (:func:`ledger_consumer`).
     """
 
     def __init__(
@@ -288,8 +307,6 @@ class EventConsumer:
         group_id: str | None = None,
         start_offsets: Callable[[set[int]], Mapping[int, int]] | None = None,
         until: Literal["end"] | None = None,
-        isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
-        connect_timeout: float = 30.0,
     ) -> None:
         if until is not None and group_id is not None:
             raise ValueError(
@@ -300,29 +317,22 @@ class EventConsumer:
         self.group_id = group_id
         self._start_offsets = start_offsets
         self._until = until
-        self._isolation_level = isolation_level
-        self._connect_timeout = connect_timeout
         self._consumer: AIOKafkaConsumer | None = None
         self._dead_letters: EventProducer | None = None
         self._ends: dict[TopicPartition, int] = {}  # until-mode partitions not finished yet
 
     def _make(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
-            **self.settings.client_kwargs(),
-            group_id=self.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level=self._isolation_level,
+        return ledger_consumer(
+            self.settings,
+            self.group_id,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024,
         )
 
     async def __aenter__(self) -> Self:
-        self._dead_letters = await EventProducer(
-            self.settings, connect_timeout=self._connect_timeout
-        ).__aenter__()
+        self._dead_letters = await EventProducer(self.settings).__aenter__()
         try:
-            consumer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+            consumer = await connect(self._make, self.settings)
             self._consumer = consumer
             if self.group_id is None:
                 await self._assign_all(consumer)
@@ -473,7 +483,7 @@ def _decode(message: Any) -> Record | str:
     cluster = event.meta.cluster
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
-    return Record(Position(message.partition, message.offset), event, message.timestamp)
+    return Record(Position(message.partition, message.offset), event)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -52,8 +52,9 @@ from ledger.events import (
     Meta,
     StorageVersionReported,
     StorageVersionWithdrawn,
+    group_resource_string,
 )
-from ledger.gate import GroupResource, WriteGate, group_resource_string
+from ledger.gate import GroupResource, WriteGate
 from ledger.identity import apiserver_id, holder_identity
 from ledger.kafka import EventProducer
 from ledger.settings import KafkaSettings
@@ -212,10 +213,14 @@ class Reporter:
     def _meta(self) -> Meta:
         return Meta.new(self.cluster, self.apiserver_id, self._clock.now())
 
+    def _unacknowledged(self) -> list[ResourceReport]:
+        """The desired reports the log is not known to hold."""
+        return [r for k, r in self._desired.items() if self._acknowledged.get(k) != r]
+
     def _refresh_gate(self) -> None:
-        stale = {k for k, r in self._desired.items() if self._acknowledged.get(k) != r}
+        stale = {r.key for r in self._unacknowledged()}
         self.gate.close(stale)
-        self.gate.open(set(self.gate.pending) - stale)
+        self.gate.open(self.gate.pending - stale)
 
     async def _heartbeat(self) -> None:
         """Send a heartbeat; when it follows a gap of a lease duration, re-join."""
@@ -246,7 +251,7 @@ class Reporter:
 
     async def _sync(self) -> None:
         """Send the reports and withdrawals that the log does not hold yet."""
-        reports = [r for k, r in self._desired.items() if self._acknowledged.get(k) != r]
+        reports = self._unacknowledged()
         withdrawn = [k for k in self._acknowledged if k not in self._desired]
         if not reports and not withdrawn:
             return

@@ -299,8 +299,17 @@ async def test_killed_reporter_stops_heartbeating_while_others_go_on(
             process.kill()
             await process.wait()
 
-    doomed_events = _by_apiserver(await _read_all(settings))[doomed]
+    records = await _read_all(settings)
+    doomed_events = _by_apiserver(records)[doomed]
     assert not any(isinstance(e, ApiserverLeaseReleased) for e in doomed_events)
+    # The whole log, read after both stopped: the killed server wrote nothing after
+    # the kill, while the survivor kept heartbeating.
+    doomed_last = max(
+        r.position
+        for r in records
+        if isinstance(r.event, ReporterEvent) and r.event.apiserver_id == doomed
+    )
+    assert doomed_last < beats[0]
     assert len(beats) >= 5
 
 
