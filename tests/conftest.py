@@ -30,8 +30,14 @@ from types import ModuleType
 
 import psycopg
 import pytest
+from hypothesis import settings
 from psycopg import sql
 from sqlalchemy.engine import URL, make_url
+
+# Speed is measured in bench/, never asserted: no per-example time limit, which would
+# fail a correct property on a busy machine.
+settings.register_profile("svledger", deadline=None)
+settings.load_profile("svledger")
 
 _BROKER_SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "kafka" / "broker.py"
 _INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "postgres_server"})
