@@ -32,7 +32,22 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, select, union
 
-from ledger.events import Position, resource_name, storage_state_name
+from ledger.events import (
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    MigrationCancelled,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationSucceeded,
+    Position,
+    StorageStateReset,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
+    resource_name,
+    storage_state_name,
+)
 from ledger.hashing import storage_version_hash
 from projections.schema import (
     ledger_events,
@@ -50,22 +65,25 @@ from projections.state import (
 )
 from projections.store import load_state
 
-REPORTED: Final = "StorageVersionReported"
-WITHDRAWN: Final = "StorageVersionWithdrawn"
-RESET: Final = "StorageStateReset"
-RELEASED: Final = "ApiserverLeaseReleased"
-EXPIRED: Final = "ApiserverLeaseExpired"
-REQUESTED: Final = "MigrationRequested"
-SUCCEEDED: Final = "MigrationSucceeded"
+REPORTED: Final = StorageVersionReported.__name__
+WITHDRAWN: Final = StorageVersionWithdrawn.__name__
+RESET: Final = StorageStateReset.__name__
+RELEASED: Final = ApiserverLeaseReleased.__name__
+EXPIRED: Final = ApiserverLeaseExpired.__name__
+REQUESTED: Final = MigrationRequested.__name__
+SUCCEEDED: Final = MigrationSucceeded.__name__
 _RESOURCE_EVENTS: Final = (REPORTED, WITHDRAWN, RESET)
 _LEASE_ENDS: Final = (RELEASED, EXPIRED)
-_MIGRATION_EVENTS: Final = (
-    REQUESTED,
-    "MigrationStarted",
-    "MigrationProgressed",
-    SUCCEEDED,
-    "MigrationFailed",
-    "MigrationCancelled",
+_MIGRATION_EVENTS: Final = tuple(
+    cls.__name__
+    for cls in (
+        MigrationRequested,
+        MigrationStarted,
+        MigrationProgressed,
+        MigrationSucceeded,
+        MigrationFailed,
+        MigrationCancelled,
+    )
 )
 
 
@@ -276,32 +294,31 @@ def format_history(entries: Sequence[HistoryEntry]) -> str:
 def describe(entry: HistoryEntry) -> str:
     """What one event says, in a few words."""
     p = entry.payload
-    match entry.event_type:
-        case "StorageVersionReported":
-            return (
-                f"{p['apiserver_id']} encodes in {p['encoding_version']}"
-                f" (decodes {', '.join(p['decodable_versions'])})"
-            )
-        case "StorageVersionWithdrawn":
-            return f"{p['apiserver_id']} withdrew its entry"
-        case "StorageStateReset":
-            return f"persisted hashes reset to [{UNKNOWN_HASH}]: {p['reason']}"
-        case "ApiserverLeaseReleased":
-            return f"{p['apiserver_id']} released its lease, dropping its entries"
-        case "ApiserverLeaseExpired":
-            return (
-                f"lease of {p['apiserver_id']} expired (last renewed {p['last_renew_time']}),"
-                " dropping its entries"
-            )
-        case "MigrationRequested":
-            return (
-                f"migration {p['migration_id']} to {p['target_version']} (hash"
-                f" {p['target_hash']}) for StorageVersion revision {p['storage_version_revision']}"
-            )
-        case _:
-            details = [f"{p['objects_migrated']} objects migrated"]
-            details += [str(p[name]) for name in ("reason", "message") if p.get(name)]
-            return f"migration {p['migration_id']}: {'; '.join(details)}"
+    event_type = entry.event_type
+    if event_type == REPORTED:
+        return (
+            f"{p['apiserver_id']} encodes in {p['encoding_version']}"
+            f" (decodes {', '.join(p['decodable_versions'])})"
+        )
+    if event_type == WITHDRAWN:
+        return f"{p['apiserver_id']} withdrew its entry"
+    if event_type == RESET:
+        return f"persisted hashes reset to [{UNKNOWN_HASH}]: {p['reason']}"
+    if event_type == RELEASED:
+        return f"{p['apiserver_id']} released its lease, dropping its entries"
+    if event_type == EXPIRED:
+        return (
+            f"lease of {p['apiserver_id']} expired (last renewed {p['last_renew_time']}),"
+            " dropping its entries"
+        )
+    if event_type == REQUESTED:
+        return (
+            f"migration {p['migration_id']} to {p['target_version']} (hash"
+            f" {p['target_hash']}) for StorageVersion revision {p['storage_version_revision']}"
+        )
+    details = [f"{p['objects_migrated']} objects migrated"]
+    details += [str(p[name]) for name in ("reason", "message") if p.get(name)]
+    return f"migration {p['migration_id']}: {'; '.join(details)}"
 
 
 # ------------------------------------------------------------------- explain

@@ -121,18 +121,6 @@ class Batch:
         )
 
 
-def write_batch(
-    connection: Connection,
-    state: State,
-    changes: Changes,
-    folded: Sequence[tuple[Event, Position, str]],
-    topic: str,
-    projection: str,
-) -> None:
-    """Write one folded batch (see :meth:`Batch.of`) in the caller's transaction."""
-    write(connection, Batch.of(state, changes, folded, topic, projection))
-
-
 def write(connection: Connection, batch: Batch) -> None:
     """Write a batch's events, the rows it changed, and its checkpoint.
 
@@ -171,7 +159,7 @@ def write(connection: Connection, batch: Batch) -> None:
         ],
     )
 
-    _sync(connection, apiserver_leases, batch.leases, _lease_values)
+    _sync(connection, apiserver_leases, batch.leases, _values(apiserver_leases))
     # A StorageVersion's entries are replaced as a whole: the changed resources'
     # entries go, then the current ones of those that still exist come back.
     _delete(connection, server_storage_versions, batch.storage_versions.keys())
@@ -186,8 +174,13 @@ def write(connection: Connection, batch: Batch) -> None:
             for entry in storage_version.entries
         ],
     )
-    _sync(connection, storage_states, batch.storage_states, _state_values)
-    _sync(connection, storage_version_migrations, batch.migrations, _migration_values)
+    _sync(connection, storage_states, batch.storage_states, _values(storage_states))
+    _sync(
+        connection,
+        storage_version_migrations,
+        batch.migrations,
+        _values(storage_version_migrations),
+    )
 
     next_offsets: dict[int, int] = {}
     for _, position, _ in batch.folded:
@@ -222,20 +215,6 @@ def load_checkpoints(connection: Connection, topic: str, projection: str) -> dic
 
 def load_state(connection: Connection) -> State:
     """The fold's state as the views hold it."""
-    leases: dict[LeaseKey, Lease] = {}
-    for row in connection.execute(select(apiserver_leases)).mappings():
-        lease = Lease(
-            cluster=row["cluster"],
-            apiserver_id=row["apiserver_id"],
-            holder_identity=row["holder_identity"],
-            hostname=row["hostname"],
-            lease_duration_seconds=row["lease_duration_seconds"],
-            renew_time=row["renew_time"],
-            binary_version=row["binary_version"],
-            revision=row["revision"],
-        )
-        leases[lease.key] = lease
-
     entries: dict[ResourceKey, list[ServerStorageVersion]] = defaultdict(list)
     for row in connection.execute(select(server_storage_versions)).mappings():
         entries[row["cluster"], row["api_group"], row["resource"]].append(
@@ -273,45 +252,12 @@ def load_state(connection: Connection) -> State:
         )
         versions[storage_version.key] = storage_version
 
-    states: dict[ResourceKey, StorageState] = {}
-    for row in connection.execute(select(storage_states)).mappings():
-        storage_state = StorageState(
-            cluster=row["cluster"],
-            group=row["api_group"],
-            resource=row["resource"],
-            persisted_storage_version_hashes=tuple(row["persisted_storage_version_hashes"]),
-            current_storage_version_hash=row["current_storage_version_hash"],
-            revision=row["revision"],
-        )
-        states[storage_state.key] = storage_state
-
-    migrations: dict[MigrationKey, Migration] = {}
-    for row in connection.execute(select(storage_version_migrations)).mappings():
-        migration = Migration(
-            cluster=row["cluster"],
-            migration_id=row["migration_id"],
-            group=row["api_group"],
-            resource=row["resource"],
-            target_version=row["target_version"],
-            target_hash=row["target_hash"],
-            storage_version_revision=row["storage_version_revision"],
-            phase=row["phase"],
-            objects_migrated=row["objects_migrated"],
-            continue_token=row["continue_token"],
-            reason=row["reason"],
-            message=row["message"],
-            requested_at=row["requested_at"],
-            updated_at=row["updated_at"],
-            revision=row["revision"],
-        )
-        migrations[migration.key] = migration
-
     # Built in one go: the State derives its indexes from the rows it is given.
     return State(
-        leases=leases,
+        leases=_load(connection, apiserver_leases, Lease),
         storage_versions=versions,
-        storage_states=states,
-        migrations=migrations,
+        storage_states=_load(connection, storage_states, StorageState),
+        migrations=_load(connection, storage_version_migrations, Migration),
     )
 
 
@@ -370,19 +316,6 @@ def _payload_fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     )
 
 
-def _lease_values(lease: Lease) -> dict[str, Any]:
-    return {
-        "cluster": lease.cluster,
-        "apiserver_id": lease.apiserver_id,
-        "holder_identity": lease.holder_identity,
-        "hostname": lease.hostname,
-        "lease_duration_seconds": lease.lease_duration_seconds,
-        "renew_time": lease.renew_time,
-        "binary_version": lease.binary_version,
-        "revision": lease.revision,
-    }
-
-
 def _storage_version_values(storage_version: StorageVersion) -> dict[str, Any]:
     condition = storage_version.condition
     return {
@@ -413,36 +346,42 @@ def _entry_row(storage_version: StorageVersion, entry: ServerStorageVersion) -> 
     )
 
 
-def _state_values(storage_state: StorageState) -> dict[str, Any]:
-    return {
-        "cluster": storage_state.cluster,
-        "api_group": storage_state.group,
-        "resource": storage_state.resource,
-        "name": storage_state.name,
-        "persisted_storage_version_hashes": list(storage_state.persisted_storage_version_hashes),
-        "current_storage_version_hash": storage_state.current_storage_version_hash,
-        "revision": storage_state.revision,
-    }
+# Leases, StorageStates and Migrations are stored field for field: each column holds
+# the field (or, for ``name``, the property) of its name, except for the API group.
+_COLUMN_OF_FIELD: Final = {"group": "api_group"}
+_FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.items()}
+
+_Stored = TypeVar("_Stored", Lease, StorageState, Migration)
 
 
-def _migration_values(migration: Migration) -> dict[str, Any]:
-    return {
-        "cluster": migration.cluster,
-        "migration_id": migration.migration_id,
-        "api_group": migration.group,
-        "resource": migration.resource,
-        "target_version": migration.target_version,
-        "target_hash": migration.target_hash,
-        "storage_version_revision": migration.storage_version_revision,
-        "phase": migration.phase,
-        "objects_migrated": migration.objects_migrated,
-        "continue_token": migration.continue_token,
-        "reason": migration.reason,
-        "message": migration.message,
-        "requested_at": migration.requested_at,
-        "updated_at": migration.updated_at,
-        "revision": migration.revision,
-    }
+def _values(table: Table) -> Callable[[Any], dict[str, Any]]:
+    """How :func:`_sync` writes a stored row to ``table``: tuples become JSON lists."""
+    fields = [
+        (column.name, _FIELD_OF_COLUMN.get(column.name, column.name)) for column in table.columns
+    ]
+
+    def values(row: Any) -> dict[str, Any]:
+        written = {column: getattr(row, field) for column, field in fields}
+        return {c: list(v) if isinstance(v, tuple) else v for c, v in written.items()}
+
+    return values
+
+
+def _load(connection: Connection, table: Table, cls: type[_Stored]) -> dict[Any, _Stored]:
+    """Every row of ``table`` as a ``cls``, by key; the inverse of :func:`_values`."""
+    columns = [
+        (field.name, _COLUMN_OF_FIELD.get(field.name, field.name))
+        for field in dataclasses.fields(cls)
+    ]
+    loaded: dict[Any, _Stored] = {}
+    for row in connection.execute(select(table)).mappings():
+        fields: dict[str, Any] = {}
+        for field, column in columns:
+            value = row[column]
+            fields[field] = tuple(value) if isinstance(value, list) else value
+        stored = cls(**fields)
+        loaded[stored.key] = stored
+    return loaded
 
 
 def _rows(changed: Collection[Key], rows: Mapping[Key, Row]) -> dict[Key, Row | None]:

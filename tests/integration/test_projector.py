@@ -62,7 +62,7 @@ def reference_snapshot(
         changes.merge(fold.apply(state, event, position))
         folded.append((event, position, fold.subject(event)))
     with db.begin() as connection:
-        store.write_batch(connection, state, changes, folded, topic, "views")
+        store.write(connection, store.Batch.of(state, changes, folded, topic, "views"))
     return snapshot(db)
 
 

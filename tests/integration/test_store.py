@@ -52,7 +52,7 @@ def write(
         changes.merge(fold.apply(state, event, position))
         folded.append((event, position, fold.subject(event)))
     with db.begin() as connection:
-        store.write_batch(connection, state, changes, folded, topic, PROJECTION)
+        store.write(connection, store.Batch.of(state, changes, folded, topic, PROJECTION))
 
 
 def clear(db: Engine) -> None:
