@@ -330,9 +330,9 @@ def explain(connection: Connection, resource: str, cluster: str | None = None) -
 
 
 def gather(connection: Connection, key: ResourceKey) -> Facts:
-    state = load_state(connection)
+    state = load_state(connection, key)
     migrations = sorted(
-        (m for m in state.migrations.values() if m.resource_key == key),
+        state.migrations.values(),
         key=lambda m: (m.requested_at, m.migration_id),
     )
     return Facts(

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Table, and_, bindparam, delete, insert, select
+from sqlalchemy import Connection, Select, Table, and_, bindparam, delete, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -213,10 +213,11 @@ def load_checkpoints(connection: Connection, topic: str, projection: str) -> dic
     return {partition: offset for partition, offset in rows}
 
 
-def load_state(connection: Connection) -> State:
-    """The fold's state as the views hold it."""
+def load_state(connection: Connection, resource: ResourceKey | None = None) -> State:
+    """The fold's state as the views hold it; with ``resource``, only that resource's rows
+    (its StorageVersion, StorageState and migrations, and the leases of its cluster)."""
     entries: dict[ResourceKey, list[ServerStorageVersion]] = defaultdict(list)
-    for row in connection.execute(select(server_storage_versions)).mappings():
+    for row in connection.execute(_select(server_storage_versions, resource)).mappings():
         entries[row["cluster"], row["api_group"], row["resource"]].append(
             ServerStorageVersion(
                 apiserver_id=row["apiserver_id"],
@@ -226,7 +227,7 @@ def load_state(connection: Connection) -> State:
             )
         )
     versions: dict[ResourceKey, StorageVersion] = {}
-    for row in connection.execute(select(storage_versions)).mappings():
+    for row in connection.execute(_select(storage_versions, resource)).mappings():
         storage_version = StorageVersion(
             cluster=row["cluster"],
             group=row["api_group"],
@@ -254,11 +255,23 @@ def load_state(connection: Connection) -> State:
 
     # Built in one go: the State derives its indexes from the rows it is given.
     return State(
-        leases=_load(connection, apiserver_leases, Lease),
+        leases=_load(connection, apiserver_leases, Lease, resource),
         storage_versions=versions,
-        storage_states=_load(connection, storage_states, StorageState),
-        migrations=_load(connection, storage_version_migrations, Migration),
+        storage_states=_load(connection, storage_states, StorageState, resource),
+        migrations=_load(connection, storage_version_migrations, Migration, resource),
     )
+
+
+def _select(table: Table, resource: ResourceKey | None) -> Select[Any]:
+    """All of ``table``, or its rows about ``resource`` (by cluster where it has no resource)."""
+    query = select(table)
+    if resource is None:
+        return query
+    cluster, group, name = resource
+    query = query.where(table.c.cluster == cluster)
+    if "resource" in table.c:
+        query = query.where(table.c.api_group == group, table.c.resource == name)
+    return query
 
 
 def views_snapshot(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
@@ -367,14 +380,16 @@ def _values(table: Table) -> Callable[[Any], dict[str, Any]]:
     return values
 
 
-def _load(connection: Connection, table: Table, cls: type[_Stored]) -> dict[Any, _Stored]:
-    """Every row of ``table`` as a ``cls``, by key; the inverse of :func:`_values`."""
+def _load(
+    connection: Connection, table: Table, cls: type[_Stored], resource: ResourceKey | None
+) -> dict[Any, _Stored]:
+    """The rows of ``table`` (see :func:`_select`) as ``cls``, by key; undoes :func:`_values`."""
     columns = [
         (field.name, _COLUMN_OF_FIELD.get(field.name, field.name))
         for field in dataclasses.fields(cls)
     ]
     loaded: dict[Any, _Stored] = {}
-    for row in connection.execute(select(table)).mappings():
+    for row in connection.execute(_select(table, resource)).mappings():
         fields: dict[str, Any] = {}
         for field, column in columns:
             value = row[column]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,9 @@ from projections import database, fold, store
 from projections.schema import metadata
 from projections.state import Changes, State
 from tests.histories import histories
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 TOPIC = "svledger.events"
 PROJECTION = "views"
@@ -53,6 +57,10 @@ def write(
         folded.append((event, position, fold.subject(event)))
     with db.begin() as connection:
         store.write(connection, store.Batch.of(state, changes, folded, topic, PROJECTION))
+
+
+def _only(rows: Mapping[K, V], key: K) -> dict[K, V]:
+    return {key: rows[key]} if key in rows else {}
 
 
 def clear(db: Engine) -> None:
@@ -88,6 +96,15 @@ def test_any_split_of_a_history_writes_the_fold_of_the_whole(
     expected = fold.fold(history)
     with db.connect() as connection:
         assert store.load_state(connection) == expected
+        # One resource's rows, as explain reads them, are the whole state cut down to it.
+        for key in {*expected.storage_versions, *expected.storage_states}:
+            one = store.load_state(connection, key)
+            assert one.storage_versions == _only(expected.storage_versions, key)
+            assert one.storage_states == _only(expected.storage_states, key)
+            assert one.migrations == {
+                k: m for k, m in expected.migrations.items() if m.resource_key == key
+            }
+            assert one.leases == {k: v for k, v in expected.leases.items() if k[0] == key[0]}
         next_offsets: dict[int, int] = {}
         for _, position in history:
             next_offsets[position.partition] = position.offset + 1
