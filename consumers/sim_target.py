@@ -254,13 +254,11 @@ class SimulatedTarget:
         self._balancer = balancer
         self._resources = {(r.group, r.resource): r for r in resources}
         self._allowance = allowance
-        self.requests = 0  # served so far; the simulation watches it to tell work from rest
 
     async def _served_by(self, method: str, resource: Resource) -> SimApiserver:
         await self._allowance.take()
         while (server := self._balancer.pick(method, resource)) is None:
             await self._allowance.next_step()
-        self.requests += 1
         return server
 
     def _resource(self, group: str, resource: str) -> Resource:

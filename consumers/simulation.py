@@ -89,7 +89,6 @@ from ledger.events import (
     MigrationRequested,
     MigrationSucceeded,
     Position,
-    resource_name,
 )
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
@@ -687,7 +686,7 @@ class _Run:
                 return f"the projector (at {checkpoint}) to reach the last record ({last})"
         if self.trigger == "agreement":
             cause = Meta.new(self.scenario.cluster, "simulation", self.clock.now())
-            for key in self._resource_keys():
+            for key in map(self._key, self.scenario.resources):
                 owed = migrator.decide(state, key, cause)
                 if owed:
                     return f"the migration trigger to append {[type(e).__name__ for e in owed]}"
@@ -712,8 +711,8 @@ class _Run:
 
     # --- what a row shows ---
 
-    def _resource_keys(self) -> list[ResourceKey]:
-        return [(self.scenario.cluster, r.group, r.resource) for r in self.scenario.resources]
+    def _key(self, resource: Resource) -> ResourceKey:
+        return (self.scenario.cluster, resource.group, resource.resource)
 
     def _shown(self, hashes: Iterable[str]) -> tuple[str, ...]:
         return tuple(self.versions.get(h, h) for h in hashes)
@@ -731,8 +730,7 @@ class _Run:
 
     def _persisted(self, views: State, resource: Resource) -> tuple[str, ...]:
         """The ledger's persisted hashes of ``resource``."""
-        key = (self.scenario.cluster, resource.group, resource.resource)
-        storage_state = views.storage_states.get(key)
+        storage_state = views.storage_states.get(self._key(resource))
         return storage_state.persisted_storage_version_hashes if storage_state else ()
 
     def _row(
@@ -743,7 +741,7 @@ class _Run:
         actions: Sequence[str],
         fresh: Sequence[Record],
     ) -> TimelineRow:
-        key = (self.scenario.cluster, resource.group, resource.resource)
+        key = self._key(resource)
         storage_version = views.storage_versions.get(key)
         entries = (
             {e.apiserver_id: e.encoding_version for e in storage_version.entries}
@@ -751,11 +749,11 @@ class _Run:
             else {}
         )
         hashes = self._persisted(views, resource)
-        belief = self.baseline.beliefs.get(resource.name) if self.baseline else None
+        baseline_hashes: tuple[str, ...] | None = None  # the old trigger's, when it is in charge
+        if self.baseline is not None:
+            belief = self.baseline.beliefs.get(resource.name)
+            baseline_hashes = tuple(belief.persisted_hashes) if belief else ()
         stored = self.store.versions(resource)
-        in_charge = (
-            (belief.persisted_hashes if belief else ()) if self.baseline is not None else hashes
-        )
         latest = _latest_migration(views, key)
         return TimelineRow(
             at_seconds=now,
@@ -767,13 +765,13 @@ class _Run:
             common_version=storage_version.common_encoding_version if storage_version else None,
             persisted_versions=self._shown(hashes),
             baseline_persisted_versions=(
-                self._shown(belief.persisted_hashes if belief else ())
-                if self.baseline is not None
-                else None
+                None if baseline_hashes is None else self._shown(baseline_hashes)
             ),
             migration=f"{latest.phase} {latest.target_version}" if latest else None,
             stored=dict(sorted(stored.items())),
-            polluted=self._polluted(resource, in_charge, stored),
+            polluted=self._polluted(
+                resource, hashes if baseline_hashes is None else baseline_hashes, stored
+            ),
         )
 
     def _ledger_news(self, resource: Resource, fresh: Sequence[Record]) -> list[str]:
@@ -793,9 +791,7 @@ class _Run:
             ):
                 continue
             migration = state.migrations.get((self.scenario.cluster, event.migration_id))
-            if migration is None or resource_name(
-                migration.group, migration.resource
-            ) != resource_name(resource.group, resource.resource):
+            if migration is None or migration.resource_key != self._key(resource):
                 continue
             to = migration.target_version
             match event:

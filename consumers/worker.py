@@ -234,7 +234,6 @@ async def run_worker(
                     runners[partition_log.partition] = (partition_log, task)
         finally:
             for _, task in runners.values():
-                task.cancel()
                 await _finish(task)
 
 

@@ -90,6 +90,13 @@ def _meta(cluster: str, source: str) -> Meta:
     return Meta.new(cluster, source, datetime.now(UTC))
 
 
+def _report(cluster: str, apiserver: str, version: str) -> StorageVersionReported:
+    """``apiserver`` encodes pods in ``version``, decoding and serving v1 and v2."""
+    return StorageVersionReported(
+        _meta(cluster, apiserver), apiserver, "", "pods", "Pod", version, ("v1", "v2"), ("v1", "v2")
+    )
+
+
 async def _drive(settings: KafkaSettings, rng: random.Random, rounds: int) -> None:
     async with EventProducer(settings) as producer:
         for cluster in CLUSTERS:
@@ -104,34 +111,12 @@ async def _drive(settings: KafkaSettings, rng: random.Random, rounds: int) -> No
             cluster = rng.choice(CLUSTERS)
             apiserver = rng.choice(APISERVERS)
             version = rng.choice(("v1", "v2"))
-            await producer.send(
-                StorageVersionReported(
-                    _meta(cluster, apiserver),
-                    apiserver,
-                    "",
-                    "pods",
-                    "Pod",
-                    version,
-                    ("v1", "v2"),
-                    ("v1", "v2"),
-                )
-            )
+            await producer.send(_report(cluster, apiserver, version))
             await asyncio.sleep(rng.uniform(0.05, 0.4))
         # Settle: every cluster agrees on v2, so each ends with one migration to run.
         for cluster in CLUSTERS:
             for apiserver in APISERVERS:
-                await producer.send(
-                    StorageVersionReported(
-                        _meta(cluster, apiserver),
-                        apiserver,
-                        "",
-                        "pods",
-                        "Pod",
-                        "v2",
-                        ("v1", "v2"),
-                        ("v1", "v2"),
-                    )
-                )
+                await producer.send(_report(cluster, apiserver, "v2"))
 
 
 @pytest.mark.slow

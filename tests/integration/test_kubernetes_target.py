@@ -20,7 +20,6 @@ import ssl
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,8 @@ from consumers.kubernetes import (
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
 from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
-from projections.state import Migration
 from svledger.cli import main
+from tests.unit.test_worker import StepClock, migration
 
 TOKEN = "token-1"
 OLD, NEW = "v1beta1", "v1"  # encoding versions: as found, and the server's storage version
@@ -557,21 +556,6 @@ async def test_a_certificate_that_does_not_verify_says_to_give_the_ca(
 
 # --- a whole migration -----------------------------------------------------------------
 
-START = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-class StepClock:
-    """Time that moves exactly by what is slept; remembers every sleep."""
-
-    def __init__(self) -> None:
-        self.slept: list[float] = []
-
-    def now(self) -> datetime:
-        return START + timedelta(seconds=sum(self.slept))
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-
 
 async def test_the_worker_migrates_every_object_through_the_api(
     apiserver: FakeApiserver, target: KubernetesTarget
@@ -590,7 +574,7 @@ async def test_the_worker_migrates_every_object_through_the_api(
         events.extend(batch)
 
     await migrate(
-        _migration(),
+        migration(),
         target,
         append=append,
         cancelled=lambda: False,
@@ -615,26 +599,6 @@ async def test_the_worker_migrates_every_object_through_the_api(
         before[key]["metadata"].pop("resourceVersion")
         assert unchanged == before[key]
     assert sorted(clock.slept) == [0.0, 3.0]  # the conflict re-reads at once; 429 waits
-
-
-def _migration() -> Migration:
-    return Migration(
-        cluster="east",
-        migration_id="m-1",
-        group="apps",
-        resource="deployments",
-        target_version=NEW,
-        target_hash="h",
-        storage_version_revision="0:1",
-        phase="Pending",
-        objects_migrated=0,
-        continue_token=None,
-        reason=None,
-        message=None,
-        requested_at=START,
-        updated_at=START,
-        revision="0:2",
-    )
 
 
 # --- the command -------------------------------------------------------------------------
