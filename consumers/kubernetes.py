@@ -62,6 +62,7 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
+from ledger.events import group_resource_string
 
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -171,7 +172,7 @@ class KubernetesTarget:
                 if token and token != continue_token:
                     continue_token = token  # resume past compaction; see the module docstring
                     continue
-            self._check(response, "list", path, _name(group, resource))
+            self._check(response, "list", path, group_resource_string(group, resource))
             body = _json(response.body, self._url(path))
             refs = tuple(
                 ObjectRef(item["metadata"].get("namespace"), item["metadata"]["name"])
@@ -187,7 +188,7 @@ class KubernetesTarget:
         if ref.namespace is not None:
             path += f"/namespaces/{_quote(ref.namespace)}"
         path += f"/{resource}/{_quote(ref.name)}"
-        what = f"{_name(group, resource)} {ref.name!r}" + (
+        what = f"{group_resource_string(group, resource)} {ref.name!r}" + (
             f" in namespace {ref.namespace!r}" if ref.namespace is not None else ""
         )
         response = await self._request("GET", path)
@@ -217,7 +218,8 @@ class KubernetesTarget:
             if any(r.get("name") == resource for r in listing.get("resources") or ()):
                 return str(version)
         raise NotFound(
-            f"the API server at {self.server} serves no resource {_name(group, resource)!r} "
+            f"the API server at {self.server} serves no resource "
+            f"{group_resource_string(group, resource)!r} "
             f"(versions asked: {', '.join(versions) or 'none'}); check the resource name"
         )
 
@@ -356,10 +358,6 @@ def _tls_context(ca_file: str | os.PathLike[str] | None, insecure: bool) -> ssl.
 
 def _group_path(group: str, version: str) -> str:
     return f"/apis/{_quote(group)}/{_quote(version)}" if group else f"/api/{_quote(version)}"
-
-
-def _name(group: str, resource: str) -> str:
-    return f"{resource}.{group}" if group else resource
 
 
 def _quote(segment: str) -> str:
