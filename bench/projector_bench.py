@@ -8,7 +8,9 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
   empty database to the end of the topic;
 * ``replay_postgresql``: ``svledger replay`` of the whole topic into a fresh database;
 
-each with events/s and the process's RSS before and after. Prints one JSON object.
+each with events/s and the process's RSS before and after; for the projector also
+its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
+log is in: flat, or growing with the log. Prints one JSON object.
 
 Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
 ``deploy/kafka/broker.py``. PostgreSQL: ``SVLEDGER_BENCH_DATABASE_URL`` (a server
@@ -183,6 +185,18 @@ def _rss_mib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _writer_rss_mib() -> float:
+    """The RSS of this process's writer processes (0 if none is running)."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            command = (status.parent / "cmdline").read_bytes()
+            if int(fields["PPid"]) == os.getpid() and b"projections.writer" in command:
+                total += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total / 1024
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -222,6 +236,9 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     upgrade(db_url)
     db = engine(db_url)
     rss = _rss_mib()
+    total = sum(end.values())
+    quarters: list[float] = []  # RSS as each quarter of the log is in: flat or not
+    writer_quarters: list[float] = []
     stop = asyncio.Event()
     projector = Projector(settings, db_url, group=False, log_interval=3600)
     started = time.perf_counter()
@@ -229,8 +246,12 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     while True:
         await asyncio.sleep(0.2)
         with db.connect() as connection:
-            if load_checkpoints(connection, settings.topic, projector.projection) == end:
-                break
+            reached = load_checkpoints(connection, settings.topic, projector.projection)
+        while len(quarters) < 4 and sum(reached.values()) >= total * (len(quarters) + 1) / 4:
+            quarters.append(round(_rss_mib(), 1))
+            writer_quarters.append(round(_writer_rss_mib(), 1))
+        if reached == end:
+            break
         if task.done():
             task.result()
     seconds = time.perf_counter() - started
@@ -239,6 +260,8 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     db.dispose()
     return {
         **_result(projector.metrics.events_folded, seconds, rss),
+        "rss_mib_by_quarter": quarters,
+        "writer_rss_mib_by_quarter": writer_quarters,
         "batches": projector.metrics.batches,
     }
 

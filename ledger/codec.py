@@ -173,6 +173,18 @@ class Codec:
     def decode(self, data: bytes) -> Event:
         """The event in ``data``, upcast from its writer schema to the current class."""
         writer = self._writer_of(data)
+        return typing.cast(Event, writer.shape.from_avro(self._read(writer, data)))
+
+    def read_record(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """The event type name and Avro record in ``data``, as the current schema reads it.
+
+        The record is what :meth:`decode` makes the event of: field for field, nested
+        ``meta`` as a dict, times as timezone-aware UTC datetimes, arrays as lists.
+        """
+        writer = self._writer_of(data)
+        return writer.type_name, self._read(writer, data)
+
+    def _read(self, writer: _Writer, data: bytes) -> dict[str, Any]:
         stream = io.BytesIO(data)
         stream.seek(HEADER_SIZE)
         try:
@@ -187,7 +199,7 @@ class Codec:
                 f"{writer.type_name} record ({len(data)} bytes, schema v{writer.version}) "
                 f"is corrupt: {len(data) - stream.tell()} bytes left over after the event"
             )
-        return typing.cast(Event, writer.shape.from_avro(typing.cast(dict[str, Any], record)))
+        return typing.cast(dict[str, Any], record)
 
     def type_of(self, data: bytes) -> str:
         """The event type name of an encoded record, from its header alone."""
@@ -229,6 +241,11 @@ def encode(event: Event) -> bytes:
 def decode(data: bytes) -> Event:
     """:meth:`Codec.decode` with the packaged schemas."""
     return default_codec().decode(data)
+
+
+def read_record(data: bytes) -> tuple[str, dict[str, Any]]:
+    """:meth:`Codec.read_record` with the packaged schemas."""
+    return default_codec().read_record(data)
 
 
 def type_of(data: bytes) -> str:

@@ -281,10 +281,11 @@ def ledger_consumer(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Record:
-    """A decoded event with where it sits in the log."""
+    """A decoded event with where it sits in the log, and its encoding as logged."""
 
     position: Position
     event: Event
+    value: bytes
 
 
 class EventConsumer:
@@ -483,7 +484,7 @@ def _decode(message: Any) -> Record | str:
     cluster = event.meta.cluster
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
-    return Record(Position(message.partition, message.offset), event)
+    return Record(Position(message.partition, message.offset), event, message.value)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -118,12 +118,16 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
 }
 
 
-def apply(state: State, event: Event, position: Position) -> Changes:
+def apply(
+    state: State, event: Event, position: Position, changes: Changes | None = None
+) -> Changes:
     """Fold one event into ``state`` in place; return the keys of the rows it changed.
 
     A key in the result that is missing from ``state`` afterwards names a deleted row.
+    With ``changes`` (a batch's so far), the keys are added to it and it is returned.
     """
-    changes = Changes()
+    if changes is None:
+        changes = Changes()
     revision = str(position)
     match event:
         case ApiserverHeartbeat():

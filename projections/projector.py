@@ -1,12 +1,12 @@
 """The projector: folds the log into the SQL views, exactly once, for ever.
 
-Correctness rests on one step, :func:`commit_batch`, shared with replay: the
-records past the checkpoint are folded in memory (:func:`fold_batch`), then a
-single transaction (:func:`commit`) locks the SQL checkpoint of every partition in
-the batch, checks it is the one the fold started from, and writes the
-``ledger_events`` rows, the view rows the batch changed and the new checkpoint
-(:func:`projections.store.write`). The database, never Kafka's committed offsets,
-says how far the views are. So:
+Correctness rests on one step, shared with replay: the records past the checkpoint
+are folded in memory (:func:`fold_batch`) into a :class:`~projections.store.Batch`
+of rows, then a single transaction (:func:`projections.store.commit`) locks the SQL
+checkpoint of every partition in the batch, checks it is the one the fold started
+from, and writes the ``ledger_events`` rows, the view rows the batch changed and
+the new checkpoint. The database, never Kafka's committed offsets, says how far
+the views are. So:
 
 * A crash (even ``kill -9``) anywhere loses nothing and applies nothing twice: an
   uncommitted batch leaves no trace and is read again from the checkpoint.
@@ -14,9 +14,9 @@ says how far the views are. So:
 * The in-memory :class:`Projection` (fold state and the offset it expects next per
   partition) must be exactly what the database holds. If the database's checkpoint
   differs (another projector wrote the partition in between, e.g. after a rebalance
-  it did not see in time) the batch is refused with :class:`StaleProjection`; if
-  ``ledger_events`` already has a position, the insert fails on its key. Either
-  way, and after any failed transaction (the fold mutated the state in place), the
+  it did not see in time), or ``ledger_events`` already has one of the batch's
+  positions, the batch is refused with :class:`~projections.store.StaleProjection`.
+  Then, and after any failed transaction (the fold mutated the state in place), the
   projector reloads state and checkpoints from SQL and seeks back to them.
 
 The :class:`Projector` is the shell around it. It joins a consumer group per
@@ -27,15 +27,17 @@ the state is reloaded from SQL before the next batch. Batches are whatever one
 poll returns, up to ``max_batch`` records: thousands while catching up, a handful
 when live.
 
-Throughput comes from a pipeline of depth one: while a batch is written, by one
-writer thread, the event loop fetches, decodes and folds the next, and starts
-writing it only once the previous one has committed. Batches therefore commit one
-at a time, in log order, and the state is never more than one batch ahead of the
-database. If a write fails, the batch folded on top of it is dropped with it. A
-rebalance may now happen while a batch is being written; it needs no care: the
-batch's transaction still checks and locks its checkpoints, a new owner of the
-partition that read the checkpoint too early is refused and reloads, and this
-projector finishes the write before it reloads for its new assignment.
+Throughput comes from a pipeline of depth one: while a batch is written, by the
+writer process (:mod:`projections.writer`: writing then runs on a core of its own
+instead of waiting for the fold's interpreter lock), the event loop fetches,
+decodes and folds the next, and starts writing it only once the previous one has
+committed. Batches therefore commit one at a time, in log order, and the state is
+never more than one batch ahead of the database. If a write fails, the batch
+folded on top of it is dropped with it. A rebalance may now happen while a batch
+is being written; it needs no care: the batch's transaction still checks and
+locks its checkpoints, a new owner of the partition that read the checkpoint too
+early is refused and reloads, and this projector finishes the write before it
+reloads for its new assignment.
 
 Outages do not stop it: an unreachable broker or database is logged (naming which
 one), and retried with exponential backoff; the batch in hand is dropped and read
@@ -50,23 +52,22 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from aiokafka.errors import KafkaError
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger.kafka import BrokerUnavailable, EventConsumer, Record
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
 from projections.fold import apply, subject
-from projections.schema import projection_checkpoints
 from projections.state import Changes, State
-from projections.store import load_checkpoints, load_state
+from projections.store import StaleProjection, load_checkpoints, load_state
+from projections.writer import BatchWriter, WriterLost
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,6 @@ BACKOFF_MAX_SECONDS: Final = 30.0
 
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 _BROKER_DOWN: Final = (BrokerUnavailable, KafkaError)
-
-
-class StaleProjection(Exception):
-    """The database's checkpoint is not where this projector's state says it is."""
 
 
 @dataclasses.dataclass
@@ -108,92 +105,36 @@ class BatchResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FoldedBatch:
-    """A batch folded in memory, not yet committed."""
+    """A batch folded in memory, not yet committed (:func:`projections.store.commit`)."""
 
     batch: store.Batch
-    partitions: frozenset[int]
-    expected: dict[int, int]  # the checkpoint the database must be at, of those partitions
     result: BatchResult
 
 
 def fold_batch(projection: Projection, records: Sequence[Record]) -> FoldedBatch:
-    """Fold the records past ``projection``'s offsets into it; :func:`commit` writes them.
+    """Fold the records past ``projection``'s offsets into it, as a batch to commit.
 
     ``projection`` moves past the batch at once, so the next batch can be folded
     while this one is written; if the write fails, reload it (:meth:`Projection.load`).
     """
     next_offsets = projection.next_offsets
-    partitions = frozenset(record.position.partition for record in records)
-    expected = {p: next_offsets[p] for p in partitions if p in next_offsets}
+    start_offsets = dict(next_offsets)
+    state = projection.state
     changes = Changes()
-    folded = []
+    folded: list[store.LoggedEvent] = []
     for record in records:
-        position = record.position
-        if position.offset < next_offsets.get(position.partition, 0):
+        partition, offset = record.position
+        if offset < next_offsets.get(partition, 0):
             continue
-        changes.merge(apply(projection.state, record.event, position))
-        folded.append((record.event, position, subject(record.event)))
-        next_offsets[position.partition] = position.offset + 1
+        apply(state, record.event, record.position, changes)
+        folded.append((record.value, partition, offset, subject(record.event)))
+        next_offsets[partition] = offset + 1
+    batch = store.Batch.of(
+        projection.state, changes, folded, projection.topic, projection.name, start_offsets
+    )
     return FoldedBatch(
-        store.Batch.of(projection.state, changes, folded, projection.topic, projection.name),
-        partitions,
-        expected,
-        BatchResult(len(folded), len(changes.rejections), len(records) - len(folded)),
+        batch, BatchResult(len(folded), len(changes.rejections), len(records) - len(folded))
     )
-
-
-def commit(db: Engine, folded: FoldedBatch) -> None:
-    """Write a folded batch and its checkpoint in one transaction.
-
-    Raises :class:`StaleProjection`, writing nothing, unless the database's checkpoint
-    is the one the fold started from.
-    """
-    batch = folded.batch
-    if not batch.folded:
-        return
-    with db.begin() as connection:
-        committed = _locked_checkpoints(connection, batch, folded.partitions)
-        if committed != folded.expected:
-            raise StaleProjection(
-                f"projection {batch.projection!r} of topic {batch.topic!r} is at"
-                f" {_offsets(committed)} in the database, not {_offsets(folded.expected)} as"
-                " this projector's state; another projector wrote it meanwhile"
-            )
-        store.write(connection, batch)
-
-
-def commit_batch(db: Engine, projection: Projection, records: Sequence[Record]) -> BatchResult:
-    """Fold the records past the checkpoint into ``projection`` and commit them, atomically.
-
-    On any exception nothing is committed but ``projection`` may be ahead of the
-    database: the caller must reload it (:meth:`Projection.load`).
-    """
-    folded = fold_batch(projection, records)
-    commit(db, folded)
-    return folded.result
-
-
-def _locked_checkpoints(
-    connection: Connection, batch: store.Batch, partitions: Collection[int]
-) -> dict[int, int]:
-    # FOR UPDATE makes a concurrent writer of the same partitions wait for this
-    # transaction and then see its checkpoint (SQLite writers are serialized anyway).
-    table = projection_checkpoints
-    rows = connection.execute(
-        select(table.c.log_partition, table.c.next_offset)
-        .where(
-            table.c.projection == batch.projection,
-            table.c.topic == batch.topic,
-            table.c.log_partition.in_(sorted(partitions)),
-        )
-        .with_for_update()
-    )
-    return {partition: offset for partition, offset in rows}
-
-
-def _offsets(offsets: Mapping[int, int]) -> str:
-    shown = ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
-    return f"{{{shown}}}" if shown else "the beginning"
 
 
 @dataclasses.dataclass
@@ -258,14 +199,14 @@ class Projector:
         self._state: Projection | None = None
         self._reassigned = False
         self._backoff = _Backoff()
-        self._writer: ThreadPoolExecutor  # one thread, made by run(): writes batches in turn
+        self._writer = BatchWriter(db_url)  # commits batches in turn, in its own process
         self._writing: asyncio.Future[None] | None = None  # the batch being written
         self._written = BatchResult(0, 0, 0)  # and what it holds
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="svledger-projector") as self._writer:
+            async with self._writer:
                 while not stop.is_set():
                     try:
                         await self._session(stop)
@@ -361,7 +302,7 @@ class Projector:
             with self._db.connect() as connection:
                 checkpoints = load_checkpoints(connection, self.settings.topic, self.projection)
         except _DATABASE_DOWN as error:
-            # The partitions then start at the beginning; commit_batch skips what the
+            # The partitions then start at the beginning; fold_batch skips what the
             # views already hold, so this costs time, not correctness.
             log.warning(
                 "cannot read checkpoints for partitions %s from the database: %s",
@@ -393,9 +334,7 @@ class Projector:
             # Folded on top of a batch that did not commit: dropped, read again.
             await self._recover(consumer, stop)
             return
-        self._writing = asyncio.get_running_loop().run_in_executor(
-            self._writer, commit, self._db, folded
-        )
+        self._writing = asyncio.ensure_future(self._writer.commit(folded.batch))
         self._written = folded.result
 
     async def _settle(self, stop: asyncio.Event) -> bool:
@@ -405,11 +344,11 @@ class Projector:
         writing, result, self._writing = self._writing, self._written, None
         try:
             await writing
-        except (StaleProjection, IntegrityError) as conflict:
+        except (StaleProjection, WriterLost) as failure:
             log.warning(
-                "batch of %d events refused, reloading from the database: %s",
+                "batch of %d events not committed, reloading from the database: %s",
                 result.folded,
-                conflict,
+                failure,
                 extra={"projection": self.projection},
             )
         except _DATABASE_DOWN as error:

@@ -1,10 +1,11 @@
 """Replay: rebuild every view from the log, into a fresh database or on from a snapshot.
 
 ``svledger replay --db URL`` reads the topic from the beginning to the end it has
-when the replay starts and folds it with the projector's own step
-(:func:`projections.projector.commit_batch`), so a replayed database is what the
-projector would have written, row for row, checkpoints included: a projector
-pointed at it afterwards carries on from where the replay stopped.
+when the replay starts and folds it with the projector's own steps
+(:func:`projections.projector.fold_batch`, then :func:`projections.store.commit` in
+the writer process, overlapping the fold of the next batch), so a replayed database
+is what the projector would have written, row for row, checkpoints included: a
+projector pointed at it afterwards carries on from where the replay stopped.
 
 * ``until``: an offset (replay each partition up to and including it) or a time
   (each partition stops at its first event that occurred after it); the views then
@@ -23,6 +24,7 @@ seconds.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import sys
@@ -39,8 +41,9 @@ from sqlalchemy import Engine, exists, select
 from ledger.kafka import EventConsumer, Record, TopicMissing, connect
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
-from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, commit_batch
+from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, fold_batch
 from projections.schema import ledger_events, projection_checkpoints
+from projections.writer import BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +102,8 @@ async def replay(
     db = engine(db_url)
     try:
         projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
-        return await _replay(settings, db, projection, until, cluster, progress, max_batch)
+        async with BatchWriter(db_url) as writer:
+            return await _replay(settings, writer, projection, until, cluster, progress, max_batch)
     finally:
         db.dispose()
 
@@ -135,7 +139,7 @@ def _starting_point(
 
 async def _replay(
     settings: KafkaSettings,
-    db: Engine,
+    writer: BatchWriter,
     projection: Projection,
     until: Until,
     cluster: str | None,
@@ -159,6 +163,7 @@ async def _replay(
     )
     open_partitions = {p for p in wanted if reached[p] < limits[p]}
     events = rejected = 0
+    writing: asyncio.Future[None] | None = None  # the batch being committed
     if open_partitions:
         async with EventConsumer(
             settings,
@@ -180,12 +185,17 @@ async def _replay(
                     if cluster is None or record.event.meta.cluster == cluster:
                         kept.append(record)
                 if kept:
-                    result = commit_batch(db, projection, kept)
-                    events += result.folded
-                    rejected += result.rejected
+                    folded = fold_batch(projection, kept)
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(writer.commit(folded.batch))
+                    events += folded.result.folded
+                    rejected += folded.result.rejected
                 bar.update(_done(reached, limits, starts), events)
                 if not open_partitions:
                     break
+    if writing is not None:
+        await writing
     bar.finish(bar.total, events)
     return ReplayResult(events, rejected, time.monotonic() - started, dict(projection.next_offsets))
 

@@ -1,9 +1,11 @@
 """Moving the fold's state in and out of the SQL views.
 
-:func:`write` is the projector's one write per batch: the batch's events into
-``ledger_events`` (and ``rejected_events``), exactly the view rows the batch
-changed, and the checkpoint, all on the caller's connection inside the caller's
-transaction. The events go first: their key is the log position, so a batch that
+:func:`commit` is the projector's one transaction per batch. It locks the SQL
+checkpoint of every partition in the batch and checks it is the one the batch was
+folded from (else :class:`StaleProjection`: another projector wrote meanwhile),
+then :func:`write` puts the batch's events into ``ledger_events`` (and
+``rejected_events``), exactly the view rows the batch changed, and the new
+checkpoint. The events go first: their key is the log position, so a batch that
 was already written fails on its first statement and the caller's rollback leaves
 the database as it was. The checkpoint commits with the rows it accounts for, so a
 crash anywhere either keeps both or loses both, and the projector resumes from the
@@ -24,19 +26,36 @@ canonical order so two databases can be compared row for row.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import operator
 import typing
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from datetime import datetime
+from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Select, Table, and_, bindparam, delete, insert, select
+from psycopg.types.json import set_json_dumps
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Engine,
+    Insert,
+    Select,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from ledger.events import EVENT_TYPES, Event, Position, type_name
+from ledger.codec import read_record
+from ledger.events import EVENT_TYPES, Position
 from projections.schema import (
     apiserver_leases,
     ledger_events,
@@ -76,49 +95,111 @@ Key = TypeVar("Key", bound=tuple[str, ...])
 Row = TypeVar("Row")
 
 
+# A folded event as a batch carries it: its record value (the encoding the log
+# holds), log partition and offset, and subject (what it is about: a resource name,
+# an apiserver ID). A plain tuple, because batches are pickled and it pickles fastest.
+LoggedEvent: TypeAlias = tuple[bytes, int, int, str]
+
+
+class StaleProjection(Exception):
+    """The database's checkpoint is not the one a batch was folded from."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Batch:
     """One folded batch, as :func:`write` puts it in the database.
 
-    It holds the view rows the batch changed (``None`` for a row the batch deleted),
-    taken from the state right after the batch. The rows are immutable, so a batch
-    can be written while the fold goes on with the next one.
+    Its events as the log holds them (each record's value, position and subject),
+    the view rows the batch changed (``None`` for a row it deleted), and the
+    checkpoints it moves from and to. Nothing in it refers to the live state, so a
+    batch can be written while the fold goes on with the next one, and it pickles
+    cheaply for the writer process (:mod:`projections.writer`), which makes the
+    ``ledger_events`` rows from the record values: the log's own bytes are the
+    cheapest form of an event to hand over.
     """
 
     topic: str
     projection: str
-    folded: Sequence[tuple[Event, Position, str]]
+    events: Sequence[LoggedEvent]
     rejections: Sequence[Rejection]
     leases: Mapping[LeaseKey, Lease | None]
     storage_versions: Mapping[ResourceKey, StorageVersion | None]
     storage_states: Mapping[ResourceKey, StorageState | None]
     migrations: Mapping[MigrationKey, Migration | None]
+    # Per partition with events in the batch: the checkpoint the database must hold
+    # before it (absent: none yet), and the one it holds after.
+    start_offsets: Mapping[int, int]
+    next_offsets: Mapping[int, int]
 
     @classmethod
     def of(
         cls,
         state: State,
         changes: Changes,
-        folded: Sequence[tuple[Event, Position, str]],
+        events: Sequence[LoggedEvent],
         topic: str,
         projection: str,
+        start_offsets: Mapping[int, int] | None = None,
     ) -> Batch:
-        """The batch whose events are ``folded``, ``state`` and ``changes`` being after it.
+        """The batch of ``events``, ``state`` and ``changes`` being after it.
 
-        ``folded`` is each event with its log position and subject (what it is about:
-        a resource name, an apiserver ID); ``changes`` are the merged changes of its
-        events.
+        ``events`` are the folded events in log order; ``changes`` are their merged
+        changes; ``start_offsets`` the checkpoint the fold started from.
         """
+        next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
+        starts = start_offsets or {}
         return cls(
             topic,
             projection,
-            folded,
+            events,
             tuple(changes.rejections),
             _rows(changes.leases, state.leases),
             _rows(changes.storage_versions, state.storage_versions),
             _rows(changes.storage_states, state.storage_states),
             _rows(changes.migrations, state.migrations),
+            {p: starts[p] for p in next_offsets if p in starts},
+            next_offsets,
         )
+
+
+def commit(db: Engine, batch: Batch) -> None:
+    """Write ``batch`` and its checkpoint in one transaction, if the database is where it starts.
+
+    Raises :class:`StaleProjection`, writing nothing, unless the database's checkpoint
+    of every partition in the batch is the batch's ``start_offsets``.
+    """
+    if not batch.events:
+        return
+    with db.begin() as connection:
+        committed = _locked_checkpoints(connection, batch)
+        if committed != batch.start_offsets:
+            raise StaleProjection(
+                f"projection {batch.projection!r} of topic {batch.topic!r} is at"
+                f" {_offsets(committed)} in the database, not {_offsets(batch.start_offsets)}"
+                " as this projector's state; another projector wrote it meanwhile"
+            )
+        write(connection, batch)
+
+
+def _locked_checkpoints(connection: Connection, batch: Batch) -> dict[int, int]:
+    # FOR UPDATE makes a concurrent writer of the same partitions wait for this
+    # transaction and then see its checkpoint (SQLite writers are serialized anyway).
+    table = projection_checkpoints
+    rows = connection.execute(
+        select(table.c.log_partition, table.c.next_offset)
+        .where(
+            table.c.projection == batch.projection,
+            table.c.topic == batch.topic,
+            table.c.log_partition.in_(sorted(batch.next_offsets)),
+        )
+        .with_for_update()
+    )
+    return {partition: offset for partition, offset in rows}
+
+
+def _offsets(offsets: Mapping[int, int]) -> str:
+    shown = ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
+    return f"{{{shown}}}" if shown else "the beginning"
 
 
 def write(connection: Connection, batch: Batch) -> None:
@@ -127,37 +208,49 @@ def write(connection: Connection, batch: Batch) -> None:
     Runs in the caller's transaction and raises
     :class:`sqlalchemy.exc.IntegrityError` if any event was written before.
     """
-    if not batch.folded:
+    if not batch.events:
         return
     topic = batch.topic
     rejected = {Position.parse(rejection.revision): rejection for rejection in batch.rejections}
-    _insert_rows(
-        connection,
-        ledger_events,
-        [
-            _ledger_row(event, position, subject, topic, position in rejected)
-            for event, position, subject in batch.folded
-        ],
-    )
-    occurred = {position: event.meta.occurred_at for event, position, _ in batch.folded}
-    _insert_rows(
-        connection,
-        rejected_events,
-        [
+    events = []
+    rejected_rows = []
+    for value, partition, offset, subject in batch.events:
+        type_name, record = read_record(value)
+        meta = record["meta"]
+        rejection = rejected.get(Position(partition, offset))
+        events.append(
             (
                 topic,
-                position.partition,
-                position.offset,
-                rejection.cluster,
-                rejection.event_id,
-                rejection.event_type,
-                rejection.subject,
-                occurred[position],
-                rejection.reason,
+                partition,
+                offset,
+                meta["cluster"],
+                meta["event_id"],
+                type_name,
+                subject,
+                meta["occurred_at"],
+                meta["source"],
+                meta["causation_id"],
+                meta["correlation_id"],
+                _payload(type_name, record),
+                "applied" if rejection is None else "rejected",
             )
-            for position, rejection in rejected.items()
-        ],
-    )
+        )
+        if rejection is not None:
+            rejected_rows.append(
+                (
+                    topic,
+                    partition,
+                    offset,
+                    rejection.cluster,
+                    rejection.event_id,
+                    rejection.event_type,
+                    rejection.subject,
+                    meta["occurred_at"],
+                    rejection.reason,
+                )
+            )
+    _insert_rows(connection, ledger_events, events)
+    _insert_rows(connection, rejected_events, rejected_rows)
 
     _sync(connection, apiserver_leases, batch.leases, _values(apiserver_leases))
     # A StorageVersion's entries are replaced as a whole: the changed resources'
@@ -181,23 +274,17 @@ def write(connection: Connection, batch: Batch) -> None:
         batch.migrations,
         _values(storage_version_migrations),
     )
-
-    next_offsets: dict[int, int] = {}
-    for _, position, _ in batch.folded:
-        next_offsets[position.partition] = max(
-            next_offsets.get(position.partition, 0), position.offset + 1
-        )
     _upsert(
         connection,
         projection_checkpoints,
         [
             {
                 "projection": batch.projection,
-                "topic": topic,
+                "topic": batch.topic,
                 "log_partition": p,
                 "next_offset": n,
             }
-            for p, n in sorted(next_offsets.items())
+            for p, n in sorted(batch.next_offsets.items())
         ],
     )
 
@@ -289,43 +376,21 @@ def views_snapshot(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
     return snapshot
 
 
-def _ledger_row(
-    event: Event, position: Position, subject: str, topic: str, rejected: bool
-) -> tuple[Any, ...]:
-    """The ``ledger_events`` row of one event, values in the table's column order."""
-    meta = event.meta
-    names, times = _PAYLOAD_FIELDS[type(event)]
-    payload = {name: getattr(event, name) for name in names}
-    for name in times:
+def _payload(type_name: str, record: dict[str, Any]) -> str:
+    """The JSON text of an event's payload: its Avro record but ``meta``, times in ISO 8601."""
+    payload = {name: value for name, value in record.items() if name != "meta"}
+    for name in _TIME_FIELDS[type_name]:
         if payload[name] is not None:
-            payload[name] = payload[name].astimezone(UTC).isoformat()
-    return (
-        topic,
-        position.partition,
-        position.offset,
-        meta.cluster,
-        meta.event_id,
-        type_name(event),
-        subject,
-        meta.occurred_at,
-        meta.source,
-        meta.causation_id,
-        meta.correlation_id,
-        payload,
-        "rejected" if rejected else "applied",
-    )
+            payload[name] = payload[name].isoformat()
+    return _JSON.encode(payload)
 
 
-def _payload_fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """An event class's payload fields (all but ``meta``) and those of them that are times.
-
-    Times become ISO 8601 strings in the JSON payload; tuples need nothing, JSON
-    writes them as arrays.
-    """
+def _time_fields(cls: type[Any]) -> tuple[str, ...]:
     hints = typing.get_type_hints(cls)
-    names = tuple(field.name for field in dataclasses.fields(cls) if field.name != "meta")
-    return names, tuple(
-        name for name in names if datetime in (hints[name], *typing.get_args(hints[name]))
+    return tuple(
+        field.name
+        for field in dataclasses.fields(cls)
+        if datetime in (hints[field.name], *typing.get_args(hints[field.name]))
     )
 
 
@@ -354,8 +419,8 @@ def _entry_row(storage_version: StorageVersion, entry: ServerStorageVersion) -> 
         storage_version.resource,
         entry.apiserver_id,
         entry.encoding_version,
-        list(entry.decodable_versions),
-        list(entry.served_versions),
+        _JSON.encode(entry.decodable_versions),
+        _JSON.encode(entry.served_versions),
     )
 
 
@@ -444,10 +509,11 @@ def _upsert(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]
 def _insert_rows(connection: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert ``rows``, each with a value per column of ``table`` in column order.
 
-    On PostgreSQL by binary ``COPY``: one statement streams the whole batch, where an
-    executemany costs a statement per row, and the server parses no text. A row
-    already present fails the COPY on the primary key exactly as an INSERT would;
-    the driver's error is raised as SQLAlchemy's
+    JSON columns come as JSON text, encoded once where the row was built. On
+    PostgreSQL the rows go by binary ``COPY``: one statement streams the whole
+    batch, where an executemany costs a statement per row, and the server parses
+    no text. A row already present fails the COPY on the primary key exactly as an
+    INSERT would; the driver's error is raised as SQLAlchemy's
     (:class:`sqlalchemy.exc.IntegrityError` for that case), so callers handle both
     backends alike.
     """
@@ -455,11 +521,16 @@ def _insert_rows(connection: Connection, table: Table, rows: Sequence[tuple[Any,
         return
     if connection.dialect.name != "postgresql":
         names = table.columns.keys()
-        connection.execute(insert(table), [dict(zip(names, row, strict=True)) for row in rows])
+        connection.execute(
+            _insert_json_as_text(table), [dict(zip(names, row, strict=True)) for row in rows]
+        )
         return
     statement = f"COPY {table.name} ({', '.join(table.columns.keys())}) FROM STDIN (FORMAT BINARY)"
     types = [column.type.compile(dialect=connection.dialect).lower() for column in table.columns]
-    cursor = connection.connection.cursor()
+    driver = typing.cast(psycopg.Connection[Any], connection.connection.driver_connection)
+    cursor = driver.cursor()
+    # The JSON is already text: the cursor's JSON "dumps" passes it through.
+    set_json_dumps(_as_is, cursor)
     try:
         with cursor.copy(statement) as copy:
             copy.set_types(types)
@@ -473,7 +544,25 @@ def _insert_rows(connection: Connection, table: Table, rows: Sequence[tuple[Any,
         cursor.close()
 
 
-_PAYLOAD_FIELDS: Final = {cls: _payload_fields(cls) for cls in EVENT_TYPES.values()}
+def _as_is(text: str) -> str:
+    return text
+
+
+@functools.cache
+def _insert_json_as_text(table: Table) -> Insert:
+    """An INSERT into ``table`` that takes its JSON columns' values as JSON text."""
+    return insert(table).values(
+        {
+            column.name: bindparam(
+                column.name, type_=Text() if isinstance(column.type, JSON) else column.type
+            )
+            for column in table.columns
+        }
+    )
+
+
+_JSON: Final = json.JSONEncoder(separators=(",", ":"))
+_TIME_FIELDS: Final = {name: _time_fields(cls) for name, cls in EVENT_TYPES.items()}
 
 _INSERTS: Final[dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]]] = {
     "postgresql": postgresql.insert,

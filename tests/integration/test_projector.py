@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from sqlalchemy import Engine, create_engine, delete, func, select, text
 
 from bench.projector_bench import mixed_events
+from ledger.codec import encode
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -26,12 +27,12 @@ from ledger.events import (
     Position,
     StorageVersionReported,
 )
-from ledger.kafka import EventProducer, create_topics
+from ledger.kafka import EventProducer, Record, create_topics
 from ledger.settings import KafkaSettings
-from projections import database, fold, store
-from projections.projector import Projector
+from projections import database, store
+from projections.projector import Projection, Projector, fold_batch
 from projections.schema import ledger_events, metadata, rejected_events
-from projections.state import Changes, State
+from projections.state import State
 from tests.histories import histories
 
 # Guards against a hung broker or projector, not measurements.
@@ -55,14 +56,12 @@ def reference_snapshot(
 ) -> dict[str, list[tuple[object, ...]]]:
     """Views of ``records`` folded in memory and written as one batch (clears ``db`` first)."""
     clear(db)
-    state = State()
-    changes = Changes()
-    folded = []
-    for event, position in records:
-        changes.merge(fold.apply(state, event, position))
-        folded.append((event, position, fold.subject(event)))
+    folded = fold_batch(
+        Projection("views", topic, State(), {}),
+        [Record(position, event, encode(event)) for event, position in records],
+    )
     with db.begin() as connection:
-        store.write(connection, store.Batch.of(state, changes, folded, topic, "views"))
+        store.write(connection, folded.batch)
     return snapshot(db)
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, delete
 from sqlalchemy.exc import IntegrityError, StatementError
 
+from ledger.codec import encode
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -26,7 +27,9 @@ from ledger.events import (
     Position,
     StorageVersionReported,
 )
+from ledger.kafka import Record
 from projections import database, fold, store
+from projections.projector import Projection, fold_batch
 from projections.schema import metadata
 from projections.state import Changes, State
 from tests.histories import histories
@@ -50,13 +53,12 @@ def write(
     db: Engine, state: State, records: Sequence[tuple[Event, Position]], topic: str = TOPIC
 ) -> None:
     """Fold ``records`` into ``state`` and write them as one batch, as the projector does."""
-    changes = Changes()
-    folded = []
-    for event, position in records:
-        changes.merge(fold.apply(state, event, position))
-        folded.append((event, position, fold.subject(event)))
+    folded = fold_batch(
+        Projection(PROJECTION, topic, state, {}),
+        [Record(position, event, encode(event)) for event, position in records],
+    )
     with db.begin() as connection:
-        store.write(connection, store.Batch.of(state, changes, folded, topic, PROJECTION))
+        store.write(connection, folded.batch)
 
 
 def _only(rows: Mapping[K, V], key: K) -> dict[K, V]:
@@ -166,9 +168,9 @@ def test_a_batch_overlapping_written_events_is_refused_whole(db: Engine) -> None
         state = store.load_state(connection)
 
     overlapping = [
+        first[1],
         heartbeat("apiserver-b", 2, START + timedelta(seconds=1)),
         report("apiserver-b", 3, START + timedelta(seconds=2), "v2"),
-        first[1],
     ]
     with pytest.raises(IntegrityError):
         write(db, state, overlapping)
@@ -202,9 +204,14 @@ def test_times_come_back_as_the_same_instant_in_utc(db: Engine) -> None:
 
 
 def test_naive_times_are_refused(db: Engine) -> None:
-    naive = datetime(2024, 5, 1, 12, 0)
+    # The codec already refuses to log a naive time; the views refuse one too.
     event, position = heartbeat("apiserver-a", 0, START)
-    event = dataclasses.replace(event, renew_time=naive)
-    with pytest.raises(StatementError, match="naive datetime"):
-        write(db, State(), [(event, position)])
+    naive = dataclasses.replace(event, renew_time=datetime(2024, 5, 1, 12, 0))
+    state = State()
+    changes = fold.apply(state, naive, position)
+    batch = store.Batch.of(
+        state, changes, [(encode(event), *position, fold.subject(event))], TOPIC, PROJECTION
+    )
+    with pytest.raises(StatementError, match="naive datetime"), db.begin() as connection:
+        store.write(connection, batch)
     assert snapshot(db) == {table.name: [] for table in store.VIEWS}
