@@ -334,7 +334,7 @@ class Projector:
             # Folded on top of a batch that did not commit: dropped, read again.
             await self._recover(consumer, stop)
             return
-        self._writing = asyncio.ensure_future(self._writer.commit(folded.batch))
+        self._writing = self._writer.commit(folded.batch)
         self._written = folded.result
 
     async def _settle(self, stop: asyncio.Event) -> bool:

@@ -188,7 +188,7 @@ async def _replay(
                     folded = fold_batch(projection, kept)
                     if writing is not None:
                         await writing
-                    writing = asyncio.ensure_future(writer.commit(folded.batch))
+                    writing = writer.commit(folded.batch)
                     events += folded.result.folded
                     rejected += folded.result.rejected
                 bar.update(_done(reached, limits, starts), events)

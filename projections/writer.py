@@ -48,7 +48,7 @@ import pickle
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Final
 
@@ -74,9 +74,9 @@ class BatchWriter:
 
     Each commit runs in the writer's one thread, so it never blocks the event loop,
     and for the child, pipe I/O there releases the interpreter lock: megabytes of
-    records reach the child while the event loop folds the next batch. A cancelled
-    :meth:`commit` leaves its work to finish in that thread, so the next exchange
-    with the child always reads its own reply.
+    records reach the child while the event loop folds the next batch. Work once
+    started always finishes in that thread, even if nobody awaits it any more, so
+    the next exchange with the child always reads its own reply.
     """
 
     def __init__(self, db_url: str, *, process_at: int = PROCESS_AT) -> None:
@@ -92,12 +92,15 @@ class BatchWriter:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def commit(self, batch: store.Batch) -> None:
-        """Commit ``batch`` and its checkpoint in one transaction."""
+    def commit(self, batch: store.Batch) -> asyncio.Future[None]:
+        """Start committing ``batch`` and its checkpoint in one transaction, at once.
+
+        The returned future says how it went. The work starts before the caller
+        next yields to the event loop, so whatever the caller does meanwhile (fetch,
+        decode and fold the next batch) overlaps it.
+        """
         work = self._exchange if len(batch.events) >= self.process_at else self._here.commit
-        failure = await asyncio.get_running_loop().run_in_executor(self._thread, work, batch)
-        if failure is not None:
-            raise failure
+        return asyncio.wrap_future(self._thread.submit(_raise_failure, work, batch))
 
     async def aclose(self) -> None:
         """Wait for the batch in hand, then let the child exit and release the engine."""
@@ -147,6 +150,12 @@ class BatchWriter:
             assert child.stdin is not None
             child.stdin.close()
         child.wait()
+
+
+def _raise_failure(work: Callable[[store.Batch], BaseException | None], batch: store.Batch) -> None:
+    failure = work(batch)
+    if failure is not None:
+        raise failure
 
 
 class _Committer:
