@@ -344,13 +344,25 @@ class Projector:
         writing, result, self._writing = self._writing, self._written, None
         try:
             await writing
-        except (StaleProjection, WriterLost) as failure:
+        except StaleProjection as refused:
             log.warning(
-                "batch of %d events not committed, reloading from the database: %s",
+                "batch of %d events refused, reloading from the database: %s",
                 result.folded,
-                failure,
+                refused,
                 extra={"projection": self.projection},
             )
+        except WriterLost as lost:
+            # Backing off: a writer that cannot start at all must not be respawned in a loop.
+            delay = self._backoff.next()
+            log.warning(
+                "batch of %d events may not have committed, reloading from the database"
+                " in %.1f s: %s",
+                result.folded,
+                delay,
+                lost,
+                extra={"projection": self.projection, "retry_in": delay},
+            )
+            await _sleep_unless_stopped(stop, delay)
         except _DATABASE_DOWN as error:
             await self._outage("database", self.db_url, error, stop)
         else:

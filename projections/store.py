@@ -386,6 +386,7 @@ def _payload(type_name: str, record: dict[str, Any]) -> str:
 
 
 def _time_fields(cls: type[Any]) -> tuple[str, ...]:
+    """The fields of an event class that hold times (ISO 8601 strings in its payload)."""
     hints = typing.get_type_hints(cls)
     return tuple(
         field.name
