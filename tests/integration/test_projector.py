@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from sqlalchemy import Engine, create_engine, delete, func, select, text
@@ -111,14 +110,6 @@ async def caught_up(db: Engine, projector: Projector, ends: dict[int, int]) -> N
             return
         assert loop.time() < deadline, f"projector stuck at {checkpoints}, log ends at {ends}"
         await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterable[Engine]:
-    database.upgrade(database_url)
-    engine = database.engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 @settings(

@@ -7,7 +7,6 @@ prefix it names, a ``--cluster`` replay the fold of that cluster's events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import pytest
@@ -17,7 +16,7 @@ from bench.projector_bench import mixed_events
 from ledger.events import Event, Position, resource_name
 from ledger.kafka import create_topics
 from ledger.settings import KafkaSettings
-from projections import database, store
+from projections import store
 from projections.history import format_history, history
 from projections.replay import ReplayError, parse_until, replay
 from tests.integration.test_projector import (
@@ -29,14 +28,6 @@ from tests.integration.test_projector import (
 )
 
 EVENTS = 3_000
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterable[Engine]:
-    database.upgrade(database_url)
-    engine = database.engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

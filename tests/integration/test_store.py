@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TypeVar
 
@@ -28,7 +28,7 @@ from ledger.events import (
     StorageVersionReported,
 )
 from ledger.kafka import Record
-from projections import database, fold, store
+from projections import fold, store
 from projections.projector import Projection, fold_batch
 from projections.schema import metadata
 from projections.state import Changes, State
@@ -39,14 +39,6 @@ V = TypeVar("V")
 
 TOPIC = "svledger.events"
 PROJECTION = "views"
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Engine]:
-    database.upgrade(database_url)
-    engine = database.engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def write(

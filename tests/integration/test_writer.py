@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -34,14 +34,6 @@ from tests.integration.test_projector_crash import checkpoints, start_projector
 TOPIC = "svledger.events"
 # Guards against a hung process, not measurements.
 DEADLINE_SECONDS = 60.0
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Engine]:
-    database.upgrade(database_url)
-    engine = database.engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def records(count: int, seed: int = 0) -> list[Record]:
