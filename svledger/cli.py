@@ -284,7 +284,9 @@ def add_project(subparsers: Subparsers) -> None:
             "(apiserver_leases, storage_versions, storage_states, migrations, ledger_events).\n"
             "Each batch's rows and its checkpoint are written in one transaction; on start\n"
             "the projector resumes from the checkpoint. Several projectors share the\n"
-            "partitions. SIGTERM finishes the batch, commits and exits."
+            "partitions. While catching up it writes large batches from a writer process\n"
+            "of its own (python -m projections.writer), so fold and write use two cores.\n"
+            "SIGTERM finishes the batch, commits and exits."
         ),
     )
     add_kafka_options(parser)
