@@ -139,7 +139,7 @@ class Batch:
         events: Sequence[LoggedEvent],
         topic: str,
         projection: str,
-        start_offsets: Mapping[int, int] | None = None,
+        start_offsets: Mapping[int, int],
     ) -> Batch:
         """The batch of ``events``, ``state`` and ``changes`` being after it.
 
@@ -147,7 +147,6 @@ class Batch:
         changes; ``start_offsets`` the checkpoint the fold started from.
         """
         next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
-        starts = start_offsets or {}
         return cls(
             topic,
             projection,
@@ -157,7 +156,7 @@ class Batch:
             _rows(changes.storage_versions, state.storage_versions),
             _rows(changes.storage_states, state.storage_states),
             _rows(changes.migrations, state.migrations),
-            {p: starts[p] for p in next_offsets if p in starts},
+            {p: start_offsets[p] for p in next_offsets if p in start_offsets},
             next_offsets,
         )
 

@@ -202,7 +202,7 @@ def test_naive_times_are_refused(db: Engine) -> None:
     state = State()
     changes = fold.apply(state, naive, position)
     batch = store.Batch.of(
-        state, changes, [(encode(event), *position, fold.subject(event))], TOPIC, PROJECTION
+        state, changes, [(encode(event), *position, fold.subject(event))], TOPIC, PROJECTION, {}
     )
     with pytest.raises(StatementError, match="naive datetime"), db.begin() as connection:
         store.write(connection, batch)
