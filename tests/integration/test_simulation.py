@@ -82,6 +82,7 @@ async def test_the_discovery_hash_trigger_pollutes_the_same_walkthrough(
     # The old trigger believed every object was in v2 while some were still in v1 ...
     assert result.polluted_objects > 0
     polluted_rows = [row for row in result.rows if row.polluted]
+    assert polluted_rows
     assert all(row.baseline_persisted_versions == ("v2",) for row in polluted_rows)
     assert all(row.stored.get("v1", 0) >= row.polluted for row in polluted_rows)
     # ... while the ledger's StorageState, which refuses stale successes, stayed truthful.
