@@ -219,7 +219,7 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         binary_version=event.binary_version,
         revision=revision,
     )
-    _store(state.leases, (cluster, event.apiserver_id), lease, changes.leases)
+    _store(state.leases, lease.key, lease, changes.leases)
 
 
 def _lease_ended(
@@ -482,26 +482,27 @@ def _migration_step(
             f" applies only to a migration that is {' or '.join(sorted(sources))}",
         )
         return
-    fields: dict[str, Any]
+    moved = dataclasses.replace(
+        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision
+    )
     match event:
         case MigrationStarted() | MigrationFailed() | MigrationCancelled():
-            fields = {"reason": event.reason, "message": event.message}
+            moved = dataclasses.replace(moved, reason=event.reason, message=event.message)
         case MigrationProgressed():
-            fields = {
-                "objects_migrated": event.objects_migrated,
-                "continue_token": event.continue_token,
-            }
+            moved = dataclasses.replace(
+                moved,
+                objects_migrated=event.objects_migrated,
+                continue_token=event.continue_token,
+            )
         case MigrationSucceeded():
-            fields = {
-                "objects_migrated": event.objects_migrated,
-                "continue_token": None,
-                "reason": event.reason,
-                "message": event.message,
-            }
+            moved = dataclasses.replace(
+                moved,
+                objects_migrated=event.objects_migrated,
+                continue_token=None,
+                reason=event.reason,
+                message=event.message,
+            )
             _refine_persisted_hashes(state, migration, event, revision, changes)
-    moved = dataclasses.replace(
-        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision, **fields
-    )
     _store_migration(state, moved, changes)
 
 

@@ -26,6 +26,7 @@ is an error listing the candidates.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -35,11 +36,8 @@ from sqlalchemy import Connection, select, union
 from ledger.events import (
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
-    MigrationCancelled,
-    MigrationFailed,
-    MigrationProgressed,
     MigrationRequested,
-    MigrationStarted,
+    MigrationStatusEvent,
     MigrationSucceeded,
     Position,
     StorageStateReset,
@@ -74,16 +72,9 @@ REQUESTED: Final = MigrationRequested.__name__
 SUCCEEDED: Final = MigrationSucceeded.__name__
 _RESOURCE_EVENTS: Final = (REPORTED, WITHDRAWN, RESET)
 _LEASE_ENDS: Final = (RELEASED, EXPIRED)
-_MIGRATION_EVENTS: Final = tuple(
-    cls.__name__
-    for cls in (
-        MigrationRequested,
-        MigrationStarted,
-        MigrationProgressed,
-        MigrationSucceeded,
-        MigrationFailed,
-        MigrationCancelled,
-    )
+_MIGRATION_EVENTS: Final = (
+    REQUESTED,
+    *(cls.__name__ for cls in typing.get_args(MigrationStatusEvent)),
 )
 
 

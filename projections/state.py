@@ -188,20 +188,13 @@ class State:
 
 @dataclasses.dataclass
 class Changes:
-    """The keys one event (or a batch, by :meth:`merge`) touched."""
+    """The keys one event (or a batch: see :func:`projections.fold.apply`) touched."""
 
     leases: set[LeaseKey] = dataclasses.field(default_factory=set)
     storage_versions: set[ResourceKey] = dataclasses.field(default_factory=set)
     storage_states: set[ResourceKey] = dataclasses.field(default_factory=set)
     migrations: set[MigrationKey] = dataclasses.field(default_factory=set)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
-
-    def merge(self, other: Changes) -> None:
-        self.leases |= other.leases
-        self.storage_versions |= other.storage_versions
-        self.storage_states |= other.storage_states
-        self.migrations |= other.migrations
-        self.rejections.extend(other.rejections)
 
     @property
     def resources(self) -> set[ResourceKey]:

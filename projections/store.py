@@ -143,7 +143,7 @@ class Batch:
     ) -> Batch:
         """The batch of ``events``, ``state`` and ``changes`` being after it.
 
-        ``events`` are the folded events in log order; ``changes`` are their merged
+        ``events`` are the folded events in log order; ``changes`` are their
         changes; ``start_offsets`` the checkpoint the fold started from.
         """
         next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}

@@ -113,7 +113,7 @@ def test_any_split_of_a_history_writes_the_fold_of_the_whole(
     rejections = Changes()
     reference = State()
     for event, position in history:
-        rejections.merge(fold.apply(reference, event, position))
+        fold.apply(reference, event, position, rejections)
     rejected = sorted(Position.parse(rejection.revision) for rejection in rejections.rejections)
     logged = positions(in_batches, "ledger_events")
     assert logged == sorted(position for _, position in history)

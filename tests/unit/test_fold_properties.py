@@ -34,7 +34,7 @@ def reloaded(state: State) -> State:
 def fold_with_changes(history: list[tuple[Event, Position]], state: State) -> Changes:
     changes = Changes()
     for event, position in history:
-        changes.merge(apply(state, event, position))
+        apply(state, event, position, changes)
     return changes
 
 
