@@ -102,8 +102,8 @@ _C = TypeVar("_C", bound=_Client)
 async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: float = 30.0) -> _C:
     """Start a fresh aiokafka client from ``make`` until it connects or ``timeout`` passes.
 
-    A client whose ``start`` failed is stopped and replaced: aiokafka clients are not
-    meant to be started twice.
+    A client whose ``start`` failed is stopped, and replaced if the broker was not
+    reachable: aiokafka clients are not meant to be started twice.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -127,6 +127,9 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
                 ) from error
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+        except BaseException:
+            await client.stop()
+            raise
 
 
 # --------------------------------------------------------------------------- topics
@@ -371,7 +374,7 @@ class EventConsumer:
         if topic not in await consumer.topics():
             raise TopicMissing(
                 f"topic {topic!r} does not exist on {self.settings.bootstrap_servers!r}: "
-                "create it first (ledger.kafka.create_topics) or check SVLEDGER_TOPIC"
+                "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
             )
         # The consumer's partitions_for_topic only knows topics it already tracks; the
         # producer's partitions_for fetches what is missing.

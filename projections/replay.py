@@ -212,8 +212,8 @@ async def _end_offsets(settings: KafkaSettings) -> dict[int, int]:
         kafka = await connect(lambda: AIOKafkaConsumer(topic, **settings.client_kwargs()), settings)
     except UnknownTopicOrPartitionError:
         raise TopicMissing(
-            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}; check"
-            " SVLEDGER_TOPIC"
+            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: create it"
+            " first (`svledger topics create`) or check SVLEDGER_TOPIC"
         ) from None
     try:
         partitions = kafka.partitions_for_topic(topic)

@@ -260,6 +260,32 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_topics(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "topics",
+        _topics_create,
+        help="create the events topic and its dead-letter topic",
+        description=(
+            "svledger topics create: create the events topic and its dead-letter topic\n"
+            "(SVLEDGER_KAFKA_PARTITIONS partitions, SVLEDGER_KAFKA_REPLICATION_FACTOR\n"
+            "replicas, kept for ever) unless they exist, and wait for their leaders\n"
+            "(idempotent). Run it once per deployment, before the other roles."
+        ),
+    )
+    parser.add_argument("action", choices=["create"], help="create: create missing topics")
+    add_kafka_options(parser)
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from ledger.kafka import create_topics
+
+    settings = kafka_settings(args)
+    asyncio.run(create_topics(settings))
+    print(f"topics {settings.topic} and {settings.dlq_topic} exist")
+    return 0
+
+
 def _database_url(text: str) -> str:
     from projections.database import parse_url
 
@@ -695,7 +721,7 @@ def add_simulate(subparsers: Subparsers) -> None:
             "real projector, lease GC, migrator and worker, on Kafka and SQL, in virtual time.\n"
             "Prints a timeline and a pollution check; exits 1 if objects were left in a\n"
             "version outside the persisted hashes or a migration ran while apiservers\n"
-            "disagreed."
+            "disagreed. Use a topic of its own: its lease GC runs on virtual time."
         ),
     )
     parser.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
@@ -728,6 +754,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     add_simulate,
+    add_topics,
     add_db,
     add_project,
     add_lease_gc,
@@ -802,7 +829,7 @@ UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be
 
 
 def _unavailable_errors() -> tuple[type[Exception], ...]:
-    from ledger.kafka import BrokerUnavailable
+    from ledger.kafka import BrokerUnavailable, TopicMissing
     from projections.database import DatabaseNotReady
 
-    return (BrokerUnavailable, DatabaseNotReady)
+    return (BrokerUnavailable, TopicMissing, DatabaseNotReady)

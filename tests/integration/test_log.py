@@ -493,3 +493,31 @@ async def test_unreachable_broker_fails_naming_the_address_and_what_to_check() -
             pass
     assert repr(address) in str(raised.value)
     assert "SVLEDGER_KAFKA_BOOTSTRAP" in str(raised.value)
+
+
+def test_topics_create_makes_both_topics_once_and_replay_names_a_missing_one(
+    kafka_bootstrap: str, unique_topic: str, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from svledger.cli import UNAVAILABLE, main
+
+    kafka = ["--bootstrap", kafka_bootstrap, "--topic", unique_topic]
+    assert main(["replay", *kafka, "--db", sqlite_url]) == UNAVAILABLE
+    assert "svledger topics create" in capsys.readouterr().err
+
+    for _ in range(2):  # the second run finds them and changes nothing
+        assert main(["topics", "create", *kafka]) == 0
+        assert capsys.readouterr().out == f"topics {unique_topic} and {unique_topic}.dlq exist\n"
+
+    async def partitions() -> dict[str, int]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            return {
+                topic: len(await producer.partitions_for(topic))
+                for topic in (unique_topic, f"{unique_topic}.dlq")
+            }
+        finally:
+            await producer.stop()
+
+    default = KafkaSettings(bootstrap_servers=kafka_bootstrap).partitions
+    assert asyncio.run(partitions()) == {unique_topic: default, f"{unique_topic}.dlq": default}
