@@ -239,7 +239,8 @@ def add_db(subparsers: Subparsers) -> None:
         help="create or upgrade the projection database schema",
         description=(
             "svledger db upgrade: apply every Alembic migration of the projection schema\n"
-            "to the database (idempotent). Run it before 'svledger project'."
+            "to the database (idempotent; concurrent runs queue on a lock). 'svledger\n"
+            "project' applies it too when it starts; run it alone to upgrade ahead of them."
         ),
     )
     parser.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations")
@@ -249,12 +250,9 @@ def add_db(subparsers: Subparsers) -> None:
 def _db_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.engine import make_url
 
-    from projections.database import DatabaseNotReady, upgrade
+    from projections.database import upgrade
 
-    try:
-        upgrade(args.db)
-    except DatabaseNotReady as error:
-        raise UsageError(str(error)) from error
+    upgrade(args.db)
     shown = make_url(args.db).render_as_string(hide_password=True)
     print(f"schema of {shown} is up to date")
     return 0
@@ -447,13 +445,13 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _read_resource(args: argparse.Namespace, read: Callable[[Any], str]) -> str:
-    from projections.database import DatabaseNotReady, engine
+    from projections.database import engine
     from projections.history import ResourceNameError
 
     try:
         with engine(args.db).connect() as connection:
             return read(connection)
-    except (DatabaseNotReady, ResourceNameError) as error:
+    except ResourceNameError as error:
         raise UsageError(str(error)) from error
 
 
@@ -810,14 +808,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except UsageError as error:
-        command: argparse.ArgumentParser = args.command_parser
-        command.print_usage(sys.stderr)
-        print(f"{command.prog}: error: {error}", file=sys.stderr)
-        return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
     except Exception as error:
+        if isinstance(error, _usage_errors()):
+            command: argparse.ArgumentParser = args.command_parser
+            command.print_usage(sys.stderr)
+            print(f"{command.prog}: error: {error}", file=sys.stderr)
+            return USAGE_ERROR
         if not isinstance(error, _unavailable_errors()):
             raise
         # The message says what could not be reached and what to check; no traceback.
@@ -828,8 +826,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be reached
 
 
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What the user fixes in the command: a bad argument, a database without the schema."""
+    from projections.database import DatabaseNotMigrated
+
+    return (UsageError, DatabaseNotMigrated)
+
+
 def _unavailable_errors() -> tuple[type[Exception], ...]:
     from ledger.kafka import BrokerUnavailable, TopicMissing
-    from projections.database import DatabaseNotReady
+    from projections.database import DatabaseUnreachable
 
-    return (BrokerUnavailable, TopicMissing, DatabaseNotReady)
+    return (BrokerUnavailable, TopicMissing, DatabaseUnreachable)

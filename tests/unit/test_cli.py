@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,3 +134,32 @@ def test_bad_arguments_name_the_value_and_exit_2(
 ) -> None:
     assert main(argv) == 2
     assert named in capsys.readouterr().err
+
+
+UNREACHABLE_DB = "postgresql://svledger@127.0.0.1:1/svledger"  # nothing listens on port 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["db", "upgrade", "--db", UNREACHABLE_DB],
+        ["explain", "apps.deployments", "--db", UNREACHABLE_DB],
+        ["history", "apps.deployments", "--db", UNREACHABLE_DB],
+    ],
+    ids=["db-upgrade", "explain", "history"],
+)
+def test_an_unreachable_database_exits_69_naming_it_whatever_the_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 69
+    error = capsys.readouterr().err
+    assert "127.0.0.1" in error
+    assert "usage:" not in error
+
+
+def test_a_database_file_that_does_not_exist_is_a_usage_error(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.db"
+    assert main(["explain", "apps.deployments", "--db", f"sqlite:///{missing}"]) == 2
+    assert "svledger db upgrade" in capsys.readouterr().err
