@@ -239,8 +239,9 @@ def add_db(subparsers: Subparsers) -> None:
         help="create or upgrade the projection database schema",
         description=(
             "svledger db upgrade: apply every Alembic migration of the projection schema\n"
-            "to the database (idempotent; concurrent runs queue on a lock). 'svledger\n"
-            "project' applies it too when it starts; run it alone to upgrade ahead of them."
+            "to the database (idempotent; on PostgreSQL concurrent runs queue on a lock).\n"
+            "'svledger project' applies it too when it starts; run it alone to upgrade\n"
+            "ahead of them."
         ),
     )
     parser.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations")
