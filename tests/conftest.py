@@ -18,16 +18,15 @@ Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
+import runpy
 import shutil
 import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
@@ -56,18 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-def _load_broker_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("svledger_local_kafka", _BROKER_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
-    with _load_broker_module().kafka_bootstrap() as bootstrap:
+    with runpy.run_path(str(_BROKER_SCRIPT))["kafka_bootstrap"]() as bootstrap:
         yield bootstrap
 
 
