@@ -25,16 +25,18 @@ asked again at every ``list``, i.e. once a chunk, so a worker that outlives an u
 follows the versions the cluster serves now; the chunk's rewrites use that answer.
 
 **Failures** map to the errors the worker interprets (:mod:`consumers.targets`):
-404 -> ``NotFound``, 409 -> ``Conflict``, 429 -> ``TooManyRequests`` with the
-``Retry-After`` seconds, 5xx, timeouts and unreachable servers -> ``Transient``.
+404 naming the object -> ``NotFound`` (any other 404 while rewriting means the
+version is no longer served: ``Transient``, and discovery runs again), 409 ->
+``Conflict``, 429 -> ``TooManyRequests`` with the ``Retry-After`` seconds, 5xx,
+timeouts and unreachable servers -> ``Transient``.
 401 and 403 are :class:`Unauthorized` and :class:`Forbidden`, and any other refusal
 (a TLS certificate that does not verify, an unexpected status) is
 :class:`RequestFailed`; the worker does not retry those and fails the migration with
 the message, which names the URL, the verb and what to check.
 
 **Connections.** Requests run in a worker thread (:func:`asyncio.to_thread`) on
-keep-alive :mod:`http.client` connections kept in a small pool, so concurrent
-migrations of different partitions each use their own connection. A pooled
+keep-alive :mod:`http.client` connections kept in a small pool (a worker runs one
+cluster's migrations one at a time, so it mostly holds one connection). A pooled
 connection the server has meanwhile closed is replaced once, transparently. The
 bearer token is read from its file at every request, because service-account tokens
 are rotated on disk.
@@ -192,11 +194,35 @@ class KubernetesTarget:
             f" in namespace {ref.namespace!r}" if ref.namespace is not None else ""
         )
         response = await self._request("GET", path)
-        self._check(response, "get", path, what)
+        self._check_object(response, "get", path, what, (group, resource), ref.name)
         # The bytes as read, resourceVersion included: a write that lands only if
         # nobody changed the object in between (409 otherwise).
         response = await self._request("PUT", path, response.body)
-        self._check(response, "update", path, what)
+        self._check_object(response, "update", path, what, (group, resource), ref.name)
+
+    def _check_object(
+        self,
+        response: _Response,
+        verb: str,
+        path: str,
+        what: str,
+        group_resource: tuple[str, str],
+        name: str,
+    ) -> None:
+        """:meth:`_check`, telling a deleted object from a version no longer served.
+
+        The apiserver names a missing object in its 404 Status; a 404 that does not
+        means the path itself is gone (an upgrade stopped serving the version found
+        by discovery). Counting that as a deleted object would skip it unmigrated, so
+        it is :class:`Transient`, and the version is discovered again on the retry.
+        """
+        if response.status == 404 and _status_name(response.body) != name:
+            del self._versions[group_resource]
+            raise Transient(
+                f"{verb} {what}: {self._url(path)} answered 404 without naming the object:"
+                " the API server no longer serves that version; discovering it again"
+            )
+        self._check(response, verb, path, what)
 
     # --- discovery --------------------------------------------------------------------
 
@@ -386,6 +412,17 @@ def _status_message(body: bytes) -> str:
     if isinstance(status, dict) and isinstance(status.get("message"), str):
         return str(status["message"])
     return repr(body[:200])
+
+
+def _status_name(body: bytes) -> str | None:
+    """The object a Kubernetes Status body names (``details.name``), if any."""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return None
+    details = status.get("details") if isinstance(status, dict) else None
+    name = details.get("name") if isinstance(details, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _seconds(retry_after: str | None) -> float | None:

@@ -15,10 +15,13 @@ continue token, so a restarted worker redoes at most one chunk (rewrites are
 idempotent). ``cancelled`` is asked between objects, so a ``MigrationCancelled``
 stops the run within one object's rewrite.
 
-:func:`run_worker` is the shell. It follows the log as a member of group
-``svledger-worker`` with :class:`~consumers.partitions.PartitionFollower`:
-migrations belong to a cluster and a cluster to one partition, so the member that
-owns a partition runs its migrations, one at a time, oldest request first. Its
+:func:`run_worker` is the shell. It follows the log with
+:class:`~consumers.partitions.PartitionFollower`: migrations belong to a cluster and
+a cluster to one partition, so the member that owns a partition runs its migrations,
+one at a time, oldest request first. ``svledger worker --cluster NAME`` runs one
+cluster's migrations only, through that cluster's API server, in a group of its own
+per cluster (``svledger-worker.NAME``); such a worker still follows and folds every
+partition, though it acts on one. Its
 events are appended through the partition's transactional producer: a worker that
 lost the partition (rebalance, or a zombie after a restart) is fenced at its next
 append and stops. After each terminal event the runner waits until the fold has read

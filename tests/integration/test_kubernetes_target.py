@@ -235,7 +235,9 @@ class FakeApiserver:
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         name = key[3]
         if key not in self.objects:
-            return _status(404, "NotFound")
+            status = _status(404, "NotFound")
+            status[1]["details"] = {"name": name, "group": key[0], "kind": key[1]}
+            return status
         if method == "GET":
             if name in self.throttle:
                 seconds = self.throttle.pop(name)
@@ -442,6 +444,20 @@ async def test_a_deleted_object_is_not_found(
     del apiserver.objects[key]
     with pytest.raises(NotFound, match="'p'"):
         await target.rewrite("", "pods", page.objects[0])
+
+
+async def test_a_version_no_longer_served_is_rediscovered_not_taken_for_a_deletion(
+    apiserver: FakeApiserver, target: KubernetesTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    apiserver.create("apps", "deployments", "ns", "d")
+    page = await target.list("apps", "deployments", None, 500)  # discovers v1
+    monkeypatch.setitem(API, "apps", {"v1beta1": API["apps"]["v1beta1"]})  # v1 is gone
+    with pytest.raises(Transient, match="no longer serves"):
+        await target.rewrite("apps", "deployments", page.objects[0])
+    await target.rewrite("apps", "deployments", page.objects[0])
+    assert [r.path for r in apiserver.requests if r.method == "PUT"] == [
+        "/apis/apps/v1beta1/namespaces/ns/deployments/d"
+    ]
 
 
 async def test_an_unknown_resource_is_not_found_by_name(target: KubernetesTarget) -> None:
