@@ -64,12 +64,13 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
-from ledger.events import group_resource_string
+from ledger.errors import UsageError
+from ledger.names import group_resource_string
 
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-class ConfigurationError(ValueError):
+class ConfigurationError(UsageError):
     """The target cannot be set up as given (server URL, token or CA file, environment)."""
 
 

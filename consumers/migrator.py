@@ -58,13 +58,8 @@ import uuid
 from typing import Final
 
 from consumers.partitions import Folded, PartitionFollower, PartitionLost
-from ledger.events import (
-    Event,
-    Meta,
-    MigrationCancelled,
-    MigrationRequested,
-    resource_name,
-)
+from ledger.events import Event, Meta, MigrationCancelled, MigrationRequested
+from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.fold import active_migrations
 from projections.state import Changes, Migration, ResourceKey, State

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import uuid
 
-from ledger.events import Event, Meta, MigrationRequested, StorageStateReset, resource_name
+from ledger.errors import UsageError
+from ledger.events import Event, Meta, MigrationRequested, StorageStateReset
 from ledger.kafka import EventConsumer, EventProducer
+from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from ledger.validation import check_group, check_resource, check_version
 from projections.fold import active_migrations, apply
 from projections.state import ResourceKey, State, StorageVersion
 
 
-class OperatorError(ValueError):
+class OperatorError(UsageError):
     """An operator command that cannot be carried out; the message says why and what to do."""
 
 

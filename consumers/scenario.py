@@ -25,10 +25,11 @@ from typing import Any, Literal, NoReturn, TypeAlias
 
 import yaml
 
-from ledger.events import storage_state_name
+from ledger.errors import UsageError
+from ledger.names import storage_state_name
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UsageError):
     """A scenario that cannot be run; the message names file, line, key and value."""
 
 

@@ -55,6 +55,7 @@ from typing import Any, Final
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from ledger.errors import UsageError
 from ledger.events import EVENT_TYPES, Event
 
 MAGIC: Final = b"\xc3\x01"
@@ -68,7 +69,7 @@ _MICROSECOND: Final = timedelta(microseconds=1)
 Convert = Callable[[Any], Any]
 
 
-class CodecError(ValueError):
+class CodecError(UsageError):
     """An event cannot be encoded or decoded, or the schema tree is unusable."""
 
 

@@ -211,18 +211,3 @@ EVENT_TYPES: dict[str, type[Event]] = {
 def type_name(event: Event) -> str:
     """The event's type name: Avro record name and ``svledger-type`` header value."""
     return type(event).__name__
-
-
-def resource_name(group: str, resource: str) -> str:
-    """A StorageVersion's name, ``<group>.<resource>``, with ``core`` for the empty group."""
-    return f"{group or 'core'}.{resource}"
-
-
-def group_resource_string(group: str, resource: str) -> str:
-    """Kubernetes' ``GroupResource.String()``: ``<resource>.<group>``, or ``<resource>``."""
-    return f"{resource}.{group}" if group else resource
-
-
-def storage_state_name(group: str, resource: str) -> str:
-    """A StorageState's name, ``<resource>.<group>`` as in the migration KEP."""
-    return group_resource_string(group, resource)

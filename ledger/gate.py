@@ -27,7 +27,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
 
-from ledger.events import group_resource_string
+from ledger.names import group_resource_string
 
 GroupResource: TypeAlias = tuple[str, str]  # (group, resource), group "" for core
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Final
 
-CORE_GROUP_ALIAS: Final = "core"
+from ledger.names import parse_group
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -21,8 +20,7 @@ def storage_version_hash(group: str, version: str, kind: str) -> str:
 
     ``group`` is ``""`` for the core group; ``"core"`` is accepted as an alias.
     """
-    if group == CORE_GROUP_ALIAS:
-        group = ""
+    group = parse_group(group)
     for what, value in (("group", group), ("version", version), ("kind", kind)):
         if "/" in value:
             raise ValueError(f"{what} {value!r} contains '/'; give group, version and kind apart")

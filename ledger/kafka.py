@@ -45,6 +45,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, for_code
 
 from ledger.codec import CodecError, decode, encode
+from ledger.errors import Unavailable
 from ledger.events import Event, Position, type_name
 from ledger.settings import KafkaSettings
 
@@ -64,11 +65,11 @@ _TOPIC_ALREADY_EXISTS: Final = 36
 Headers: TypeAlias = list[tuple[str, bytes]]
 
 
-class BrokerUnavailable(ConnectionError):
+class BrokerUnavailable(Unavailable):
     """Kafka could not be reached within the connect timeout."""
 
 
-class TopicMissing(LookupError):
+class TopicMissing(Unavailable):
     """The topic to consume does not exist on the broker."""
 
 

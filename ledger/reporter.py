@@ -52,11 +52,11 @@ from ledger.events import (
     Meta,
     StorageVersionReported,
     StorageVersionWithdrawn,
-    group_resource_string,
 )
 from ledger.gate import GroupResource, WriteGate
 from ledger.identity import apiserver_id, holder_identity
 from ledger.kafka import EventProducer
+from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from ledger.validation import InvalidReport, check_report
 

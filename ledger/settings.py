@@ -35,6 +35,8 @@ from typing import Any, Final
 
 from aiokafka.helpers import create_ssl_context
 
+from ledger.errors import UsageError
+
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -57,7 +59,7 @@ _ENV: Final = {
 _INT_FIELDS: Final = frozenset({"partitions", "replication_factor"})
 
 
-class SettingsError(ValueError):
+class SettingsError(UsageError):
     """A setting has a value the ledger cannot use; the message names it and says why."""
 
     def __init__(self, name: str, value: object, rule: str) -> None:

@@ -19,6 +19,8 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
+from ledger.errors import UsageError
+
 _LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL: Final = re.compile(_LABEL)
 _DNS1123_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(\.{_LABEL})*")
@@ -27,7 +29,7 @@ LABEL_MAX: Final = 63
 SUBDOMAIN_MAX: Final = 253
 
 
-class InvalidReport(ValueError):
+class InvalidReport(UsageError):
     """A report field breaks a rule; names the field, the value and the rule."""
 
     def __init__(self, field: str, value: object, rule: str) -> None:

@@ -22,6 +22,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from ledger.errors import SvledgerError, Unavailable, UsageError
+
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 
@@ -29,15 +31,15 @@ SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 _UPGRADE_LOCK_ID: Final = 0x5_1ED6E5
 
 
-class DatabaseNotReady(Exception):
+class DatabaseNotReady(SvledgerError):
     """The projection database cannot be used as it is."""
 
 
-class DatabaseUnreachable(DatabaseNotReady):
+class DatabaseUnreachable(DatabaseNotReady, Unavailable):
     pass
 
 
-class DatabaseNotMigrated(DatabaseNotReady):
+class DatabaseNotMigrated(DatabaseNotReady, UsageError):
     pass
 
 

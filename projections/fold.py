@@ -69,11 +69,10 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
-    resource_name,
-    storage_state_name,
     type_name,
 )
 from ledger.hashing import storage_version_hash
+from ledger.names import resource_name, storage_state_name
 from ledger.validation import InvalidReport, check_report
 from projections.state import (
     CONDITION_TYPE,

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, select, union
 
+from ledger.errors import UsageError
 from ledger.events import (
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
@@ -43,10 +44,9 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
-    resource_name,
-    storage_state_name,
 )
 from ledger.hashing import storage_version_hash
+from ledger.names import resource_name, storage_state_name
 from projections.schema import (
     ledger_events,
     rejected_events,
@@ -78,7 +78,7 @@ _MIGRATION_EVENTS: Final = (
 )
 
 
-class ResourceNameError(LookupError):
+class ResourceNameError(UsageError):
     """A resource name that names no known resource, or more than one."""
 
 

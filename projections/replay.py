@@ -38,6 +38,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy import Engine, exists, select
 
+from ledger.errors import UsageError
 from ledger.kafka import EventConsumer, Record, TopicMissing, connect
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
@@ -53,7 +54,7 @@ REDRAW_SECONDS: Final = 0.2
 LOG_SECONDS: Final = 5.0
 
 
-class ReplayError(Exception):
+class ReplayError(UsageError):
     """The replay cannot run as asked; the message says why and what to do."""
 
 

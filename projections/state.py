@@ -16,7 +16,7 @@ import dataclasses
 from datetime import datetime
 from typing import Final, Literal, TypeAlias
 
-from ledger.events import resource_name, storage_state_name
+from ledger.names import resource_name, storage_state_name
 
 UNKNOWN_HASH: Final = "Unknown"
 

@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import Engine
 
 from bench.projector_bench import mixed_events
-from ledger.events import Event, Position, resource_name
+from ledger.events import Event, Position
 from ledger.kafka import create_topics
+from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.history import format_history, history

@@ -25,10 +25,9 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
-    resource_name,
-    storage_state_name,
     type_name,
 )
+from ledger.names import resource_name, storage_state_name
 from projections import fold
 from projections.history import (
     Facts,

@@ -1,0 +1,26 @@
+"""The subcommands, one module per family; :data:`COMMANDS` in the order ``--help`` lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from svledger.commands import log, operators, services, simulate, tools
+from svledger.options import Subparsers
+
+COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
+    simulate.add_simulate,
+    log.add_topics,
+    log.add_db,
+    log.add_project,
+    services.add_lease_gc,
+    services.add_migrator,
+    services.add_worker,
+    operators.add_migrations,
+    operators.add_storagestate,
+    log.add_replay,
+    log.add_history,
+    log.add_explain,
+    tools.add_hash,
+    tools.add_apiserver_id,
+)

@@ -1,0 +1,223 @@
+"""The log and its views: topics, the schema, the projector, replay, history and explain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from svledger.options import (
+    Subparsers,
+    add_command,
+    add_db_option,
+    add_kafka_options,
+    kafka_settings,
+    run_until_signalled,
+)
+
+
+def add_topics(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "topics",
+        _topics_create,
+        help="create the events topic and its dead-letter topic",
+        description=(
+            "svledger topics create: create the events topic and its dead-letter topic\n"
+            "(SVLEDGER_KAFKA_PARTITIONS partitions, SVLEDGER_KAFKA_REPLICATION_FACTOR\n"
+            "replicas, kept for ever) unless they exist, and wait for their leaders\n"
+            "(idempotent). Run it once per deployment, before the other roles."
+        ),
+    )
+    parser.add_argument("action", choices=["create"], help="create: create missing topics")
+    add_kafka_options(parser)
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from ledger.kafka import create_topics
+
+    settings = kafka_settings(args)
+    asyncio.run(create_topics(settings))
+    print(f"topics {settings.topic} and {settings.dlq_topic} exist")
+    return 0
+
+
+def add_db(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "db",
+        _db_upgrade,
+        help="create or upgrade the projection database schema",
+        description=(
+            "svledger db upgrade: apply every Alembic migration of the projection schema\n"
+            "to the database (idempotent; on PostgreSQL concurrent runs queue on a lock).\n"
+            "'svledger project' applies it too when it starts; run it alone to upgrade\n"
+            "ahead of them."
+        ),
+    )
+    parser.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations")
+    add_db_option(parser)
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy.engine import make_url
+
+    from projections.database import upgrade
+
+    upgrade(args.db)
+    shown = make_url(args.db).render_as_string(hide_password=True)
+    print(f"schema of {shown} is up to date")
+    return 0
+
+
+def add_project(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "project",
+        _project,
+        help="fold the log into the SQL views, continuously",
+        description=(
+            "Consume the events topic and fold every event into the SQL views\n"
+            "(apiserver_leases, storage_versions, storage_states, migrations, ledger_events).\n"
+            "Each batch's rows and its checkpoint are written in one transaction; on start\n"
+            "the projector resumes from the checkpoint. Several projectors share the\n"
+            "partitions. While catching up it writes large batches from a writer process\n"
+            "of its own (python -m projections.writer), so fold and write use two cores.\n"
+            "SIGTERM finishes the batch, commits and exits."
+        ),
+    )
+    add_kafka_options(parser)
+    add_db_option(parser)
+
+
+def _project(args: argparse.Namespace) -> int:
+    from projections.database import upgrade
+    from projections.projector import run_projector
+
+    settings = kafka_settings(args)
+    upgrade(args.db)
+    return run_until_signalled(lambda stop: run_projector(settings, args.db, stop=stop))
+
+
+def add_replay(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "replay",
+        _replay,
+        help="rebuild the views into a fresh database from the log, as of any point",
+        description=(
+            "Rebuild every view into a fresh database by replaying the log from the start,\n"
+            "up to now or to --until, optionally for one cluster only. With --from-snapshot\n"
+            "an existing projection database is continued from its checkpoint."
+        ),
+    )
+    add_kafka_options(parser)
+    add_db_option(parser)
+    parser.add_argument(
+        "--until",
+        metavar="OFFSET|TIMESTAMP",
+        help="stop after this log offset (e.g. 12345) or this time (e.g. 2026-01-02T03:04:05Z)",
+    )
+    parser.add_argument("--cluster", help="replay only this cluster's events")
+    parser.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="continue the existing database from its checkpoint instead of a fresh one",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from projections.replay import parse_until, replay
+
+    settings = kafka_settings(args)
+    until = parse_until(args.until) if args.until is not None else None
+    result = asyncio.run(
+        replay(
+            settings,
+            args.db,
+            until=until,
+            cluster=args.cluster,
+            from_snapshot=args.from_snapshot,
+            progress=args.progress,
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "events": result.events,
+                "rejected": result.rejected,
+                "seconds": round(result.seconds, 3),
+                "checkpoint": {str(p): o for p, o in sorted(result.next_offsets.items())},
+            }
+        )
+    )
+    return 0
+
+
+def add_history(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "history",
+        _history,
+        help="print the events that touched a resource",
+        description=(
+            "Print, in log order, every event that touched RESOURCE: reports, withdrawals,\n"
+            "lease ends that removed an entry, resets and migrations, with log positions.\n"
+            "RESOURCE is <group>.<resource> (core.pods), <resource>.<group> or a core resource."
+        ),
+    )
+    _add_resource_arguments(parser)
+
+
+def add_explain(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "explain",
+        _explain,
+        help="say in plain words why a resource is in its current state",
+        description=(
+            "Explain RESOURCE's current StorageVersion and StorageState: who reports which\n"
+            "encoding version, whether they agree and since when, which events put each\n"
+            "persisted hash there, and its latest migration, citing log positions."
+        ),
+    )
+    _add_resource_arguments(parser)
+
+
+def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("resource", metavar="RESOURCE", help="e.g. apps.deployments or core.pods")
+    parser.add_argument("--cluster", help="the cluster, when the resource is in several")
+    add_db_option(parser)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from projections.history import format_history, history
+
+    print(
+        _read_resource(
+            args, lambda conn: format_history(history(conn, args.resource, args.cluster))
+        )
+    )
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from projections.history import explain
+
+    print(_read_resource(args, lambda conn: explain(conn, args.resource, args.cluster)))
+    return 0
+
+
+def _read_resource(args: argparse.Namespace, read: Callable[[Any], str]) -> str:
+    from projections.database import engine
+
+    with engine(args.db).connect() as connection:
+        return read(connection)

@@ -1,0 +1,128 @@
+"""What the subcommands share: registering one, and the options for Kafka and the database.
+
+A subcommand is an ``add_<name>(subparsers)`` function that calls :func:`add_command`
+with its handler. A handler takes the parsed arguments and returns the exit code; it
+imports what it needs (Kafka, SQL) inside, so a quick command such as ``svledger hash``
+never loads them. A value only the handler can check is refused by raising
+:class:`ledger.errors.UsageError`; the command line prints it as argparse prints its
+own errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
+
+from ledger.names import parse_group
+
+if TYPE_CHECKING:
+    from ledger.settings import KafkaSettings
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+DEFAULT_DB: Final = "sqlite:///svledger.db"
+
+
+def add_command(
+    subparsers: Subparsers, name: str, handler: Handler, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """Register subcommand ``name``, run by ``handler``; returns its parser for arguments."""
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler, command_parser=parser)
+    return parser
+
+
+def add_kafka_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Kafka", "also from SVLEDGER_KAFKA_* variables (security: SASL/SSL, see README)"
+    )
+    group.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT[,...]",
+        help="Kafka bootstrap servers (default: $SVLEDGER_KAFKA_BOOTSTRAP or localhost:9092)",
+    )
+    group.add_argument(
+        "--topic", help="the events topic (default: $SVLEDGER_TOPIC or svledger.events)"
+    )
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        type=database_url,
+        default=os.environ.get("SVLEDGER_DATABASE_URL", DEFAULT_DB),
+        help=(
+            "SQLAlchemy URL of the projection database, e.g. sqlite:///svledger.db or "
+            "postgresql://user:pass@host/db (default: $SVLEDGER_DATABASE_URL or "
+            f"{DEFAULT_DB})"
+        ),
+    )
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    from ledger.settings import KafkaSettings
+
+    overrides: dict[str, Any] = {}
+    if args.bootstrap:
+        overrides["bootstrap_servers"] = args.bootstrap
+    if args.topic:
+        overrides["topic"] = args.topic
+    return KafkaSettings.from_env(**overrides)
+
+
+def run_until_signalled(service: Callable[[asyncio.Event], Awaitable[object]]) -> int:
+    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await service(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def database_url(text: str) -> str:
+    from projections.database import parse_url
+
+    try:
+        parse_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
+
+
+Number = TypeVar("Number", int, float)
+
+
+def positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
+    """An argparse type: ``convert`` the text, refusing values that are not above zero."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}")
+        return value
+
+    return parse
+
+
+def group(text: str) -> str:
+    """An argparse type for an API group: ``core`` or ``""`` is the core group."""
+    return parse_group(text)
