@@ -60,7 +60,7 @@ from ledger.events import (
     StorageVersionReported,
 )
 from ledger.hashing import storage_version_hash
-from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.kafka import EventConsumer, EventProducer, create_topics, end_offsets
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.projector import Projector
@@ -323,10 +323,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         )
         report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
         report["produce"] = await _fill(settings, args.events, args.clusters)
-        async with EventConsumer(settings, until="end") as consumer:
-            kafka = consumer.consumer
-            ends = await kafka.end_offsets(list(kafka.assignment()))
-        end = {tp.partition: offset for tp, offset in ends.items() if offset}
+        end = {p: offset for p, offset in (await end_offsets(settings)).items() if offset}
         report["consume_decode"] = await _consume_decode(settings)
         report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
         report["project_sqlite"] = await _project(settings, f"sqlite:///{tmp}/bench.db", end)

@@ -39,12 +39,9 @@ from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
-
 from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position
-from ledger.kafka import connect, ledger_consumer, to_record
+from ledger.kafka import GroupMember, PartitionProducer, TransactionFailed
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import Changes, ResourceKey, State
@@ -60,7 +57,7 @@ class PartitionLog:
     """One assigned partition: its fold state, where the fold is, and its producer."""
 
     def __init__(
-        self, follower: PartitionFollower, partition: int, producer: AIOKafkaProducer, barrier: int
+        self, follower: PartitionFollower, partition: int, producer: PartitionProducer, barrier: int
     ) -> None:
         self.partition = partition
         self.state = State()
@@ -100,42 +97,17 @@ class PartitionLog:
 
     async def commit(self, events: Sequence[Event]) -> list[Position]:
         """Append ``events`` and commit the consumed offset in one transaction."""
-        topic = self._follower.settings.topic
         async with self._lock:
             if self.lost:
                 raise PartitionLost(f"partition {self.partition} was lost")
             try:
-                futures = []
-                async with self._producer.transaction():
-                    for event in events:
-                        key, value, headers = to_record(event)
-                        futures.append(
-                            await self._producer.send(
-                                topic,
-                                value=value,
-                                key=key,
-                                headers=headers,
-                                partition=self.partition,
-                            )
-                        )
-                    await self._producer.send_offsets_to_transaction(
-                        {TopicPartition(topic, self.partition): self.position},
-                        self._follower.group_id,
-                    )
-                positions = [
-                    Position(m.partition, m.offset) for m in await asyncio.gather(*futures)
-                ]
-            except KafkaError as error:
-                for future in futures:  # their error is the one handled here
-                    if future.done():
-                        future.exception()
-                    else:
-                        future.cancel()
-                log.warning(
-                    "partition %d: transaction failed (%s); rebuilding", self.partition, error
+                positions = await self._producer.commit(
+                    events, group_id=self._follower.group_id, consumed=self.position
                 )
+            except TransactionFailed as error:
+                log.warning("%s; rebuilding", error)
                 self.lose()
-                raise PartitionLost(f"partition {self.partition}: {error}") from error
+                raise PartitionLost(str(error)) from error
         if positions:
             self.barrier = max(self.barrier, max(p.offset for p in positions) + 1)
         return positions
@@ -175,16 +147,12 @@ class PartitionFollower:
         self.logs: dict[int, PartitionLog] = {}
         self._poll_ms = poll_ms
         self._fetch_max_wait_ms = fetch_max_wait_ms
-        self._consumer: AIOKafkaConsumer | None = None
+        self._member: GroupMember | None = None
 
     async def __aenter__(self) -> Self:
-        self._consumer = await connect(
-            lambda: ledger_consumer(
-                self.settings, self.group_id, fetch_max_wait_ms=self._fetch_max_wait_ms
-            ),
-            self.settings,
-        )
-        self._consumer.subscribe([self.settings.topic], listener=_Listener(self))
+        self._member = await GroupMember(
+            self.settings, self.group_id, self._lose, fetch_max_wait_ms=self._fetch_max_wait_ms
+        ).__aenter__()
         return self
 
     async def __aexit__(
@@ -196,29 +164,28 @@ class PartitionFollower:
         for partition_log in self.logs.values():
             await partition_log.close()
         self.logs.clear()
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._member is not None:
+            await self._member.__aexit__(None, None, None)
 
     @property
-    def consumer(self) -> AIOKafkaConsumer:
-        assert self._consumer is not None, "use 'async with PartitionFollower(...)'"
-        return self._consumer
+    def member(self) -> GroupMember:
+        assert self._member is not None, "use 'async with PartitionFollower(...)'"
+        return self._member
 
-    def _lose(self, partitions: set[TopicPartition]) -> None:
-        for tp in partitions:
-            partition_log = self.logs.get(tp.partition)
+    def _lose(self, partitions: set[int]) -> None:
+        """Revoked and newly assigned partitions are rebuilt from scratch."""
+        for partition in partitions:
+            partition_log = self.logs.get(partition)
             if partition_log is not None:
                 partition_log.lose()
 
     async def end_offset(self, partition: int) -> int:
         """The partition's last stable offset now (read_committed end)."""
-        tp = TopicPartition(self.settings.topic, partition)
-        ends: dict[TopicPartition, int] = await self.consumer.end_offsets([tp])
-        return ends[tp]
+        return await self.member.end_offset(partition)
 
     async def _sync_assignment(self) -> None:
-        consumer = self.consumer
-        assigned = {tp.partition for tp in consumer.assignment()}
+        member = self.member
+        assigned = member.assignment()
         for partition in [p for p in self.logs if p not in assigned]:
             await self.logs.pop(partition).close()
         for partition in sorted(assigned):
@@ -227,39 +194,26 @@ class PartitionFollower:
                 continue
             if current is not None:
                 await current.close()
-            tp = TopicPartition(self.settings.topic, partition)
-            producer = await connect(
-                lambda p=partition: AIOKafkaProducer(  # type: ignore[misc]
-                    **self.settings.client_kwargs(),
-                    transactional_id=f"{self.transactional_prefix}-{p}",
-                    enable_idempotence=True,
-                    acks="all",
-                    linger_ms=0,
-                    # A transaction begun right after the last one ended is refused
-                    # (CONCURRENT_TRANSACTIONS) until its markers are written; retry soon.
-                    retry_backoff_ms=10,
-                ),
-                self.settings,
+            producer = PartitionProducer(
+                self.settings, partition, f"{self.transactional_prefix}-{partition}"
             )
+            await producer.start()
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
-            await consumer.seek_to_beginning(tp)
+            await member.seek_to_beginning(partition)
             self.logs[partition] = PartitionLog(self, partition, producer, barrier)
 
     async def batches(self, stop: asyncio.Event) -> AsyncIterator[Folded]:
         """Poll until ``stop`` is set; yield each followed partition after every poll."""
-        consumer = self.consumer
+        member = self.member
         while not stop.is_set():
             await self._sync_assignment()
-            fetched: dict[TopicPartition, list[Any]] = await consumer.getmany(
-                timeout_ms=self._poll_ms
-            )
+            fetched = await member.fetch(timeout_ms=self._poll_ms)
             for partition, partition_log in list(self.logs.items()):
-                tp = TopicPartition(self.settings.topic, partition)
-                events = self._fold(partition_log, fetched.get(tp, []))
+                events = self._fold(partition_log, fetched.get(partition, []))
                 if partition_log.lost:
                     continue
-                partition_log._advance(await consumer.position(tp))
+                partition_log._advance(await member.position(partition))
                 yield Folded(partition_log, events)
 
     @staticmethod
@@ -281,16 +235,3 @@ class PartitionFollower:
             changes = apply(partition_log.state, event, Position(message.partition, message.offset))
             folded.append((event, changes))
         return folded
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Marks revoked and newly assigned partitions lost, so they are rebuilt from scratch."""
-
-    def __init__(self, follower: PartitionFollower) -> None:
-        self._follower = follower
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._follower._lose(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._follower._lose(assigned)

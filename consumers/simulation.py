@@ -70,7 +70,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO, TypeAlias
 
-from aiokafka import AIOKafkaConsumer
 from sqlalchemy import Engine, func, select
 
 from consumers import migrator
@@ -92,7 +91,7 @@ from ledger.events import (
 )
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
-from ledger.kafka import EventConsumer, EventProducer, Record, connect, create_topics
+from ledger.kafka import EndOffsets, EventConsumer, EventProducer, Record, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections import database
@@ -320,14 +319,11 @@ class _Mirror:
     def __init__(self, settings: KafkaSettings, cluster: str) -> None:
         self._settings = settings
         self._consumer = EventConsumer(settings, group_id=None)
-        # End offsets are asked on a connection of their own: a broker answers a
-        # connection's requests in order, so behind the reader's long-polling fetch
-        # they would wait for the fetch to time out. They are high watermarks
-        # (read_uncommitted), not last stable offsets: a transaction's commit returns
+        # High watermarks, not last stable offsets: a transaction's commit returns
         # before the broker has written its markers, so for a moment the last stable
         # offset stops short of a record already appended (a lease GC's expiry, say)
         # and the log would look read to its end while that record is still to come.
-        self._ends: AIOKafkaConsumer | None = None
+        self._ends = EndOffsets(settings, committed=False)
         self._cluster = cluster
         self.state = State()
         self.records: list[Record] = []  # of the cluster
@@ -338,15 +334,7 @@ class _Mirror:
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> _Mirror:
-        settings = self._settings
-        self._ends = await connect(
-            lambda: AIOKafkaConsumer(
-                **settings.client_kwargs(),
-                enable_auto_commit=False,
-                isolation_level="read_uncommitted",
-            ),
-            settings,
-        )
+        await self._ends.__aenter__()
         await self._consumer.__aenter__()
         self._task = asyncio.create_task(self._read(), name="svledger-simulation-mirror")
         return self
@@ -357,8 +345,7 @@ class _Mirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self._consumer.__aexit__(None, None, None)
-        if self._ends is not None:
-            await self._ends.stop()
+        await self._ends.__aexit__(None, None, None)
 
     async def _read(self) -> None:
         async for batch in self._consumer.batches(timeout_ms=100):
@@ -391,10 +378,9 @@ class _Mirror:
         The reader reads committed records only, so it gets to the high watermark once
         no transaction is open: a record of an undecided transaction is still to come.
         """
-        consumer = self._consumer.consumer
-        assert self._ends is not None, "use 'async with _Mirror(...)'"
-        ends = await self._ends.end_offsets(list(consumer.assignment()))
-        return all([await consumer.position(tp) >= end for tp, end in ends.items()])
+        positions = await self._consumer.positions()
+        ends = await self._ends(positions)
+        return all(positions[partition] >= end for partition, end in ends.items())
 
     def check_active(self) -> None:
         """Flag migrations still active while their resource's apiservers disagree."""

@@ -28,7 +28,14 @@ before the batch is handed out, so a caller that checkpoints past a bad record n
 loses it.
 
 Connecting retries for a bounded time and then fails with :class:`BrokerUnavailable`,
-which names the bootstrap address and what to check.
+which names the bootstrap address and what to check. A missing topic is found by
+:func:`topic_partitions` before any client waits for it (:class:`TopicMissing`).
+
+This module is the one place that speaks to aiokafka (settings aside, which build
+its TLS context): topics, the record format, the producers (plain, and transactional
+per partition for consume-transform-produce), the readers (decoding with a dead-letter
+topic, raw group members for per-partition folds) and end offsets. It is long for
+that reason: everything that depends on the client library's behaviour is here.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, T
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, for_code
+from aiokafka.partitioner import DefaultPartitioner
 
 from ledger.codec import CodecError, decode, encode
 from ledger.errors import Unavailable
@@ -61,6 +69,8 @@ DLQ_OFFSET_HEADER: Final = "svledger-dlq-offset"
 TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
 
 _TOPIC_ALREADY_EXISTS: Final = 36
+_UNKNOWN_TOPIC: Final = 3
+
 
 Headers: TypeAlias = list[tuple[str, bytes]]
 
@@ -71,6 +81,11 @@ class BrokerUnavailable(Unavailable):
 
 class TopicMissing(Unavailable):
     """The topic to consume does not exist on the broker."""
+
+
+# What a broker outage raises from any client call; callers that ride out an outage
+# catch these and retry.
+BROKER_ERRORS: Final = (BrokerUnavailable, KafkaError)
 
 
 class OutgoingRecord(NamedTuple):
@@ -194,6 +209,86 @@ async def _await_leaders(
         await asyncio.sleep(0.1)
 
 
+async def topic_partitions(settings: KafkaSettings) -> list[int]:
+    """The partitions of the events topic; :class:`TopicMissing` at once if there is none.
+
+    Asked of the admin client, whose metadata request neither creates the topic nor
+    waits for it: a consumer or producer would retry for its whole request timeout,
+    logging an error per attempt, before saying the topic is unknown.
+    """
+    admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
+    try:
+        (described,) = await admin.describe_topics([settings.topic])
+    finally:
+        await admin.close()
+    if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
+        raise TopicMissing(
+            f"topic {settings.topic!r} does not exist on {settings.bootstrap_servers!r}: "
+            "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
+        )
+    if described["error_code"]:
+        raise KafkaError(
+            f"cannot describe topic {settings.topic!r}: "
+            f"{for_code(described['error_code']).description}"
+        )
+    return sorted(partition["partition"] for partition in described["partitions"])
+
+
+def partition_of(cluster: str, partitions: Sequence[int]) -> int:
+    """The partition a cluster's events land in: the producers' default partitioner."""
+    ordered = sorted(partitions)
+    partition: int = DefaultPartitioner()(cluster.encode(), ordered, ordered)
+    return partition
+
+
+class EndOffsets:
+    """The end offset of each partition of the topic, asked on a connection of its own.
+
+    ``async with EndOffsets(settings) as ends: await ends()``. A broker answers one
+    connection's requests in order, so asked on a reader's connection they would wait
+    behind its long-polling fetch. ``committed`` (the default) gives last stable
+    offsets, the end a ``read_committed`` reader reaches; else high watermarks, which
+    include the records of a transaction whose markers are still to be written.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, committed: bool = True) -> None:
+        self.settings = settings
+        self.partitions: list[int] = []
+        self._isolation = "read_committed" if committed else "read_uncommitted"
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> Self:
+        self.partitions = await topic_partitions(self.settings)
+        self._consumer = await connect(
+            lambda: AIOKafkaConsumer(
+                **self.settings.client_kwargs(),
+                enable_auto_commit=False,
+                isolation_level=self._isolation,
+            ),
+            self.settings,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def __call__(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """The end offset of ``partitions`` (default: all), now."""
+        assert self._consumer is not None, "use 'async with EndOffsets(...)'"
+        topic = self.settings.topic
+        wanted = self.partitions if partitions is None else partitions
+        ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in wanted])
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+
+async def end_offsets(settings: KafkaSettings) -> dict[int, int]:
+    """The last stable offset of every partition of the topic, now."""
+    async with EndOffsets(settings) as ends:
+        return await ends()
+
+
 # --------------------------------------------------------------------------- producing
 
 
@@ -261,6 +356,77 @@ class EventProducer:
         return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
 
+class TransactionFailed(Exception):
+    """A transaction did not commit (the producer was fenced, or the broker refused it)."""
+
+
+class PartitionProducer:
+    """Appends to one partition in transactions that also commit a group's consumed offset.
+
+    Its transactional ID fences: starting it aborts any open transaction of an earlier
+    producer with the same ID and refuses that producer's later ones, so a consumer
+    that lost its partition (or crashed mid-transaction) can no longer commit for it.
+    """
+
+    def __init__(self, settings: KafkaSettings, partition: int, transactional_id: str) -> None:
+        self.settings = settings
+        self.partition = partition
+        self.transactional_id = transactional_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = await connect(
+            lambda: AIOKafkaProducer(
+                **self.settings.client_kwargs(),
+                transactional_id=self.transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=0,
+                # A transaction begun right after the last one ended is refused
+                # (CONCURRENT_TRANSACTIONS) until its markers are written; retry soon.
+                retry_backoff_ms=10,
+            ),
+            self.settings,
+        )
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    async def commit(
+        self, events: Sequence[Event], *, group_id: str, consumed: int
+    ) -> list[Position]:
+        """Append ``events`` and commit ``group_id``'s next offset ``consumed``, atomically.
+
+        Raises :class:`TransactionFailed` when the transaction is aborted; nothing of
+        it is then visible to ``read_committed`` readers.
+        """
+        assert self._producer is not None, "start() the PartitionProducer first"
+        topic = self.settings.topic
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with self._producer.transaction():
+                for event in events:
+                    key, value, headers = to_record(event)
+                    futures.append(
+                        await self._producer.send(
+                            topic, value=value, key=key, headers=headers, partition=self.partition
+                        )
+                    )
+                await self._producer.send_offsets_to_transaction(
+                    {TopicPartition(topic, self.partition): consumed}, group_id
+                )
+            return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+        except KafkaError as error:
+            for future in futures:  # their error is the one raised here
+                if future.done():
+                    future.exception()
+                else:
+                    future.cancel()
+            raise TransactionFailed(f"partition {self.partition}: {error}") from error
+
+
 # --------------------------------------------------------------------------- consuming
 
 
@@ -281,6 +447,86 @@ def ledger_consumer(
         isolation_level="read_committed",
         **options,
     )
+
+
+class GroupMember:
+    """A member of a consumer group on the topic that reads raw records, partition by partition.
+
+    For consumers that keep a fold per assigned partition (:mod:`consumers.partitions`):
+    ``on_change`` is called with the partitions revoked or newly assigned, whose folds
+    must be rebuilt; :meth:`fetch` returns each partition's raw records (``offset``,
+    ``value``), undecoded, read as every ledger reader reads (:func:`ledger_consumer`).
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group_id: str,
+        on_change: Callable[[set[int]], None],
+        *,
+        fetch_max_wait_ms: int = 10,
+    ) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self._on_change = on_change
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> Self:
+        await topic_partitions(self.settings)  # a missing topic is an error, not a wait
+        self._consumer = await connect(
+            lambda: ledger_consumer(
+                self.settings, self.group_id, fetch_max_wait_ms=self._fetch_max_wait_ms
+            ),
+            self.settings,
+        )
+        self._consumer.subscribe([self.settings.topic], listener=_ChangeListener(self._on_change))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    @property
+    def _kafka(self) -> AIOKafkaConsumer:
+        assert self._consumer is not None, "use 'async with GroupMember(...)'"
+        return self._consumer
+
+    def _tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self.settings.topic, partition)
+
+    def assignment(self) -> set[int]:
+        return {tp.partition for tp in self._kafka.assignment()}
+
+    async def end_offset(self, partition: int) -> int:
+        """The partition's last stable offset now (read_committed end)."""
+        tp = self._tp(partition)
+        ends: dict[TopicPartition, int] = await self._kafka.end_offsets([tp])
+        return ends[tp]
+
+    async def seek_to_beginning(self, partition: int) -> None:
+        await self._kafka.seek_to_beginning(self._tp(partition))
+
+    async def position(self, partition: int) -> int:
+        position: int = await self._kafka.position(self._tp(partition))
+        return position
+
+    async def fetch(self, timeout_ms: int) -> dict[int, list[Any]]:
+        """The records fetched within ``timeout_ms``, by partition."""
+        fetched = await self._kafka.getmany(timeout_ms=timeout_ms)
+        return {tp.partition: messages for tp, messages in fetched.items()}
+
+
+class _ChangeListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_change: Callable[[set[int]], None]) -> None:
+        self._on_change = on_change
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._on_change({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._on_change({tp.partition for tp in assigned})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -337,10 +583,11 @@ class EventConsumer:
     async def __aenter__(self) -> Self:
         self._dead_letters = await EventProducer(self.settings).__aenter__()
         try:
+            partitions = await topic_partitions(self.settings)
             consumer = await connect(self._make, self.settings)
             self._consumer = consumer
             if self.group_id is None:
-                await self._assign_all(consumer)
+                await self._assign_all(consumer, partitions)
             else:
                 consumer.subscribe([self.settings.topic], listener=_Listener(self))
         except BaseException:
@@ -364,23 +611,34 @@ class EventConsumer:
                 await dead_letters.__aexit__(None, None, None)
 
     @property
-    def consumer(self) -> AIOKafkaConsumer:
-        """The underlying aiokafka consumer (for offset commits inside a transaction)."""
+    def _kafka(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             raise RuntimeError("EventConsumer is not started: use 'async with EventConsumer(...)'")
         return self._consumer
 
-    async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
+    def assignment(self) -> set[int]:
+        """The partitions this consumer reads now."""
+        return {tp.partition for tp in self._kafka.assignment()}
+
+    def seek(self, next_offsets: Mapping[int, int]) -> None:
+        """Read each assigned partition next from ``next_offsets`` (0 where it has none)."""
+        kafka = self._kafka
+        for tp in kafka.assignment():
+            kafka.seek(tp, next_offsets.get(tp.partition, 0))
+
+    async def positions(self) -> dict[int, int]:
+        """The next offset this consumer reads, per assigned partition."""
+        kafka = self._kafka
+        return {tp.partition: await kafka.position(tp) for tp in kafka.assignment()}
+
+    def highwaters(self) -> dict[int, int]:
+        """The high watermark last fetched, per assigned partition that has been fetched."""
+        kafka = self._kafka
+        marks = {tp.partition: kafka.highwater(tp) for tp in kafka.assignment()}
+        return {partition: mark for partition, mark in marks.items() if mark is not None}
+
+    async def _assign_all(self, consumer: AIOKafkaConsumer, partitions: list[int]) -> None:
         topic = self.settings.topic
-        if topic not in await consumer.topics():
-            raise TopicMissing(
-                f"topic {topic!r} does not exist on {self.settings.bootstrap_servers!r}: "
-                "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
-            )
-        # The consumer's partitions_for_topic only knows topics it already tracks; the
-        # producer's partitions_for fetches what is missing.
-        assert self._dead_letters is not None
-        partitions = await self._dead_letters.producer.partitions_for(topic)
         assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
         await self._seek(consumer, assigned)
@@ -415,7 +673,7 @@ class EventConsumer:
         self, max_records: int = 10_000, timeout_ms: int = 1_000
     ) -> AsyncIterator[list[Record]]:
         """Yield non-empty lists of records as they arrive, at most ``max_records`` each."""
-        consumer = self.consumer
+        consumer = self._kafka
         while self._until is None or self._ends:
             fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
             batch: list[Record] = []
@@ -501,4 +759,4 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         pass
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._owner._seek(self._owner.consumer, assigned)
+        await self._owner._seek(self._owner._kafka, assigned)

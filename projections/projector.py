@@ -55,12 +55,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from aiokafka.errors import KafkaError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from ledger.kafka import BrokerUnavailable, EventConsumer, Record
+from ledger.kafka import BROKER_ERRORS, EventConsumer, Record
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
@@ -79,7 +78,6 @@ BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
-_BROKER_DOWN: Final = (BrokerUnavailable, KafkaError)
 
 
 @dataclasses.dataclass
@@ -210,7 +208,7 @@ class Projector:
                 while not stop.is_set():
                     try:
                         await self._session(stop)
-                    except _BROKER_DOWN as error:
+                    except BROKER_ERRORS as error:
                         await self._outage("kafka", self.settings.bootstrap_servers, error, stop)
         finally:
             if self._db is not None:
@@ -381,19 +379,15 @@ class Projector:
 
     def _seek_to_checkpoints(self, consumer: EventConsumer) -> None:
         assert self._state is not None
-        kafka = consumer.consumer
-        for tp in kafka.assignment():
-            kafka.seek(tp, self._state.next_offsets.get(tp.partition, 0))
+        consumer.seek(self._state.next_offsets)
 
     def _lag(self, consumer: EventConsumer) -> int:
         assert self._state is not None
-        kafka = consumer.consumer
-        lag = 0
-        for tp in kafka.assignment():
-            highwater = kafka.highwater(tp)
-            if highwater is not None:
-                lag += max(0, highwater - self._state.next_offsets.get(tp.partition, 0))
-        return lag
+        next_offsets = self._state.next_offsets
+        return sum(
+            max(0, mark - next_offsets.get(partition, 0))
+            for partition, mark in consumer.highwaters().items()
+        )
 
     async def _outage(
         self, what: str, address: str, error: BaseException, stop: asyncio.Event

@@ -29,17 +29,14 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Final, TextIO, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import UnknownTopicOrPartitionError
-from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy import Engine, exists, select
 
 from ledger.errors import UsageError
-from ledger.kafka import EventConsumer, Record, TopicMissing, connect
+from ledger.kafka import EventConsumer, Record, end_offsets, partition_of
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, fold_batch
@@ -80,12 +77,6 @@ def parse_until(text: str) -> int | datetime:
     if moment.tzinfo is None:
         raise ReplayError(f"--until {text!r} has no time zone; add one, e.g. {text}Z for UTC")
     return moment.astimezone(UTC)
-
-
-def partition_of(cluster: str, partitions: Sequence[int]) -> int:
-    """The partition a cluster's events land in: the producer's default key hashing."""
-    partition: int = DefaultPartitioner()(cluster.encode(), sorted(partitions), sorted(partitions))
-    return partition
 
 
 async def replay(
@@ -148,7 +139,7 @@ async def _replay(
     max_batch: int,
 ) -> ReplayResult:
     started = time.monotonic()
-    ends = await _end_offsets(settings)
+    ends = await end_offsets(settings)
     wanted = set(ends) if cluster is None else {partition_of(cluster, sorted(ends))}
     # Partitions without the cluster start at their end, so nothing of them is read.
     starts = {p: ends[p] for p in ends if p not in wanted}
@@ -203,25 +194,6 @@ async def _replay(
 
 def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:
     return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
-
-
-async def _end_offsets(settings: KafkaSettings) -> dict[int, int]:
-    """The end offset of every partition of the topic, now."""
-    topic = settings.topic
-    try:
-        # Subscribing makes start() wait for the topic's metadata.
-        kafka = await connect(lambda: AIOKafkaConsumer(topic, **settings.client_kwargs()), settings)
-    except UnknownTopicOrPartitionError:
-        raise TopicMissing(
-            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: create it"
-            " first (`svledger topics create`) or check SVLEDGER_TOPIC"
-        ) from None
-    try:
-        partitions = kafka.partitions_for_topic(topic)
-        ends = await kafka.end_offsets([TopicPartition(topic, p) for p in partitions])
-    finally:
-        await kafka.stop()
-    return {tp.partition: offset for tp, offset in ends.items()}
 
 
 def _past(record: Record, until: Until) -> bool:

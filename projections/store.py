@@ -35,8 +35,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeAlias, TypeVar
 
-import psycopg
-from psycopg.types.json import set_json_dumps
 from sqlalchemy import (
     JSON,
     Connection,
@@ -52,7 +50,6 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError
 
 from ledger.codec import read_record
 from ledger.events import EVENT_TYPES, Position
@@ -509,43 +506,21 @@ def _upsert(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]
 def _insert_rows(connection: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert ``rows``, each with a value per column of ``table`` in column order.
 
-    JSON columns come as JSON text, encoded once where the row was built. On
-    PostgreSQL the rows go by binary ``COPY``: one statement streams the whole
-    batch, where an executemany costs a statement per row, and the server parses
-    no text. A row already present fails the COPY on the primary key exactly as an
-    INSERT would; the driver's error is raised as SQLAlchemy's
-    (:class:`sqlalchemy.exc.IntegrityError` for that case), so callers handle both
-    backends alike.
+    JSON columns come as JSON text, encoded once where the row was built. PostgreSQL
+    takes them by ``COPY`` (:mod:`projections.postgres`), SQLite by executemany.
     """
     if not rows:
         return
-    if connection.dialect.name != "postgresql":
-        names = table.columns.keys()
-        connection.execute(
-            _insert_json_as_text(table), [dict(zip(names, row, strict=True)) for row in rows]
-        )
+    if connection.dialect.name == "postgresql":
+        # Imported here: psycopg is only in the postgres extra.
+        from projections.postgres import copy_rows
+
+        copy_rows(connection, table, rows)
         return
-    statement = f"COPY {table.name} ({', '.join(table.columns.keys())}) FROM STDIN (FORMAT BINARY)"
-    types = [column.type.compile(dialect=connection.dialect).lower() for column in table.columns]
-    driver = typing.cast(psycopg.Connection[Any], connection.connection.driver_connection)
-    cursor = driver.cursor()
-    # The JSON is already text: the cursor's JSON "dumps" passes it through.
-    set_json_dumps(_as_is, cursor)
-    try:
-        with cursor.copy(statement) as copy:
-            copy.set_types(types)
-            for row in rows:
-                copy.write_row(row)
-    except psycopg.Error as error:
-        raise DBAPIError.instance(
-            statement, None, error, psycopg.Error, dialect=connection.dialect
-        ) from error
-    finally:
-        cursor.close()
-
-
-def _as_is(text: str) -> str:
-    return text
+    names = table.columns.keys()
+    connection.execute(
+        _insert_json_as_text(table), [dict(zip(names, row, strict=True)) for row in rows]
+    )
 
 
 @functools.cache
