@@ -3,6 +3,7 @@
 #
 #   make setup    .venv with svledger and its test tools, plus the Kafka broker jars
 #   make test     setup, then ruff, mypy and the whole pytest suite (real Kafka + PostgreSQL)
+#   make quick    setup, then ruff, mypy and the tests not marked slow (the inner loop)
 #   make demo     setup, then the demo against a real local broker
 #   make broker   a local Kafka broker in the foreground; prints its bootstrap address
 
@@ -10,7 +11,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test demo broker
+.PHONY: setup test quick demo broker
 
 setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
@@ -25,6 +26,11 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
+
+quick: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -m "not slow"
 
 demo: setup
 	bash deploy/demo.sh

@@ -5,7 +5,7 @@ some storage version reports, and a trickle of lease, reset and migration events
 Prints one JSON object: events per second for encode and for decode (best of
 ``--rounds`` passes over the same events), and the mean record size.
 
-    .venv/bin/python bench/codec_bench.py [--events 200000] [--rounds 3]
+    .venv/bin/python -m bench.codec_bench [--events 200000] [--rounds 3]
 """
 
 from __future__ import annotations

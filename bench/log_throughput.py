@@ -11,7 +11,7 @@ Creates a fresh topic, then measures on it:
 Prints one JSON object with events/s and seconds for each. Kafka:
 ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started from ``deploy/kafka/broker.py``.
 
-    python bench/log_throughput.py --events 200000
+    python -m bench.log_throughput --events 200000
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import argparse
 import asyncio
 import json
 import os
-import runpy
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from deploy.kafka.broker import kafka_bootstrap
 from ledger.events import ApiserverHeartbeat, Event, Meta
 from ledger.identity import apiserver_id
 from ledger.kafka import EventConsumer, EventProducer, create_topics
@@ -100,8 +100,7 @@ def main() -> None:
         if os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP")
         else "deploy/kafka/broker.py"
     )
-    broker = runpy.run_path(str(ROOT / "deploy" / "kafka" / "broker.py"))
-    with broker["kafka_bootstrap"]() as bootstrap:
+    with kafka_bootstrap() as bootstrap:
         settings = KafkaSettings(
             bootstrap_servers=bootstrap,
             topic=f"svledger-bench.log.{uuid.uuid4().hex[:8]}",

@@ -8,7 +8,7 @@ report is an agreement and persisted hashes are ``["Unknown"]``: a migration is
 due). The latency of a probe runs from the report's acknowledgement to the moment a
 ``read_committed`` consumer sees the ``MigrationRequested`` for that resource.
 
-    python bench/reaction_latency.py [--probes 200] [--load 1000]
+    python -m bench.reaction_latency [--probes 200] [--load 1000]
 
 Prints one JSON object: p50 and p99 in milliseconds, the probes and the load achieved.
 """
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import runpy
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from deploy.kafka.broker import kafka_bootstrap
 from ledger.codec import decode
 from ledger.events import ApiserverHeartbeat, Meta, MigrationRequested, StorageVersionReported
 from ledger.kafka import EventProducer, create_topics
@@ -158,7 +158,7 @@ async def probe(
     producer: EventProducer, resource: str, seen: dict[str, float], loop: asyncio.AbstractEventLoop
 ) -> float:
     report = StorageVersionReported(
-        Meta.new(PROBE_CLUSTER, "apiserver-probe"),
+        Meta.new(PROBE_CLUSTER, "apiserver-probe", datetime.now(UTC)),
         "apiserver-probe",
         "example.com",
         resource,
@@ -180,8 +180,7 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--load", type=int, default=1000, help="background events per second")
     args = parser.parse_args()
-    broker = runpy.run_path(str(ROOT / "deploy" / "kafka" / "broker.py"))
-    with broker["kafka_bootstrap"]() as bootstrap:
+    with kafka_bootstrap() as bootstrap:
         print(json.dumps(asyncio.run(bench(bootstrap, args.probes, args.load))))
 
 

@@ -14,12 +14,15 @@ the fold would only reject later:
   (for example after restoring etcd from a backup), which lets the migration
   trigger request a fresh migration.
 
-The operator's name is the events' ``meta.source``.
+The operator's name is the events' ``meta.source``. As with the migrator, the rules
+are pure functions of the folded log (:func:`decide_request`, :func:`decide_reset`,
+tested without I/O); the two coroutines only read the log, decide and append.
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from ledger.errors import UsageError
 from ledger.events import Event, Meta, MigrationRequested, StorageStateReset
@@ -44,10 +47,47 @@ async def request_migration(
     operator: str,
 ) -> MigrationRequested:
     """Append a ``MigrationRequested`` to the common encoding version; return it."""
-    key = _check(cluster, group, resource, operator)
+    _check(cluster, group, resource, operator)
+    state = await _read_state(settings, cluster)
+    event = decide_request(
+        state,
+        Meta.new(cluster, operator, datetime.now(UTC)),
+        group,
+        resource,
+        version,
+        migration_id=str(uuid.uuid4()),
+    )
+    await _append(settings, event)
+    return event
+
+
+async def reset_storage_state(
+    settings: KafkaSettings, cluster: str, group: str, resource: str, reason: str, operator: str
+) -> StorageStateReset:
+    """Append a ``StorageStateReset`` (persisted hashes back to ``["Unknown"]``); return it."""
+    _check(cluster, group, resource, operator)
+    state = await _read_state(settings, cluster)
+    event = decide_reset(
+        state, Meta.new(cluster, operator, datetime.now(UTC)), group, resource, reason
+    )
+    await _append(settings, event)
+    return event
+
+
+def decide_request(
+    state: State,
+    meta: Meta,
+    group: str,
+    resource: str,
+    version: str | None,
+    *,
+    migration_id: str,
+) -> MigrationRequested:
+    """The request an operator may append for ``resource`` now, or :class:`OperatorError`."""
+    cluster = meta.cluster
+    key = _check(cluster, group, resource, meta.source)
     if version is not None:
         check_version("version", version)
-    state = await _read_state(settings, cluster)
     storage_version = _storage_version(state, key)
     storage_state = state.storage_states.get(key)
     name = resource_name(group, resource)
@@ -71,37 +111,31 @@ async def request_migration(
             f"migration {active[0].migration_id!r} of {name!r} in cluster {cluster!r} is"
             f" already {active[0].phase}; wait for it to end before requesting another"
         )
-    event = MigrationRequested(
-        meta=Meta.new(cluster, operator),
-        migration_id=str(uuid.uuid4()),
+    return MigrationRequested(
+        meta=meta,
+        migration_id=migration_id,
         group=group,
         resource=resource,
         target_version=common,
         target_hash=target_hash,
         storage_version_revision=storage_version.revision,
     )
-    await _append(settings, event)
-    return event
 
 
-async def reset_storage_state(
-    settings: KafkaSettings, cluster: str, group: str, resource: str, reason: str, operator: str
+def decide_reset(
+    state: State, meta: Meta, group: str, resource: str, reason: str
 ) -> StorageStateReset:
-    """Append a ``StorageStateReset`` (persisted hashes back to ``["Unknown"]``); return it."""
-    key = _check(cluster, group, resource, operator)
+    """The reset an operator may append for ``resource`` now, or :class:`OperatorError`."""
+    cluster = meta.cluster
+    key = _check(cluster, group, resource, meta.source)
     if not reason.strip():
         raise OperatorError("give a reason for the reset, e.g. --reason 'etcd restored'")
-    state = await _read_state(settings, cluster)
     if key not in state.storage_states:
         raise OperatorError(
             f"no StorageState for {resource_name(group, resource)!r} in cluster {cluster!r};"
             " check the group (empty for core) and the resource (plural, lowercase)"
         )
-    event = StorageStateReset(
-        meta=Meta.new(cluster, operator), group=group, resource=resource, reason=reason
-    )
-    await _append(settings, event)
-    return event
+    return StorageStateReset(meta=meta, group=group, resource=resource, reason=reason)
 
 
 def _check(cluster: str, group: str, resource: str, operator: str) -> ResourceKey:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import NamedTuple, TypeAlias
 
 
@@ -53,7 +53,7 @@ class Meta:
         cls,
         cluster: str,
         source: str,
-        occurred_at: datetime | None = None,
+        occurred_at: datetime,
         *,
         causation_id: str | None = None,
         correlation_id: str | None = None,
@@ -61,7 +61,7 @@ class Meta:
         return cls(
             event_id=str(uuid.uuid4()),
             cluster=cluster,
-            occurred_at=occurred_at if occurred_at is not None else datetime.now(UTC),
+            occurred_at=occurred_at,
             source=source,
             causation_id=causation_id,
             correlation_id=correlation_id,

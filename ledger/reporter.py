@@ -42,7 +42,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -105,6 +105,16 @@ def _by_key(resources: Iterable[ResourceReport]) -> dict[GroupResource, Resource
             )
         by_key[report.key] = report
     return by_key
+
+
+class ReporterOptions(TypedDict, total=False):
+    """:class:`Reporter`'s keyword options, for wrappers that pass them on."""
+
+    heartbeat_interval: float
+    jitter: float
+    lease_duration_seconds: int
+    binary_version: str | None
+    rng: random.Random | None
 
 
 class Reporter:
@@ -320,7 +330,7 @@ class ThreadedReporter:
         clock: Clock | None = None,
         *,
         timeout: float = 60.0,
-        **options: Any,
+        **options: Unpack[ReporterOptions],
     ) -> None:
         self._timeout = timeout
         self._producer = EventProducer(settings)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import runpy
 import shutil
 import tempfile
 import uuid
@@ -35,6 +34,7 @@ from psycopg import sql
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
+from deploy.kafka import broker
 from projections import database
 
 # Speed is measured in bench/, never asserted: no per-example time limit, which would
@@ -42,7 +42,6 @@ from projections import database
 settings.register_profile("svledger", deadline=None)
 settings.load_profile("svledger")
 
-_BROKER_SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "kafka" / "broker.py"
 _INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "postgres_server"})
 
 
@@ -58,7 +57,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
-    with runpy.run_path(str(_BROKER_SCRIPT))["kafka_bootstrap"]() as bootstrap:
+    with broker.kafka_bootstrap() as bootstrap:
         yield bootstrap
 
 

@@ -116,8 +116,8 @@ def add_worker(subparsers: Subparsers) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from consumers.kubernetes import ConfigurationError, KubernetesTarget
     from consumers.worker import GROUP_ID, run_worker
+    from kube.target import ConfigurationError, KubernetesTarget
     from ledger.clock import SystemClock
 
     settings = kafka_settings(args)

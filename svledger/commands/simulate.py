@@ -45,7 +45,7 @@ def add_simulate(subparsers: Subparsers) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from consumers.simulation import simulate
+    from simulation.run import simulate
 
     settings = kafka_settings(args)
     try:

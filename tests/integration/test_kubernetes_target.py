@@ -28,15 +28,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.kubernetes import (
+from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
+from consumers.worker import RetryPolicy, migrate
+from kube.target import (
     ConfigurationError,
     Forbidden,
     KubernetesTarget,
     RequestFailed,
     Unauthorized,
 )
-from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
-from consumers.worker import RetryPolicy, migrate
 from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
 from svledger.cli import main
 from tests.unit.test_worker import StepClock, migration

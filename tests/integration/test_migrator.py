@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -122,7 +123,9 @@ async def test_agreement_requests_once_disagreement_cancels_and_change_requests_
                 (first,) = requested(events)
                 assert first.target_version == "v1"
                 await producer.send(
-                    MigrationStarted(Meta.new("east", "worker"), first.migration_id)
+                    MigrationStarted(
+                        Meta.new("east", "worker", datetime.now(UTC)), first.migration_id
+                    )
                 )
 
                 # One apiserver upgrades: the running migration is cancelled.

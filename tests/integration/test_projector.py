@@ -17,7 +17,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from sqlalchemy import Engine, create_engine, delete, func, select, text
 
-from bench.projector_bench import mixed_events
 from ledger.codec import encode
 from ledger.events import (
     ApiserverHeartbeat,
@@ -33,6 +32,7 @@ from projections.projector import Projection, Projector, fold_batch
 from projections.schema import ledger_events, metadata, rejected_events
 from projections.state import State
 from tests.histories import histories
+from tests.workloads import mixed_events
 
 # Guards against a hung broker or projector, not measurements.
 CATCH_UP_DEADLINE_SECONDS = 120.0

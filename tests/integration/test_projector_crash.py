@@ -22,7 +22,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from sqlalchemy import Engine, func, select
 
-from bench.projector_bench import mixed_events
 from ledger.events import Position
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
@@ -30,6 +29,7 @@ from projections import database, store
 from projections.replay import replay
 from projections.schema import ledger_events
 from tests.integration.test_projector import clear, snapshot
+from tests.workloads import mixed_events
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 100_000

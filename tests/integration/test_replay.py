@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import Engine
 
-from bench.projector_bench import mixed_events
 from ledger.events import Event, Position
 from ledger.kafka import create_topics
 from ledger.names import resource_name
@@ -27,6 +26,7 @@ from tests.integration.test_projector import (
     reference_snapshot,
     snapshot,
 )
+from tests.workloads import mixed_events
 
 EVENTS = 3_000
 

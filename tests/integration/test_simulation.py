@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from consumers import scenario
-from consumers.scenario import Restart
-from consumers.simulation import SimulationError, SimulationResult, TimelineRow, simulate
 from ledger.settings import KafkaSettings
+from simulation.report import SimulationResult, TimelineRow
+from simulation.run import SimulationError, simulate
+from simulation.scenario import Restart
 
 WALKTHROUGH = Path(__file__).resolve().parents[2] / "examples" / "kep-walkthrough.yaml"
 

@@ -26,9 +26,9 @@ from psycopg import sql
 from sqlalchemy.engine import URL
 
 from consumers import scenario
-from consumers.simulation import simulate
 from ledger.settings import KafkaSettings
 from projections import database
+from simulation.run import simulate
 
 pytestmark = pytest.mark.slow
 

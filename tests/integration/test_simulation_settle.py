@@ -16,10 +16,11 @@ import yaml
 from aiokafka import AIOKafkaProducer
 
 from consumers import scenario
-from consumers.simulation import EPOCH, _Mirror, simulate
 from ledger.events import ApiserverHeartbeat, Meta
 from ledger.kafka import connect, create_topics, to_record
 from ledger.settings import KafkaSettings
+from simulation.checks import LogMirror
+from simulation.run import VIRTUAL_START, simulate
 
 CLUSTER = "settle"
 
@@ -67,7 +68,12 @@ async def test_a_record_of_an_open_transaction_is_still_to_be_read(
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
     await create_topics(settings)
     heartbeat = ApiserverHeartbeat(
-        Meta.new(CLUSTER, "apiserver-a"), "apiserver-a", "apiserver-a_1", "a", 90, EPOCH
+        Meta.new(CLUSTER, "apiserver-a", VIRTUAL_START),
+        "apiserver-a",
+        "apiserver-a_1",
+        "a",
+        90,
+        VIRTUAL_START,
     )
     producer = await connect(
         lambda: AIOKafkaProducer(
@@ -76,7 +82,7 @@ async def test_a_record_of_an_open_transaction_is_still_to_be_read(
         settings,
     )
     try:
-        async with _Mirror(settings, CLUSTER) as mirror:
+        async with LogMirror(settings, CLUSTER) as mirror:
             await _eventually(mirror.caught_up)
             for outcome in ("abort", "commit"):
                 await producer.begin_transaction()

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from bench.projector_bench import mixed_events
 from ledger.codec import encode
 from ledger.events import Event, Position
 from ledger.kafka import EventProducer, Record, create_topics
@@ -30,6 +29,7 @@ from projections.state import State
 from projections.writer import BatchWriter, WriterLost
 from tests.integration.test_projector import reference_snapshot, snapshot
 from tests.integration.test_projector_crash import checkpoints, start_projector
+from tests.workloads import mixed_events
 
 TOPIC = "svledger.events"
 # Guards against a hung process, not measurements.

@@ -29,6 +29,7 @@ from ledger.events import (
 )
 from tests import strategies
 
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SCHEMAS = pathlib.Path(__file__).parents[2] / "schemas"
 
 
@@ -345,7 +346,7 @@ def test_bytes_after_the_event_are_corrupt(event: Event, extra: bytes) -> None:
 def test_a_naive_datetime_is_refused_with_the_field_named() -> None:
     naive = datetime(2024, 1, 1, 12, 0)
     event = ApiserverHeartbeat(
-        Meta.new("prod", "apiserver-x"), "apiserver-x", "apiserver-x_1", "cp-1", 3600, naive
+        Meta.new("prod", "apiserver-x", T0), "apiserver-x", "apiserver-x_1", "cp-1", 3600, naive
     )
     with pytest.raises(CodecError, match=r"ApiserverHeartbeat\.renew_time is a naive datetime"):
         codec.encode(event)
@@ -353,7 +354,7 @@ def test_a_naive_datetime_is_refused_with_the_field_named() -> None:
 
 def test_a_value_out_of_its_avro_range_is_refused_with_the_event_shown() -> None:
     event = ApiserverHeartbeat(
-        Meta.new("prod", "apiserver-x"),
+        Meta.new("prod", "apiserver-x", T0),
         "apiserver-x",
         "apiserver-x_1",
         "cp-1",
@@ -369,4 +370,4 @@ def test_a_value_out_of_its_avro_range_is_refused_with_the_event_shown() -> None
 
 def test_an_object_that_is_not_an_event_is_refused() -> None:
     with pytest.raises(CodecError, match="'Meta' is not an event type"):
-        codec.encode(Meta.new("prod", "x"))  # type: ignore[arg-type]
+        codec.encode(Meta.new("prod", "x", T0))  # type: ignore[arg-type]

@@ -8,6 +8,10 @@ report exactly the rows it changed, and keep the views' invariants after every e
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given
@@ -154,3 +158,35 @@ def assert_persisted_hashes_only_grow(
             assert hashes[: len(old.persisted_storage_version_hashes)] == (
                 old.persisted_storage_version_hashes
             )
+
+
+_FOLD_IN_A_PROCESS = """
+import hashlib
+from ledger.events import Position
+from projections.fold import apply
+from projections.state import State
+from tests.workloads import mixed_events
+
+state = State()
+for offset, event in enumerate(mixed_events(3_000, clusters=4, seed=3)):
+    apply(state, event, Position(0, offset))
+print(hashlib.sha256(repr(state).encode()).hexdigest())
+"""
+
+
+def test_folding_is_deterministic_across_processes_and_hash_seeds() -> None:
+    # A fold that iterated a set or a dict of strings in hash order would give other
+    # views in another process (PYTHONHASHSEED is random per process by default).
+    root = Path(__file__).resolve().parents[2]
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", _FOLD_IN_A_PROCESS],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(digests) == 1

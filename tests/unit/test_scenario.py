@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers import scenario
-from consumers.scenario import Crash, Restart, ScenarioError, Start, Stop, Write
+from simulation.scenario import Crash, Restart, ScenarioError, Start, Stop, Write
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -36,6 +36,8 @@ import dataclasses
 import random
 from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -53,9 +55,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from consumers.scenario import Binary, Resource
 from consumers.targets import NotFound, ObjectRef, Page
+from ledger.clock import VirtualClock
 from ledger.reporter import Reporter
+from simulation.scenario import Binary, Resource
 
 metadata = MetaData()
 
@@ -285,3 +288,36 @@ class SimulatedTarget:
             known, ref.name, server.encoding_version(known), server.hostname
         ):
             raise NotFound(f"{known.name} {ref.name!r} no longer exists")
+
+
+FOREVER: Final = 100 * 365 * 24 * 3600.0
+
+
+class ProcessClock:
+    """The shared clock as one apiserver process sees it; a crashed process never wakes."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+        self.crashed = False
+        self.sleeping: set[asyncio.Task[Any]] = set()
+
+    def now(self) -> datetime:
+        return self._clock.now()
+
+    async def sleep(self, seconds: float) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.sleeping.add(task)
+        try:
+            await self._clock.sleep(seconds)
+            while self.crashed:
+                await self._clock.sleep(FOREVER)
+        finally:
+            if task is not None:
+                self.sleeping.discard(task)
+
+
+@dataclasses.dataclass
+class Process:
+    server: SimApiserver
+    clock: ProcessClock

@@ -266,9 +266,6 @@ class _Node:
         return _Node(value, f"{self.path}.{key}" if self.path else key, self.source)
 
 
-# --- reading and validating --------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class _Reader:
     source: str
