@@ -17,7 +17,8 @@ codec registers every combination of versions; identical combinations collapse t
 fingerprint. The *reader* schema of an event type is its highest version combined with
 the highest version of every shared type. Records of any other writer schema are
 resolved into it by Avro schema resolution (new fields take their defaults), which is
-how old records are upcast into today's classes. ``schemas/README.md`` states the
+how old records are upcast into today's classes; where a version changed what a value
+means, :mod:`ledger.upcasting` then rewrites the record. ``schemas/README.md`` states the
 evolution rules; the codec enforces the one that matters for reading (a field added
 since an older version needs a default) when it loads the tree.
 
@@ -57,6 +58,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from ledger.errors import UsageError
 from ledger.events import EVENT_TYPES, Event
+from ledger.upcasting import upcast
 
 MAGIC: Final = b"\xc3\x01"
 HEADER_SIZE: Final = len(MAGIC) + 8
@@ -91,6 +93,7 @@ class _Writer:
     schema: Any
     reader: Any  # the reader schema, or None when this writer schema is the reader
     shape: _Shape
+    newest: int  # the reader schema's version; an older writer's records are upcast
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ class Codec:
                     key = _fingerprint(writer)
                     same = key == reader_fingerprint
                     self._writers[key] = _Writer(
-                        type_name, version, writer, None if same else reader, shape
+                        type_name, version, writer, None if same else reader, shape, newest
                     )
 
     def encode(self, event: Event) -> bytes:
@@ -200,7 +203,10 @@ class Codec:
                 f"{writer.type_name} record ({len(data)} bytes, schema v{writer.version}) "
                 f"is corrupt: {len(data) - stream.tell()} bytes left over after the event"
             )
-        return typing.cast(dict[str, Any], record)
+        read = typing.cast(dict[str, Any], record)
+        if writer.version < writer.newest:
+            return upcast(writer.type_name, writer.version, writer.newest, read)
+        return read
 
     def type_of(self, data: bytes) -> str:
         """The event type name of an encoded record, from its header alone."""

@@ -104,6 +104,7 @@ class StorageVersionReported:
     encoding_version: str
     decodable_versions: tuple[str, ...]
     served_versions: tuple[str, ...]
+    storage_version_hash: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from ledger.names import parse_group
+from ledger.names import parse_group, split_group_version
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -29,3 +29,9 @@ def storage_version_hash(group: str, version: str, kind: str) -> str:
             raise ValueError(f"the {what} is empty; give one, e.g. 'v1' and 'Pod'")
     digest = hashlib.sha256(f"{group}/{version}/{kind}".encode()).digest()
     return base64.standard_b64encode(digest[:8]).decode("ascii")
+
+
+def hash_of_stored(version: str, kind: str) -> str:
+    """The storageVersionHash of ``kind`` stored as ``version``, group-qualified as upstream
+    writes it (``apps/v1``; ``v1`` for the core group)."""
+    return storage_version_hash(*split_group_version(version), kind)

@@ -8,9 +8,16 @@ reporter turns that into an error at the caller, with nothing half-sent.
 * group: a DNS-1123 subdomain, or ``""`` for the core group. ``"core"`` is refused:
   it would share the StorageVersion name ``core.<resource>`` with the core group.
 * resource: a DNS-1123 label (lowercase plural, e.g. ``deployments``).
-* version: a DNS-1035 label (``v1``, ``v1beta2``, a CRD's ``v2alpha1``).
+* version: group-qualified as upstream writes it, ``<group>/<version>`` or ``<version>``
+  for the core group (``apps/v1``, ``v1``); the version part a DNS-1035 label (``v1``,
+  ``v1beta2``, a CRD's ``v2alpha1``), the group part a DNS-1123 subdomain. A resource
+  may be stored in another group's version (events.k8s.io events are stored as core
+  ``v1``), so the group part need not be the resource's own.
 * kind: its lowercase form is a DNS-1035 label, as for CRDs (``Deployment``).
-* encoding_version must be one of decodable_versions.
+* encoding_version and every served version must be among decodable_versions, as in
+  upstream's StorageVersion validation (``ValidateServerStorageVersion``): a server
+  cannot write or serve a version it cannot read back.
+* apiserver_id (where given): a DNS-1123 subdomain, as upstream validates it.
 """
 
 from __future__ import annotations
@@ -74,12 +81,30 @@ def check_resource(resource: str) -> None:
 
 
 def check_version(field: str, version: str) -> None:
-    if not is_dns1035_label(version):
+    group, _, bare = version.rpartition("/")
+    if (group or "/" in version) and not is_dns1123_subdomain(group):
         raise InvalidReport(
             field,
             version,
-            "must be a DNS-1035 label: a lowercase letter, then lowercase letters, digits "
-            f"and '-', at most {LABEL_MAX} characters (e.g. 'v1', 'v1beta2')",
+            "must be <group>/<version> or <version> for the core group (e.g. 'apps/v1', "
+            "'v1'), the group a DNS-1123 subdomain",
+        )
+    if not is_dns1035_label(bare):
+        raise InvalidReport(
+            field,
+            version,
+            "must be <group>/<version> or <version> for the core group, the version a "
+            "DNS-1035 label: a lowercase letter, then lowercase letters, digits and '-', "
+            f"at most {LABEL_MAX} characters (e.g. 'apps/v1', 'v1', 'v1beta2')",
+        )
+
+
+def check_apiserver_id(apiserver_id: str) -> None:
+    if not is_dns1123_subdomain(apiserver_id):
+        raise InvalidReport(
+            "apiserver_id",
+            apiserver_id,
+            "must be a DNS-1123 subdomain (upstream's IDs are 'apiserver-<base32>')",
         )
 
 
@@ -100,8 +125,11 @@ def check_report(
     encoding_version: str,
     decodable_versions: Sequence[str],
     served_versions: Sequence[str],
+    apiserver_id: str | None = None,
 ) -> None:
     """Raise :class:`InvalidReport` for the first rule the report breaks."""
+    if apiserver_id is not None:
+        check_apiserver_id(apiserver_id)
     check_group(group)
     check_resource(resource)
     check_kind(kind)
@@ -119,3 +147,11 @@ def check_report(
             f"must be one of decodable_versions {list(decodable_versions)}: "
             "a server cannot write a version it cannot read back",
         )
+    for version in served_versions:
+        if version not in decodable_versions:
+            raise InvalidReport(
+                "served_versions",
+                version,
+                f"must be one of decodable_versions {list(decodable_versions)}: "
+                "a server cannot serve a version it cannot decode",
+            )

@@ -71,7 +71,7 @@ from ledger.events import (
     StorageVersionWithdrawn,
     type_name,
 )
-from ledger.hashing import storage_version_hash
+from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from ledger.validation import InvalidReport, check_report
 from projections.state import (
@@ -279,6 +279,7 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
             event.encoding_version,
             event.decodable_versions,
             event.served_versions,
+            event.apiserver_id,
         )
     except InvalidReport as error:
         _reject(changes, event, revision, str(error))
@@ -307,7 +308,17 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
             key=lambda e: e.apiserver_id,
         )
     )
-    reported_hash = storage_version_hash(event.group, event.encoding_version, event.kind)
+    reported_hash = hash_of_stored(event.encoding_version, event.kind)
+    if event.storage_version_hash is not None and event.storage_version_hash != reported_hash:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"storage_version_hash {event.storage_version_hash!r} is not the hash"
+            f" {reported_hash!r} of {event.encoding_version} {event.kind}; the kind or the"
+            " encoding version is not what the apiserver stores",
+        )
+        return
     _set_entries(
         state, key, entries, event.kind, event.meta.occurred_at, revision, changes, reported_hash
     )
@@ -389,9 +400,7 @@ def _set_entries(
         persisted = (*persisted, reported_hash)
     current = None
     if storage_version is not None and storage_version.common_encoding_version is not None:
-        current = storage_version_hash(
-            key[1], storage_version.common_encoding_version, storage_version.kind
-        )
+        current = hash_of_stored(storage_version.common_encoding_version, storage_version.kind)
     _store(
         state.storage_states,
         key,

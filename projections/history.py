@@ -45,7 +45,7 @@ from ledger.events import (
     StorageVersionReported,
     StorageVersionWithdrawn,
 )
-from ledger.hashing import storage_version_hash
+from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from projections.schema import (
     ledger_events,
@@ -435,14 +435,13 @@ def hash_origins(facts: Facts) -> dict[str, HistoryEntry]:
     ``[Unknown]``, every report appends its version's hash if absent, a reset sets
     it to ``[Unknown]`` and a fresh migration success to ``[target hash]``.
     """
-    _, group, _ = facts.key
     targets = {m.migration_id: m.target_hash for m in facts.migrations}
     origins: dict[str, HistoryEntry] = {}
     for entry in _applied(facts, REPORTED, RESET, SUCCEEDED):
         p = entry.payload
         if entry.event_type == REPORTED:
             origins.setdefault(UNKNOWN_HASH, entry)
-            origins.setdefault(storage_version_hash(group, p["encoding_version"], p["kind"]), entry)
+            origins.setdefault(hash_of_stored(p["encoding_version"], p["kind"]), entry)
         elif entry.event_type == RESET:
             origins = {UNKNOWN_HASH: entry}
         elif p["migration_id"] in targets:

@@ -21,6 +21,7 @@ from ledger.events import (
     MigrationRequested,
 )
 from ledger.hashing import storage_version_hash
+from ledger.names import group_version
 from projections.state import UNKNOWN_HASH, State
 from simulation.cluster import LoadBalancer
 from simulation.scenario import Resource
@@ -99,7 +100,7 @@ class DiscoveryHashTrigger:
                     belief.migration_id,
                     resource.group,
                     resource.resource,
-                    target_version=version,
+                    target_version=group_version(resource.group, version),
                     target_hash=found,
                     # The old trigger knows no revisions; the ledger's guard gets the
                     # StorageVersion as it stands when the request is made.

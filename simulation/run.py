@@ -80,6 +80,7 @@ from ledger.events import (
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
 from ledger.kafka import EventProducer, Record, create_topics
+from ledger.names import group_version, split_group_version
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections import database
@@ -355,9 +356,9 @@ class _Run:
                     r.group,
                     r.resource,
                     r.kind,
-                    e.encoding_version,
-                    e.decodable_versions,
-                    e.served_versions,
+                    group_version(r.group, e.encoding_version),
+                    tuple(group_version(r.group, v) for v in e.decodable_versions),
+                    tuple(group_version(r.group, v) for v in e.served_versions),
                 )
                 for r in s.resources
                 for e in [binary.encodings[r.name]]
@@ -467,7 +468,7 @@ class _Run:
         key = self._key(resource)
         storage_version = views.storage_versions.get(key)
         entries = (
-            {e.apiserver_id: e.encoding_version for e in storage_version.entries}
+            {e.apiserver_id: _bare(e.encoding_version) for e in storage_version.entries}
             if storage_version
             else {}
         )
@@ -485,12 +486,16 @@ class _Run:
             encoding_versions=tuple(
                 entries.get(apiserver_id(a.hostname)) for a in self.scenario.apiservers
             ),
-            common_version=storage_version.common_encoding_version if storage_version else None,
+            common_version=(
+                _bare(storage_version.common_encoding_version)
+                if storage_version and storage_version.common_encoding_version
+                else None
+            ),
             persisted_versions=self._shown(hashes),
             baseline_persisted_versions=(
                 None if baseline_hashes is None else self._shown(baseline_hashes)
             ),
-            migration=f"{latest.phase} {latest.target_version}" if latest else None,
+            migration=f"{latest.phase} {_bare(latest.target_version)}" if latest else None,
             stored=dict(sorted(stored.items())),
             polluted=polluted(
                 resource, hashes if baseline_hashes is None else baseline_hashes, stored
@@ -516,7 +521,7 @@ class _Run:
             migration = state.migrations.get((self.scenario.cluster, event.migration_id))
             if migration is None or migration.resource_key != self._key(resource):
                 continue
-            to = migration.target_version
+            to = _bare(migration.target_version)
             match event:
                 case MigrationRequested():
                     news.append(f"migration to {to} requested")
@@ -533,3 +538,8 @@ class _Run:
                 case MigrationCancelled():
                     news.append(f"migration to {to} cancelled: {event.reason}")
         return news
+
+
+def _bare(version: str) -> str:
+    """A version as the scenario writes it: the resource's own group goes without saying."""
+    return split_group_version(version)[1]

@@ -192,14 +192,18 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
             if sensible and previous is not None and draw(st.integers(0, 3)) > 0:
                 entry = previous
             else:
-                encoding = draw(st.sampled_from(VERSIONS))
-                decodable = set(draw(st.sets(st.sampled_from(VERSIONS))))
+                # Versions as upstream writes them: group-qualified, bare for core.
+                versions = [f"{group}/{v}" if group else v for v in VERSIONS]
+                encoding = draw(st.sampled_from(versions))
+                decodable = set(draw(st.sets(st.sampled_from(versions))))
                 if sensible:
                     decodable.add(encoding)
                 else:
                     decodable.discard(encoding)
-                served = tuple(sorted(draw(st.sets(st.sampled_from(VERSIONS), min_size=1))))
-                entry = (encoding, tuple(sorted(decodable)), served)
+                served = draw(st.sets(st.sampled_from(versions), min_size=1))
+                if sensible:
+                    served &= decodable
+                entry = (encoding, tuple(sorted(decodable)), tuple(sorted(served)))
             if (
                 apiserver in cluster.holders
                 and sensible
@@ -261,14 +265,14 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
             changed_at = cluster.changed_at.get(subject, ["0:0"])
             target = cluster.common(subject)
             if target is None or not sensible:
-                target = draw(st.sampled_from(VERSIONS))
+                target = draw(st.sampled_from([f"{group}/{v}" if group else v for v in VERSIONS]))
             event = MigrationRequested(
                 dataclasses.replace(meta, source="migrator"),
                 migration_id,
                 group,
                 resource,
                 target,
-                storage_version_hash(group, target, kind),
+                storage_version_hash(*target.rpartition("/")[::2], kind),
                 changed_at[-1] if sensible else draw(st.sampled_from(changed_at[-3:])),
             )
         else:

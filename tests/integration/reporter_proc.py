@@ -15,7 +15,7 @@ from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 
 RESOURCES = (
-    ResourceReport("apps", "deployments", "Deployment", "v1", ("v1",), ("v1",)),
+    ResourceReport("apps", "deployments", "Deployment", "apps/v1", ("apps/v1",), ("apps/v1",)),
     ResourceReport("", "pods", "Pod", "v1", ("v1",), ("v1",)),
 )
 

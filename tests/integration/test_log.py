@@ -49,9 +49,13 @@ from ledger.settings import KafkaSettings
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 6
 RESOURCES = (
-    ResourceReport("apps", "deployments", "Deployment", "v1", ("v1", "v1beta1"), ("v1",)),
+    ResourceReport(
+        "apps", "deployments", "Deployment", "apps/v1", ("apps/v1", "apps/v1beta1"), ("apps/v1",)
+    ),
     ResourceReport("", "pods", "Pod", "v1", ("v1",), ("v1",)),
-    ResourceReport("batch", "cronjobs", "CronJob", "v1", ("v1",), ("v1", "v1beta1")),
+    ResourceReport(
+        "batch", "cronjobs", "CronJob", "batch/v1", ("batch/v1", "batch/v1beta1"), ("batch/v1",)
+    ),
 )
 ReporterEvent = (
     ApiserverHeartbeat | ApiserverLeaseReleased | StorageVersionReported | StorageVersionWithdrawn
@@ -396,8 +400,10 @@ async def test_update_reports_changes_withdraws_removed_and_gates_until_acked(
     settings = await _settings(kafka_bootstrap, unique_topic)
     clock = VirtualClock()
     _, pods, cronjobs = RESOURCES
-    upgraded = ResourceReport("apps", "deployments", "Deployment", "v2", ("v1", "v2"), ("v1", "v2"))
-    jobs = ResourceReport("batch", "jobs", "Job", "v1", ("v1",), ("v1",))
+    upgraded = ResourceReport(
+        "apps", "deployments", "Deployment", "apps/v2", ("apps/v1", "apps/v2"), ("apps/v2",)
+    )
+    jobs = ResourceReport("batch", "jobs", "Job", "batch/v1", ("batch/v1",), ("batch/v1",))
     producer = EventProducer(settings)
     async with producer:
         reporter = Reporter("prod", "upgraded.example", RESOURCES, producer, clock)

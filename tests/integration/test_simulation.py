@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers import scenario
 from ledger.settings import KafkaSettings
+from simulation import scenario
 from simulation.report import SimulationResult, TimelineRow
 from simulation.run import SimulationError, simulate
 from simulation.scenario import Restart

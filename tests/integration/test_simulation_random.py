@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from psycopg import sql
 from sqlalchemy.engine import URL
 
-from consumers import scenario
 from ledger.settings import KafkaSettings
 from projections import database
+from simulation import scenario
 from simulation.run import simulate
 
 pytestmark = pytest.mark.slow

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 import yaml
 from aiokafka import AIOKafkaProducer
 
-from consumers import scenario
 from ledger.events import ApiserverHeartbeat, Meta
 from ledger.kafka import connect, create_topics, to_record
 from ledger.settings import KafkaSettings
+from simulation import scenario
 from simulation.checks import LogMirror
 from simulation.run import VIRTUAL_START, simulate
 

@@ -99,7 +99,7 @@ class Scenario:
         return self.add(
             StorageVersionReported(
                 self.meta(apiserver), apiserver, "apps", "deployments", "Deployment",
-                version, ("v1", "v2"), ("v1", "v2"),
+                f"apps/{version}", ("apps/v1", "apps/v2"), ("apps/v1", "apps/v2"),
             )
         )  # fmt: skip
 
@@ -138,7 +138,7 @@ def rolling_upgrade() -> tuple[Scenario, dict[str, Position]]:
     h2 = storage_version_hash("apps", "v2", "Deployment")
     at["request m1"] = s.add(
         MigrationRequested(
-            s.meta("migrator"), "m1", "apps", "deployments", "v1", h1, str(at["report c v1"])
+            s.meta("migrator"), "m1", "apps", "deployments", "apps/v1", h1, str(at["report c v1"])
         )
     )
     s.add(MigrationStarted(s.meta("worker"), "m1"))
@@ -149,7 +149,7 @@ def rolling_upgrade() -> tuple[Scenario, dict[str, Position]]:
     at["report b v2"] = s.report("b", "v2")
     at["request m2"] = s.add(
         MigrationRequested(
-            s.meta("migrator"), "m2", "apps", "deployments", "v2", h2, str(at["report b v2"])
+            s.meta("migrator"), "m2", "apps", "deployments", "apps/v2", h2, str(at["report b v2"])
         )
     )
     at["start m2"] = s.add(MigrationStarted(s.meta("worker"), "m2"))
@@ -165,8 +165,8 @@ def test_explanation_cites_the_reports_behind_each_entry_and_the_agreement(
     lines = text.splitlines()
     entry_a = next(line for line in lines if line.strip().startswith("- a encodes"))
     entry_b = next(line for line in lines if line.strip().startswith("- b encodes"))
-    assert "encodes in v2" in entry_a and f"at {at['report a v2']} " in entry_a
-    assert "encodes in v2" in entry_b and f"at {at['report b v2']} " in entry_b
+    assert "encodes in apps/v2" in entry_a and f"at {at['report a v2']} " in entry_a
+    assert "encodes in apps/v2" in entry_b and f"at {at['report b v2']} " in entry_b
     assert not any(line.strip().startswith("- c encodes") for line in lines)
     agreement = next(line for line in lines if line.startswith("They agree"))
     # Agreement came back when b moved to v2, the last apiserver still on v1.
@@ -199,7 +199,7 @@ def test_every_persisted_hash_is_traced_to_the_event_that_put_it_there(
     assert origins[h2].position == at["report a v2"]
     text = explanation(facts)
     assert f"- {h1}: migration m1 rewrote every object" in text
-    assert f"- {h2}: a reported encoding version v2" in text
+    assert f"- {h2}: a reported encoding version apps/v2" in text
 
 
 def test_explanation_gives_the_latest_migration_and_its_phase(
@@ -208,7 +208,7 @@ def test_explanation_gives_the_latest_migration_and_its_phase(
     scenario, at = rolling_upgrade
     text = explanation(scenario.facts())
     migration = text[text.index("Latest migration") :]
-    assert migration.startswith("Latest migration m2 (of 2): Running, to v2")
+    assert migration.startswith("Latest migration m2 (of 2): Running, to apps/v2")
     assert f"at {at['request m2']} " in migration and f"at {at['start m2']} " in migration
 
 

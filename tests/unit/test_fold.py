@@ -507,12 +507,33 @@ def test_persisted_hashes_accumulate_every_reported_version_until_reset() -> Non
 
 def test_hashes_follow_the_upstream_formula_with_group_and_kind() -> None:
     log = joined("1")
-    log.report("1", "v1", resource=DEPLOYMENTS)
+    log.report("1", "apps/v1", ("apps/v1",), ("apps/v1",), resource=DEPLOYMENTS)
 
     assert log.storage_state(DEPLOYMENTS).current_storage_version_hash == (
         storage_version_hash("apps", "v1", "Deployment")
     )
     assert storage_version_hash("", "v1", "Pod") == "xPOwRZ+Yhw8="
+
+
+def test_a_resource_stored_in_another_groups_version_hashes_what_is_stored() -> None:
+    # events.k8s.io events are stored as core v1 Events: upstream writes encoding "v1".
+    events = ("events.k8s.io", "events", "Event")
+    log = joined("1")
+    log.report("1", "v1", ("v1", "events.k8s.io/v1"), ("events.k8s.io/v1",), resource=events)
+
+    assert log.storage_state(events).current_storage_version_hash == (
+        storage_version_hash("", "v1", "Event")
+    )
+    assert log.storage_version(events).common_encoding_version == "v1"
+
+
+def test_a_served_version_that_cannot_be_decoded_is_rejected() -> None:
+    log = joined("1")
+    changes = log.report("1", "apps/v1", ("apps/v1",), ("apps/v2",), resource=DEPLOYMENTS)
+
+    [rejection] = changes.rejections
+    assert "served_versions 'apps/v2'" in rejection.reason
+    assert log.state.storage_versions == {}
 
 
 def test_reset_of_an_unknown_resource_is_rejected() -> None:

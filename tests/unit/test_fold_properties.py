@@ -134,7 +134,7 @@ def assert_storage_versions_consistent(state: State) -> None:
         expected = (
             None
             if reported is None or common is None
-            else storage_version_hash(key[1], common, reported.kind)
+            else storage_version_hash(*common.rpartition("/")[::2], reported.kind)
         )
         assert storage_state.current_storage_version_hash == expected
         assert storage_state.persisted_storage_version_hashes

@@ -131,3 +131,40 @@ def test_reports_compare_by_value_whatever_sequence_was_given() -> None:
     assert _report(decodable_versions=["v1", "v1beta1"]) == _report(
         decodable_versions=("v1", "v1beta1")
     )
+
+
+def test_versions_are_group_qualified_as_upstream_writes_them() -> None:
+    report = _report(
+        encoding_version="apps/v1",
+        decodable_versions=("apps/v1", "apps/v1beta2"),
+        served_versions=("apps/v1",),
+    )
+    assert report.encoding_version == "apps/v1"
+    # events.k8s.io events are stored as core v1 Events.
+    _report(
+        group="events.k8s.io",
+        resource="events",
+        kind="Event",
+        encoding_version="v1",
+        decodable_versions=("v1", "events.k8s.io/v1"),
+        served_versions=("events.k8s.io/v1",),
+    )
+
+
+@pytest.mark.parametrize("bad", ["Apps/v1", "apps/", "/v1", "apps/v1/x", "apps/V1", "a_b/v1"])
+def test_a_malformed_group_version_is_refused(bad: str) -> None:
+    with pytest.raises(InvalidReport) as raised:
+        _report(encoding_version=bad, decodable_versions=(bad,), served_versions=())
+    assert raised.value.field == "encoding_version"
+    assert raised.value.value == bad
+
+
+def test_a_served_version_must_be_decodable() -> None:
+    with pytest.raises(InvalidReport) as raised:
+        _report(
+            encoding_version="apps/v1",
+            decodable_versions=("apps/v1",),
+            served_versions=("apps/v1", "apps/v2"),
+        )
+    assert (raised.value.field, raised.value.value) == ("served_versions", "apps/v2")
+    assert "cannot serve a version it cannot decode" in str(raised.value)

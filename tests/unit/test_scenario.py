@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers import scenario
+from simulation import scenario
 from simulation.scenario import Crash, Restart, ScenarioError, Start, Stop, Write
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
