@@ -200,7 +200,10 @@ class PartitionFollower:
             await producer.start()
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
-            await member.seek_to_beginning(partition)
+            if not await member.seek_to_beginning(partition):
+                # A rebalance took the partition while the producer started.
+                await producer.stop()
+                continue
             self.logs[partition] = PartitionLog(self, partition, producer, barrier)
 
     async def batches(self, stop: asyncio.Event) -> AsyncIterator[Folded]:

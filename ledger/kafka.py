@@ -49,7 +49,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, T
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, for_code
+from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError, for_code
 from aiokafka.partitioner import DefaultPartitioner
 
 from ledger.codec import CodecError, decode, encode
@@ -505,8 +505,16 @@ class GroupMember:
         ends: dict[TopicPartition, int] = await self._kafka.end_offsets([tp])
         return ends[tp]
 
-    async def seek_to_beginning(self, partition: int) -> None:
-        await self._kafka.seek_to_beginning(self._tp(partition))
+    async def seek_to_beginning(self, partition: int) -> bool:
+        """Read ``partition`` from its start; False if a rebalance has taken it meanwhile."""
+        tp = self._tp(partition)
+        if tp not in self._kafka.assignment():
+            return False
+        try:
+            await self._kafka.seek_to_beginning(tp)
+        except IllegalStateError:  # revoked between the check and the seek
+            return False
+        return True
 
     async def position(self, partition: int) -> int:
         position: int = await self._kafka.position(self._tp(partition))

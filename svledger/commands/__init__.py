@@ -13,6 +13,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     log.add_topics,
     log.add_db,
     log.add_project,
+    services.add_collect,
     services.add_lease_gc,
     services.add_migrator,
     services.add_worker,

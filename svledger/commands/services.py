@@ -156,3 +156,58 @@ def _worker(args: argparse.Namespace) -> int:
             target.close()
 
     return run_until_signalled(work)
+
+
+def add_collect(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "collect",
+        _collect,
+        help="follow a real cluster's kube-apiservers into the ledger",
+        description=(
+            "Watch one real Kubernetes cluster's apiserver identity Leases (kube-system,\n"
+            "apiserver.kubernetes.io/identity=kube-apiserver) and StorageVersion objects\n"
+            "(internal.apiserver.k8s.io/v1alpha1; kube-apiserver needs the StorageVersionAPI\n"
+            "feature gate and that API enabled) and append what the ledger lacks:\n"
+            "a heartbeat per lease renewal, the lease's end when it is deleted, a report per\n"
+            "new or changed entry (never a withdrawal: the ledger removes an apiserver's\n"
+            "entries itself when its lease ends). A restarted collector appends only what is\n"
+            "missing; a second one for the same cluster is fenced and appends nothing.\n"
+            "The cluster is addressed as kubectl does: --kubeconfig, KUBECONFIG or\n"
+            "~/.kube/config with --context, else the pod's service account."
+        ),
+    )
+    parser.add_argument(
+        "--cluster", required=True, help="the cluster's name in the ledger (every event's key)"
+    )
+    add_kafka_options(parser)
+    add_kubeconfig_options(parser)
+
+
+def add_kubeconfig_options(parser: argparse.ArgumentParser) -> None:
+    api = parser.add_argument_group(
+        "Kubernetes API", "as kubectl: a kubeconfig, else the pod's service account"
+    )
+    api.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)",
+    )
+    api.add_argument("--context", help="kubeconfig context (default: its current context)")
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from kube.client import connect
+    from kube.collector import run_collector
+    from ledger.clock import SystemClock
+
+    settings = kafka_settings(args)
+
+    async def collect(stop: asyncio.Event) -> None:
+        kube = await connect(args.kubeconfig, args.context)
+        try:
+            await run_collector(settings, args.cluster, kube, stop=stop, clock=SystemClock())
+        finally:
+            await kube.close()
+
+    return run_until_signalled(collect)

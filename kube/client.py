@@ -1,0 +1,202 @@
+"""Reaching a Kubernetes cluster as kubectl does: the one module that holds the client library.
+
+:func:`connect` resolves credentials in kubectl's order: ``--kubeconfig`` (else the
+``KUBECONFIG`` variable, else ``~/.kube/config``) with ``--context`` (else the file's
+current context); when there is no kubeconfig at all, the pod's service account
+(in-cluster). Everything kubeconfig can say works, because the client library
+(``kubernetes_asyncio``) reads it: bearer tokens, client certificates, exec credential
+plugins, CA bundles, ``insecure-skip-tls-verify``.
+
+:class:`Kube` is what the rest of svledger sees of the library: JSON objects as plain
+dicts (lists, watches and discovery of any group, built-in or not, through the
+generic REST paths), errors as :class:`ApiError` with the HTTP status. Nothing else
+imports ``kubernetes_asyncio`` (checked by ``tests/unit/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from ledger.errors import Unavailable, UsageError
+
+WATCH_SECONDS: Final = 290  # the server ends a watch after this; it is then resumed
+
+
+class ConfigurationError(UsageError):
+    """The cluster cannot be addressed as given (kubeconfig, context, service account)."""
+
+
+class ApiError(Exception):
+    """A request the API server refused or could not answer; ``status`` is its HTTP code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ClusterUnreachable(Unavailable):
+    """The API server did not answer at all."""
+
+
+async def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
+    """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``."""
+    configuration = client.Configuration()
+    path = kubeconfig or _default_kubeconfig()
+    try:
+        if path is not None:
+            await config.load_kube_config(
+                config_file=path, context=context, client_configuration=configuration
+            )
+        else:
+            if context is not None:
+                raise ConfigurationError(
+                    f"--context {context!r} needs a kubeconfig: none given (--kubeconfig),"
+                    " none in KUBECONFIG, none at ~/.kube/config"
+                )
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+    except ConfigException as error:
+        where = f"kubeconfig {path}" if path else "the in-cluster service account"
+        raise ConfigurationError(
+            f"cannot use {where}: {error}; give --kubeconfig PATH (and --context NAME)"
+        ) from error
+    return Kube(configuration)
+
+
+def _default_kubeconfig() -> str | None:
+    from_env = os.environ.get("KUBECONFIG", "")
+    # kubectl merges a KUBECONFIG list; the first file that exists is the one we use.
+    for candidate in from_env.split(os.pathsep):
+        if candidate and Path(candidate).expanduser().is_file():
+            return str(Path(candidate).expanduser())
+    home = Path.home() / ".kube" / "config"
+    return str(home) if home.is_file() else None
+
+
+class Kube:
+    """Plain-JSON access to one API server (or, :meth:`at`, one of its peers)."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        self._configuration = configuration
+        self._api = client.ApiClient(configuration)
+        self._objects = client.CustomObjectsApi(self._api)
+
+    @property
+    def host(self) -> str:
+        return str(self._configuration.host)
+
+    def at(self, host: str) -> Kube:
+        """The same credentials, addressed to ``host`` (e.g. one apiserver of several)."""
+        configuration = copy.copy(self._configuration)
+        configuration.host = host
+        return Kube(configuration)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def get(self, path: str) -> dict[str, Any]:
+        """GET ``path`` (e.g. ``/apis/apps/v1``) as JSON."""
+        try:
+            response = await self._api.call_api(
+                path,
+                "GET",
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                response_types_map={200: "object"},
+                _return_http_data_only=True,
+            )
+        except ApiException as error:
+            raise _api_error(error, path) from error
+        except aiohttp.ClientError as error:
+            raise self._unreachable(error) from error
+        result: dict[str, Any] = response
+        return result
+
+    async def list(
+        self, group: str, version: str, plural: str, namespace: str | None, **query: Any
+    ) -> dict[str, Any]:
+        """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
+        try:
+            if namespace is None:
+                page = await self._objects.list_cluster_custom_object(
+                    group, version, plural, **query
+                )
+            else:
+                page = await self._objects.list_namespaced_custom_object(
+                    group, version, namespace, plural, **query
+                )
+        except ApiException as error:
+            raise _api_error(error, f"{plural}.{group}") from error
+        except aiohttp.ClientError as error:
+            raise self._unreachable(error) from error
+        result: dict[str, Any] = page
+        return result
+
+    async def watch(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None,
+        resource_version: str,
+        **query: Any,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) from ``resource_version`` on, bookmarks included, until the
+        server ends the watch; ``ApiError(410)`` when the version is too old."""
+        if namespace is None:
+            method: Any = self._objects.list_cluster_custom_object
+            args: tuple[str, ...] = (group, version, plural)
+        else:
+            method = self._objects.list_namespaced_custom_object
+            args = (group, version, namespace, plural)
+        stream = watch.Watch()
+        try:
+            async with stream.stream(
+                method,
+                *args,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                **query,
+            ) as events:
+                async for event in events:
+                    yield event["type"], event["raw_object"]
+        except ApiException as error:
+            raise _api_error(error, f"watch of {plural}.{group}") from error
+        except aiohttp.ClientError as error:
+            raise self._unreachable(error) from error
+
+    def _unreachable(self, error: Exception) -> ClusterUnreachable:
+        return ClusterUnreachable(
+            f"cannot reach the Kubernetes API server at {self.host}: {error}; check that it"
+            " runs and that the kubeconfig's server address is right"
+        )
+
+
+def _api_error(error: ApiException, what: str) -> ApiError:
+    status = int(error.status or 0)
+    reason = error.reason or ""
+    message = _status_message(error.body) or reason
+    return ApiError(status, f"{what}: HTTP {status} {reason}: {message}".rstrip(": "))
+
+
+def _status_message(body: object) -> str:
+    if isinstance(body, bytes | str):
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return str(body)[:200]
+        if isinstance(parsed, Mapping):
+            return str(parsed.get("message", ""))
+    return ""

@@ -1,0 +1,284 @@
+"""``svledger collect --cluster NAME``: the ledger's source for a real Kubernetes cluster.
+
+kube-apiservers are Go programs that cannot embed the reporter, but they publish the
+same facts: an identity Lease each in ``kube-system``, and (``StorageVersionAPI``)
+their ``serverStorageVersions`` entries in a StorageVersion object per resource. The
+collector watches both and appends what the ledger lacks (:mod:`kube.upstream` says
+what that is; this module only moves data).
+
+**Watching.** Each of the two is listed, then watched from the list's
+``resourceVersion`` with bookmarks, so a resumed watch starts where the last one
+ended; the server ends a watch every few minutes and it is resumed from the last
+version seen. ``410 Gone`` (the version is too old) means list again. Errors back off
+(doubling to 30 s) and are retried; nothing is appended until both have been listed
+once, so a collector never mistakes "not listed yet" for "deleted".
+
+**One writer per cluster.** The collector follows the log with
+:class:`~consumers.partitions.PartitionFollower` in a consumer group of its own per
+cluster (``svledger-collector.NAME``) and appends through the partition's
+transactional producer. Starting that producer fences every earlier collector of the
+cluster (a zombie, a second copy started by mistake), and the partition's fold is
+rebuilt up to the log's end as of that moment before anything is decided, so the
+ledger state the collector compares with includes everything any earlier collector
+ever appended: a restarted collector appends only what is missing, and two
+collectors never both append. The collector decides on the cluster's partition only
+once it is caught up with its own last append.
+
+**Kinds.** A report needs the kind of the objects (the storage version hash is computed
+from group, version and kind), which StorageVersion objects do not carry. It comes
+from discovery, asked once and again whenever an entry names a resource it has not
+seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Final
+
+from consumers.partitions import PartitionFollower, PartitionLost
+from kube.client import ApiError, Kube
+from kube.upstream import (
+    IDENTITY_LABEL,
+    IDENTITY_VALUE,
+    NotUpstream,
+    Snapshot,
+    parse_lease,
+    parse_storage_version,
+    reconcile,
+)
+from ledger.clock import Clock
+from ledger.kafka import partition_of, topic_partitions
+from ledger.names import split_group_version
+from ledger.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+GROUP_ID: Final = "svledger-collector"
+LEASES: Final = ("coordination.k8s.io", "v1", "leases", "kube-system")
+STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "v1alpha1", "storageversions", None)
+MAX_BACKOFF_SECONDS: Final = 30.0
+GONE: Final = 410
+DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
+_IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_VALUE}"
+
+
+class Discovery:
+    """Kinds of resources by (group, resource), from the API server's discovery."""
+
+    def __init__(self, kube: Kube, clock: Clock) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._kinds: dict[tuple[str, str], str] = {}
+        self._stale = True
+        self._read_at: datetime | None = None
+
+    def kind_of(self, group: str, resource: str, version: str) -> str | None:
+        """The kind of ``resource`` stored as ``version`` (its own group's if not served)."""
+        stored_group, _ = split_group_version(version)
+        kind = self._kinds.get((stored_group, resource)) or self._kinds.get((group, resource))
+        if kind is None:
+            self._stale = True
+        return kind
+
+    async def refresh(self) -> None:
+        """Read discovery again if a kind was missed since the last read (rate-limited)."""
+        now = self._clock.now()
+        if not self._stale or (
+            self._read_at is not None and (now - self._read_at).total_seconds() < DISCOVERY_SECONDS
+        ):
+            return
+        self._read_at = now
+        kinds: dict[tuple[str, str], str] = {}
+        paths = ["/api/v1"]
+        groups = await self._kube.get("/apis")
+        paths += [
+            f"/apis/{v['groupVersion']}" for g in groups.get("groups", ()) for v in g["versions"]
+        ]
+        for path in paths:
+            try:
+                listing = await self._kube.get(path)
+            except ApiError as error:  # an aggregated API that is down: skip it
+                log.warning("discovery of %s failed: %s", path, error)
+                continue
+            group, _ = split_group_version(listing.get("groupVersion", "v1"))
+            for resource in listing.get("resources", ()):
+                if "/" not in resource["name"]:  # not a subresource
+                    kinds.setdefault((group, resource["name"]), resource["kind"])
+        self._kinds = kinds
+        self._stale = False
+
+
+class ClusterWatch:
+    """The cluster's identity Leases and StorageVersions, kept in a :class:`Snapshot`."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.snapshot = Snapshot()
+        self.changed = asyncio.Event()
+        self._kube = kube
+        self._listed: set[str] = set()
+
+    @property
+    def synced(self) -> bool:
+        return self._listed == {LEASES[2], STORAGE_VERSIONS[2]}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self._follow(LEASES, self._leases, stop, label_selector=_IDENTITY_SELECTOR),
+            self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
+        )
+
+    def _leases(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.snapshot.leases.pop(name, None)
+            return
+        try:
+            self.snapshot.leases[name] = parse_lease(obj)
+        except NotUpstream as error:
+            self.snapshot.leases.pop(name, None)
+            log.info("ignoring lease: %s", error)
+
+    def _storage_versions(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.snapshot.objects.pop(name, None)
+            return
+        try:
+            self.snapshot.objects[name] = parse_storage_version(obj)
+        except NotUpstream as error:
+            log.warning("ignoring StorageVersion: %s", error)
+
+    async def _follow(
+        self,
+        what: tuple[str, str, str, str | None],
+        apply: Callable[[str, dict[str, Any]], None],
+        stop: asyncio.Event,
+        **query: Any,
+    ) -> None:
+        group, version, plural, namespace = what
+        backoff = 0.5
+        resource_version: str | None = None
+        while not stop.is_set():
+            try:
+                if resource_version is None:
+                    resource_version = await self._relist(what, apply, **query)
+                    backoff = 0.5
+                async for kind, obj in self._kube.watch(
+                    group, version, plural, namespace, resource_version, **query
+                ):
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if kind != "BOOKMARK":
+                        apply(kind, obj)
+                        self.changed.set()
+                    if stop.is_set():
+                        return
+            except ApiError as error:
+                if error.status == GONE:
+                    log.info("%s: watch expired (410 Gone); listing again", plural)
+                    resource_version = None
+                    continue
+                log.warning("%s: %s; retrying in %.1f s", plural, error, backoff)
+            except Exception as error:  # a broken connection, an unreachable server
+                log.warning("%s: %s; retrying in %.1f s", plural, error, backoff)
+            await _sleep_or_stop(stop, backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    async def _relist(
+        self,
+        what: tuple[str, str, str, str | None],
+        apply: Callable[[str, dict[str, Any]], None],
+        **query: Any,
+    ) -> str:
+        """List everything (in pages), replacing what the snapshot held; the list's version."""
+        group, version, plural, namespace = what
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self._kube.list(
+                group, version, plural, namespace, limit=500, _continue=token or None, **query
+            )
+            items += page.get("items", ())
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                break
+        if plural == LEASES[2]:
+            self.snapshot.leases.clear()
+        else:
+            self.snapshot.objects.clear()
+        for obj in items:
+            apply("ADDED", obj)
+        self._listed.add(plural)
+        self.changed.set()
+        resource_version: str = page["metadata"]["resourceVersion"]
+        return resource_version
+
+
+async def run_collector(
+    settings: KafkaSettings,
+    cluster: str,
+    kube: Kube,
+    *,
+    stop: asyncio.Event,
+    clock: Clock,
+    group_id: str = GROUP_ID,
+) -> None:
+    """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set."""
+    partition = partition_of(cluster, await topic_partitions(settings))
+    watcher = ClusterWatch(kube)
+    discovery = Discovery(kube, clock)
+    told: set[str] = set()  # problems logged once each
+    watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
+    group = f"{group_id}.{cluster}"
+    follower = PartitionFollower(settings, group_id=group, transactional_prefix=group)
+    try:
+        async with follower:
+            async for folded in follower.batches(stop):
+                partition_log = folded.log
+                if partition_log.partition != partition or not partition_log.caught_up:
+                    continue
+                if not watcher.synced or not (watcher.changed.is_set() or folded.events):
+                    continue
+                watcher.changed.clear()
+                await _guard(discovery.refresh, "discovery")
+                events, problems = reconcile(
+                    partition_log.state, cluster, watcher.snapshot, discovery.kind_of, clock.now()
+                )
+                for problem in problems:
+                    if problem not in told:
+                        told.add(problem)
+                        log.warning("cannot report yet: %s", problem)
+                if problems:
+                    watcher.changed.set()  # try again once discovery is read again
+                if not events:
+                    continue
+                try:
+                    positions = await partition_log.commit(events)
+                except PartitionLost:
+                    watcher.changed.set()
+                    continue
+                log.info(
+                    "appended %d events for cluster %s",
+                    len(events),
+                    cluster,
+                    extra={"cluster": cluster, "events": len(events), "last": str(positions[-1])},
+                )
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+
+async def _guard(action: Callable[[], Awaitable[None]], what: str) -> None:
+    try:
+        await action()
+    except Exception as error:
+        log.warning("%s failed: %s; retried at the next change", what, error)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,259 @@
+"""What real kube-apiservers publish, and what the ledger must append to hold the same.
+
+Pure: no client, no clock. The collector's shell (:mod:`kube.collector`) keeps a
+:class:`Snapshot` of one cluster's identity Leases and StorageVersion entries as its
+watches see them, and asks :func:`reconcile` what to append so that the ledger's
+fold (:class:`projections.state.State`, read back from the log) holds the same:
+
+* an identity Lease whose ``renewTime`` (or holder) is newer than the ledger's lease
+  of that apiserver -> ``ApiserverHeartbeat``, at the lease's own renew time: one
+  event per renewal, however often a watch or a re-list shows the same lease;
+* a lease the ledger holds but the cluster no longer has -> ``ApiserverLeaseExpired``
+  when it had expired by its own ``renewTime + leaseDurationSeconds``, else
+  ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
+  gracefully, and again when it starts);
+* a ``serverStorageVersions`` entry of a live apiserver that the ledger lacks or holds
+  otherwise -> ``StorageVersionReported``, with versions as upstream writes them;
+  always after that apiserver's heartbeat in the same batch, so membership comes first.
+
+An entry that vanished from an upstream object is **not** withdrawn. kube-apiservers
+never remove their own entries; only kube-controller-manager's StorageVersion GC
+does, and it races with restarts (it can delete the entries an apiserver has just
+re-registered). The ledger removes entries itself when their apiserver's lease ends,
+so the collector need not, and must not, trust a vanished entry.
+
+Because :func:`reconcile` compares with the ledger rather than with what the watch
+showed before, a restarted collector (which reads the ledger back from the log)
+appends exactly what the ledger lacks, and a re-list after ``410 Gone`` appends
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Final, TypeAlias
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    Event,
+    Meta,
+    StorageVersionReported,
+)
+from ledger.names import CORE_GROUP_ALIAS, split_group_version
+from ledger.validation import InvalidReport, check_report
+from projections.state import State
+
+IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
+IDENTITY_VALUE: Final = "kube-apiserver"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+SOURCE: Final = "svledger-collector"
+
+EntryKey: TypeAlias = tuple[str, str, str]  # apiserver ID, group, resource
+# The kind of ``resource`` stored as a group-qualified version; None if discovery has none.
+KindOf: TypeAlias = Callable[[str, str, str], str | None]  # (group, resource, version)
+
+
+class NotUpstream(ValueError):
+    """An object that is not what the collector watches for, or is malformed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """An apiserver identity Lease (``coordination.k8s.io/v1``, ``kube-system``)."""
+
+    apiserver_id: str  # the Lease's name
+    holder_identity: str
+    hostname: str
+    lease_duration_seconds: int
+    renew_time: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One apiserver's ``serverStorageVersions`` entry in a resource's StorageVersion."""
+
+    apiserver_id: str
+    group: str
+    resource: str
+    encoding_version: str
+    decodable_versions: tuple[str, ...]  # sorted: upstream's order carries no meaning
+    served_versions: tuple[str, ...]  # sorted: upstream lists them in map order
+
+    @property
+    def key(self) -> EntryKey:
+        return (self.apiserver_id, self.group, self.resource)
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """The cluster as the collector's watches last showed it."""
+
+    leases: dict[str, Lease] = dataclasses.field(default_factory=dict)
+    # Entries by StorageVersion object name, so an update replaces the object's entries.
+    objects: dict[str, dict[EntryKey, Entry]] = dataclasses.field(default_factory=dict)
+
+    def entries(self) -> dict[EntryKey, Entry]:
+        return {key: e for entries in self.objects.values() for key, e in entries.items()}
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 time as Kubernetes writes it (``2026-11-23T03:10:00.123456Z``)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def parse_lease(obj: Mapping[str, Any]) -> Lease:
+    """The identity lease in a Lease object; :class:`NotUpstream` if it is none."""
+    metadata = obj.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    spec = obj.get("spec") or {}
+    name = metadata.get("name", "")
+    if labels.get(IDENTITY_LABEL) != IDENTITY_VALUE:
+        raise NotUpstream(f"lease {name!r} is not a kube-apiserver identity lease")
+    holder = spec.get("holderIdentity")
+    renew = spec.get("renewTime")
+    duration = spec.get("leaseDurationSeconds")
+    if not holder or not renew or not duration:
+        # Upstream's own lease GC deletes such leases; the ledger cannot fold them.
+        raise NotUpstream(
+            f"identity lease {name!r} lacks holderIdentity, renewTime or leaseDurationSeconds"
+        )
+    return Lease(name, holder, labels.get(HOSTNAME_LABEL, ""), int(duration), parse_time(renew))
+
+
+def parse_storage_version(obj: Mapping[str, Any]) -> dict[EntryKey, Entry]:
+    """The entries of a StorageVersion object, keyed by (apiserver ID, group, resource).
+
+    The object is named ``<group>.<resource>``, ``core.<resource>`` for the core group;
+    a resource name has no dots, so the name splits at its last one, as upstream's
+    validation splits it.
+    """
+    name = (obj.get("metadata") or {}).get("name", "")
+    group, dot, resource = name.rpartition(".")
+    if not dot or not group or not resource:
+        raise NotUpstream(f"StorageVersion {name!r} is not named <group>.<resource>")
+    if group == CORE_GROUP_ALIAS:
+        group = ""
+    entries: dict[EntryKey, Entry] = {}
+    for raw in (obj.get("status") or {}).get("storageVersions") or ():
+        entry = Entry(
+            apiserver_id=raw.get("apiServerID", ""),
+            group=group,
+            resource=resource,
+            encoding_version=raw.get("encodingVersion", ""),
+            decodable_versions=tuple(sorted(set(raw.get("decodableVersions") or ()))),
+            served_versions=tuple(sorted(set(raw.get("servedVersions") or ()))),
+        )
+        entries[entry.key] = entry
+    return entries
+
+
+def reconcile(
+    state: State, cluster: str, snapshot: Snapshot, kind_of: KindOf, now: datetime
+) -> tuple[list[Event], list[str]]:
+    """What to append so the ledger holds what ``snapshot`` shows, and what cannot be.
+
+    Returns the events, in the order to append them (heartbeats, then lease ends, then
+    reports), and one line per entry that cannot be reported yet (no kind known, or a
+    report upstream's validation would refuse), for the shell to log.
+    """
+    events: list[Event] = []
+    problems: list[str] = []
+    live: set[str] = set()
+    for apiserver_id, lease in sorted(snapshot.leases.items()):
+        live.add(apiserver_id)
+        held = state.leases.get((cluster, apiserver_id))
+        if (
+            held is not None
+            and held.holder_identity == lease.holder_identity
+            and held.renew_time >= lease.renew_time
+        ):
+            continue
+        events.append(
+            ApiserverHeartbeat(
+                Meta.new(cluster, apiserver_id, lease.renew_time),
+                apiserver_id,
+                lease.holder_identity,
+                lease.hostname,
+                lease.lease_duration_seconds,
+                lease.renew_time,
+            )
+        )
+    for (lease_cluster, apiserver_id), held in sorted(state.leases.items()):
+        if lease_cluster != cluster or apiserver_id in live:
+            continue
+        expired_at = held.renew_time + timedelta(seconds=held.lease_duration_seconds)
+        ended: Event
+        if expired_at < now:
+            ended = ApiserverLeaseExpired(
+                Meta.new(cluster, SOURCE, now),
+                apiserver_id,
+                held.renew_time,
+                held.lease_duration_seconds,
+            )
+        else:
+            ended = ApiserverLeaseReleased(
+                Meta.new(cluster, apiserver_id, now), apiserver_id, held.holder_identity
+            )
+        events.append(ended)
+    for _, entry in sorted(snapshot.entries().items()):
+        if entry.apiserver_id not in live or _holds(state, cluster, entry):
+            continue
+        report = _report(cluster, entry, kind_of, now)
+        if isinstance(report, str):
+            problems.append(report)
+        else:
+            events.append(report)
+    return events, problems
+
+
+def _holds(state: State, cluster: str, entry: Entry) -> bool:
+    storage_version = state.storage_versions.get((cluster, entry.group, entry.resource))
+    if storage_version is None:
+        return False
+    for held in storage_version.entries:
+        if held.apiserver_id == entry.apiserver_id:
+            return (
+                held.encoding_version == entry.encoding_version
+                and set(held.decodable_versions) == set(entry.decodable_versions)
+                and set(held.served_versions) == set(entry.served_versions)
+            )
+    return False
+
+
+def _report(
+    cluster: str, entry: Entry, kind_of: KindOf, now: datetime
+) -> StorageVersionReported | str:
+    where = f"{entry.apiserver_id}'s entry for {entry.resource}.{entry.group or 'core'}"
+    try:
+        split_group_version(entry.encoding_version)
+    except ValueError as error:
+        return f"{where}: {error}"
+    kind = kind_of(entry.group, entry.resource, entry.encoding_version)
+    if kind is None:
+        return f"{where}: discovery names no kind for it in {entry.encoding_version}; retried"
+    try:
+        check_report(
+            entry.group,
+            entry.resource,
+            kind,
+            entry.encoding_version,
+            entry.decodable_versions,
+            entry.served_versions,
+            entry.apiserver_id,
+        )
+    except InvalidReport as error:
+        return f"{where}: {error}"
+    return StorageVersionReported(
+        Meta.new(cluster, entry.apiserver_id, now),
+        entry.apiserver_id,
+        entry.group,
+        entry.resource,
+        kind,
+        entry.encoding_version,
+        entry.decodable_versions,
+        entry.served_versions,
+    )

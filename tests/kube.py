@@ -1,0 +1,115 @@
+"""Comparing the ledger with what real kube-apiservers publish, for the real-cluster tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
+
+from kube.client import Kube
+from kube.upstream import IDENTITY_LABEL, IDENTITY_VALUE, parse_lease, parse_storage_version
+from ledger.kafka import EventConsumer, Record
+from ledger.names import resource_name
+from ledger.settings import KafkaSettings
+from projections.fold import apply
+from projections.state import State
+
+# name -> (entries by apiserver ID: (encoding, decodable set, served set), common version,
+# condition (type, status, reason))
+Views: TypeAlias = dict[str, tuple[dict[str, tuple[str, frozenset[str], frozenset[str]]], Any, Any]]
+# apiserver ID -> (holder, hostname, duration, renew time)
+Leases: TypeAlias = dict[str, tuple[str, str, int, Any]]
+
+
+async def ledger_of(settings: KafkaSettings, cluster: str) -> tuple[State, list[Record]]:
+    """The cluster's fold and records, read from the log up to its end now."""
+    state = State()
+    records = []
+    async with EventConsumer(settings, until="end") as consumer:
+        async for record in consumer:
+            if record.event.meta.cluster == cluster:
+                apply(state, record.event, record.position)
+                records.append(record)
+    return state, records
+
+
+def ledger_views(state: State, cluster: str) -> Views:
+    views: Views = {}
+    for (c, group, resource), sv in state.storage_versions.items():
+        if c != cluster:
+            continue
+        entries = {
+            e.apiserver_id: (
+                e.encoding_version,
+                frozenset(e.decodable_versions),
+                frozenset(e.served_versions),
+            )
+            for e in sv.entries
+        }
+        condition = (sv.condition.type, sv.condition.status, sv.condition.reason)
+        views[resource_name(group, resource)] = (entries, sv.common_encoding_version, condition)
+    return views
+
+
+def ledger_leases(state: State, cluster: str) -> Leases:
+    return {
+        a: (lease.holder_identity, lease.hostname, lease.lease_duration_seconds, lease.renew_time)
+        for (c, a), lease in state.leases.items()
+        if c == cluster
+    }
+
+
+async def upstream_views(kube: Kube) -> Views:
+    listed = await kube.get("/apis/internal.apiserver.k8s.io/v1alpha1/storageversions")
+    views: Views = {}
+    for obj in listed["items"]:
+        entries = {
+            e.apiserver_id: (
+                e.encoding_version,
+                frozenset(e.decodable_versions),
+                frozenset(e.served_versions),
+            )
+            for e in parse_storage_version(obj).values()
+        }
+        status = obj.get("status") or {}
+        conditions = [(c["type"], c["status"], c["reason"]) for c in status.get("conditions") or ()]
+        if not entries:
+            continue  # the GC deletes such objects; the ledger has none
+        views[obj["metadata"]["name"]] = (
+            entries,
+            status.get("commonEncodingVersion"),
+            conditions[0] if conditions else None,
+        )
+    return views
+
+
+async def upstream_leases(kube: Kube) -> Leases:
+    listed = await kube.get(
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+        f"?labelSelector={IDENTITY_LABEL}%3D{IDENTITY_VALUE}"
+    )
+    leases = [parse_lease(obj) for obj in listed["items"]]
+    return {
+        lease.apiserver_id: (
+            lease.holder_identity,
+            lease.hostname,
+            lease.lease_duration_seconds,
+            lease.renew_time,
+        )
+        for lease in leases
+    }
+
+
+async def eventually(
+    check: Callable[[], Awaitable[str | None]], what: str, timeout: float = 120.0
+) -> None:
+    """Wait until ``check`` returns None (it returns what is still wrong otherwise)."""
+    deadline = time.monotonic() + timeout
+    wrong: str | None = "not checked"
+    while time.monotonic() < deadline:
+        wrong = await check()
+        if wrong is None:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout:.0f} s: {wrong}")

@@ -1,0 +1,277 @@
+"""What the collector appends for what real kube-apiservers publish, decided without I/O."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kube.upstream import Snapshot, parse_lease, parse_storage_version, reconcile
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    Event,
+    Position,
+    StorageVersionReported,
+)
+from ledger.hashing import storage_version_hash
+from projections.fold import apply
+from projections.state import State
+
+CLUSTER = "real"
+T0 = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
+KINDS = {("apps", "deployments"): "Deployment", ("", "events"): "Event", ("", "pods"): "Pod"}
+
+
+def kind_of(group: str, resource: str, version: str) -> str | None:
+    stored_group = version.rpartition("/")[0]
+    return KINDS.get((stored_group, resource)) or KINDS.get((group, resource))
+
+
+def lease_object(
+    apiserver: str, holder: str, renew: datetime, duration: int = 3600
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": apiserver,
+            "namespace": "kube-system",
+            "labels": {
+                "apiserver.kubernetes.io/identity": "kube-apiserver",
+                "kubernetes.io/hostname": f"host-{apiserver}",
+            },
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration,
+            "renewTime": renew.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+def storage_version_object(
+    name: str, *entries: tuple[str, str, list[str], list[str]]
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "storageVersions": [
+                {
+                    "apiServerID": apiserver,
+                    "encodingVersion": encoding,
+                    "decodableVersions": decodable,
+                    "servedVersions": served,
+                }
+                for apiserver, encoding, decodable, served in entries
+            ]
+        },
+    }
+
+
+class Ledger:
+    """The collector's view of the log: it folds what the collector appends."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.offset = 0
+        self.appended: list[Event] = []
+
+    def collect(self, snapshot: Snapshot, now: datetime) -> list[Event]:
+        events, problems = reconcile(self.state, CLUSTER, snapshot, kind_of, now)
+        assert problems == []
+        for event in events:
+            changes = apply(self.state, event, Position(0, self.offset))
+            assert changes.rejections == [], changes.rejections
+            self.offset += 1
+        self.appended += events
+        return events
+
+
+def cluster(leases: dict[str, tuple[str, datetime]], *objects: dict[str, Any]) -> Snapshot:
+    snapshot = Snapshot()
+    for apiserver, (holder, renew) in leases.items():
+        snapshot.leases[apiserver] = parse_lease(lease_object(apiserver, holder, renew))
+    for obj in objects:
+        snapshot.objects[obj["metadata"]["name"]] = parse_storage_version(obj)
+    return snapshot
+
+
+DEPLOYMENTS = storage_version_object(
+    "apps.deployments",
+    ("apiserver-a", "apps/v1", ["apps/v1", "apps/v1beta1"], ["apps/v1"]),
+    ("apiserver-b", "apps/v1", ["apps/v1"], ["apps/v1"]),
+)
+
+
+def test_each_renewal_is_one_heartbeat_and_a_resync_adds_nothing() -> None:
+    ledger = Ledger()
+    first = ledger.collect(cluster({"apiserver-a": ("a_1", T0)}), T0)
+    assert [type(e) for e in first] == [ApiserverHeartbeat]
+    assert ledger.collect(cluster({"apiserver-a": ("a_1", T0)}), T0 + timedelta(seconds=5)) == []
+
+    renewed = ledger.collect(cluster({"apiserver-a": ("a_1", T0 + timedelta(seconds=10))}), T0)
+    [heartbeat] = renewed
+    assert isinstance(heartbeat, ApiserverHeartbeat)
+    assert heartbeat.renew_time == heartbeat.meta.occurred_at == T0 + timedelta(seconds=10)
+    assert (heartbeat.hostname, heartbeat.holder_identity) == ("host-apiserver-a", "a_1")
+
+
+def test_reports_come_after_membership_and_name_the_stored_kind() -> None:
+    ledger = Ledger()
+    events = ledger.collect(
+        cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}, DEPLOYMENTS), T0
+    )
+    assert [type(e).__name__ for e in events] == [
+        "ApiserverHeartbeat",
+        "ApiserverHeartbeat",
+        "StorageVersionReported",
+        "StorageVersionReported",
+    ]
+    storage_version = ledger.state.storage_versions[CLUSTER, "apps", "deployments"]
+    assert storage_version.common_encoding_version == "apps/v1"
+    assert {e.apiserver_id: e.decodable_versions for e in storage_version.entries} == {
+        "apiserver-a": ("apps/v1", "apps/v1beta1"),
+        "apiserver-b": ("apps/v1",),
+    }
+    assert ledger.state.storage_states[
+        CLUSTER, "apps", "deployments"
+    ].current_storage_version_hash == (storage_version_hash("apps", "v1", "Deployment"))
+
+
+def test_an_entry_of_an_apiserver_without_a_lease_waits_for_its_lease() -> None:
+    ledger = Ledger()
+    events = ledger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), T0)
+    assert {e.apiserver_id for e in events if isinstance(e, StorageVersionReported)} == {
+        "apiserver-a"
+    }
+    later = ledger.collect(
+        cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}, DEPLOYMENTS), T0
+    )
+    assert [(type(e).__name__, e.apiserver_id) for e in later] == [  # type: ignore[attr-defined]
+        ("ApiserverHeartbeat", "apiserver-b"),
+        ("StorageVersionReported", "apiserver-b"),
+    ]
+
+
+def test_events_stored_as_core_v1_are_reported_with_the_core_kind() -> None:
+    events_object = storage_version_object(
+        "core.events", ("apiserver-a", "v1", ["events.k8s.io/v1", "v1"], ["v1"])
+    )
+    ledger = Ledger()
+    reported = ledger.collect(cluster({"apiserver-a": ("a_1", T0)}, events_object), T0)[-1]
+    assert isinstance(reported, StorageVersionReported)
+    assert (reported.group, reported.resource, reported.kind) == ("", "events", "Event")
+    assert reported.decodable_versions == ("events.k8s.io/v1", "v1")
+
+
+def test_a_vanished_entry_of_a_live_apiserver_is_not_withdrawn() -> None:
+    # kube-controller-manager's StorageVersion GC can delete an apiserver's freshly
+    # re-registered entries; the apiserver is alive and still writes in that version.
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    ledger.collect(cluster(leases, DEPLOYMENTS), T0)
+    gc_raced = storage_version_object(
+        "apps.deployments", ("apiserver-a", "apps/v1", ["apps/v1", "apps/v1beta1"], ["apps/v1"])
+    )
+    assert ledger.collect(cluster(leases, gc_raced), T0) == []
+    assert ledger.collect(cluster(leases), T0) == []  # the whole object deleted
+    entries = ledger.state.storage_versions[CLUSTER, "apps", "deployments"].entries
+    assert {e.apiserver_id for e in entries} == {"apiserver-a", "apiserver-b"}
+
+
+def test_a_deleted_lease_ends_as_released_or_expired_by_its_own_renew_time() -> None:
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    ledger.collect(cluster(leases, DEPLOYMENTS), T0)
+
+    [released] = ledger.collect(cluster({"apiserver-b": ("b_1", T0)}, DEPLOYMENTS), T0)
+    assert isinstance(released, ApiserverLeaseReleased)
+    assert (released.apiserver_id, released.holder_identity) == ("apiserver-a", "a_1")
+
+    after_expiry = T0 + timedelta(seconds=3601)
+    [expired] = ledger.collect(cluster({}, DEPLOYMENTS), after_expiry)
+    assert isinstance(expired, ApiserverLeaseExpired)
+    assert (expired.apiserver_id, expired.last_renew_time) == ("apiserver-b", T0)
+    assert ledger.state.leases == {}
+    assert (CLUSTER, "apps", "deployments") not in ledger.state.storage_versions
+
+
+def test_a_restarted_apiserver_is_reported_again_though_its_objects_did_not_change() -> None:
+    # kube-apiserver deletes its lease when it stops and starts; its entries stay in the
+    # StorageVersion objects, unchanged, so no watch event shows them again.
+    ledger = Ledger()
+    ledger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), T0)
+    ledger.collect(cluster({}, DEPLOYMENTS), T0 + timedelta(seconds=1))
+    back = ledger.collect(
+        cluster({"apiserver-a": ("a_2", T0 + timedelta(seconds=2))}, DEPLOYMENTS),
+        T0 + timedelta(seconds=2),
+    )
+    assert [type(e).__name__ for e in back] == ["ApiserverHeartbeat", "StorageVersionReported"]
+
+
+def test_a_restarted_collector_appends_nothing_the_ledger_holds() -> None:
+    first = Ledger()
+    snapshot = cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}, DEPLOYMENTS)
+    first.collect(snapshot, T0)
+    restarted = Ledger()
+    for event in first.appended:  # read back from the log
+        apply(restarted.state, event, Position(0, restarted.offset))
+        restarted.offset += 1
+    assert restarted.collect(snapshot, T0 + timedelta(seconds=30)) == []
+
+
+def test_an_entry_whose_kind_is_unknown_is_held_back_and_said() -> None:
+    crd = storage_version_object(
+        "example.com.widgets", ("apiserver-a", "example.com/v1", ["example.com/v1"], [])
+    )
+    state = State()
+    events, problems = reconcile(
+        state, CLUSTER, cluster({"apiserver-a": ("a_1", T0)}, crd), kind_of, T0
+    )
+    assert [type(e) for e in events] == [ApiserverHeartbeat]
+    assert problems and "widgets.example.com" in problems[0] and "example.com/v1" in problems[0]
+
+
+_VERSIONS = ("apps/v1", "apps/v1beta1", "apps/v2")
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> list[tuple[Snapshot, datetime]]:
+    """A cluster over time: apiservers come, renew, restart and go; entries change."""
+    steps = []
+    now = T0
+    for _ in range(draw(st.integers(1, 12))):
+        now += timedelta(seconds=draw(st.integers(1, 4000)))
+        leases: dict[str, tuple[str, datetime]] = {}
+        entries = []
+        for apiserver in draw(
+            st.sets(st.sampled_from(["apiserver-a", "apiserver-b", "apiserver-c"]))
+        ):
+            holder = f"{apiserver}_{draw(st.integers(1, 2))}"
+            leases[apiserver] = (holder, now - timedelta(seconds=draw(st.integers(0, 5))))
+            if draw(st.booleans()):
+                encoding = draw(st.sampled_from(_VERSIONS))
+                entries.append((apiserver, encoding, sorted({encoding, "apps/v1"}), [encoding]))
+        steps.append((cluster(leases, storage_version_object("apps.deployments", *entries)), now))
+    return steps
+
+
+@given(snapshots())
+def test_after_each_collection_the_ledger_holds_what_the_cluster_shows(
+    steps: list[tuple[Snapshot, datetime]],
+) -> None:
+    ledger = Ledger()
+    for snapshot, now in steps:
+        ledger.collect(snapshot, now)
+        assert ledger.collect(snapshot, now) == []  # converged: nothing twice
+        live = {(CLUSTER, a) for a in snapshot.leases}
+        assert set(ledger.state.leases) == live
+        held = ledger.state.storage_versions.get((CLUSTER, "apps", "deployments"))
+        shown = {(e.apiserver_id, e.encoding_version) for e in snapshot.entries().values()}
+        ledger_entries = (
+            set() if held is None else {(e.apiserver_id, e.encoding_version) for e in held.entries}
+        )
+        assert shown <= ledger_entries  # every entry shown is held
+        assert {a for a, _ in ledger_entries} <= set(snapshot.leases)  # only of live apiservers
