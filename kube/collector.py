@@ -143,12 +143,9 @@ class ClusterWatch:
             log.info("ignoring lease: %s", error)
 
     def _storage_versions(self, kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if kind == "DELETED":
-            self.snapshot.objects.pop(name, None)
-            return
+        # Entries are merged, never dropped: see kube.upstream.Snapshot.
         try:
-            self.snapshot.objects[name] = parse_storage_version(obj)
+            self.snapshot.entries.update(parse_storage_version(obj))
         except NotUpstream as error:
             log.warning("ignoring StorageVersion: %s", error)
 
@@ -206,9 +203,7 @@ class ClusterWatch:
             if not token:
                 break
         if plural == LEASES[2]:
-            self.snapshot.leases.clear()
-        else:
-            self.snapshot.objects.clear()
+            self.snapshot.leases.clear()  # a lease missing from the list has ended
         for obj in items:
             apply("ADDED", obj)
         self._listed.add(plural)

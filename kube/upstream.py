@@ -16,11 +16,13 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   otherwise -> ``StorageVersionReported``, with versions as upstream writes them;
   always after that apiserver's heartbeat in the same batch, so membership comes first.
 
-An entry that vanished from an upstream object is **not** withdrawn. kube-apiservers
-never remove their own entries; only kube-controller-manager's StorageVersion GC
-does, and it races with restarts (it can delete the entries an apiserver has just
-re-registered). The ledger removes entries itself when their apiserver's lease ends,
-so the collector need not, and must not, trust a vanished entry.
+An entry that vanished from an upstream object is **not** withdrawn, nor forgotten.
+kube-apiservers never remove their own entries; only kube-controller-manager's
+StorageVersion GC does, and it races with restarts: it can delete the entries an
+apiserver has just re-registered, for as long as that apiserver runs. The ledger
+removes an apiserver's entries itself when its lease ends, and a restarted apiserver
+(a new lease) is reported with the entries last seen for it until it writes new ones,
+so the ledger stays complete where upstream's objects do not.
 
 Because :func:`reconcile` compares with the ledger rather than with what the watch
 showed before, a restarted collector (which reads the ledger back from the log)
@@ -90,14 +92,17 @@ class Entry:
 
 @dataclasses.dataclass
 class Snapshot:
-    """The cluster as the collector's watches last showed it."""
+    """The cluster as the collector's watches have shown it.
+
+    ``entries`` holds the last entry seen for each (apiserver, resource), from any
+    watch event or list, and forgets none: an entry that vanished from its object was
+    removed by kube-controller-manager's StorageVersion GC, never by its apiserver,
+    and the GC races with apiserver restarts. Entries of apiservers without a lease
+    are ignored by :func:`reconcile`, so the snapshot need not prune them.
+    """
 
     leases: dict[str, Lease] = dataclasses.field(default_factory=dict)
-    # Entries by StorageVersion object name, so an update replaces the object's entries.
-    objects: dict[str, dict[EntryKey, Entry]] = dataclasses.field(default_factory=dict)
-
-    def entries(self) -> dict[EntryKey, Entry]:
-        return {key: e for entries in self.objects.values() for key, e in entries.items()}
+    entries: dict[EntryKey, Entry] = dataclasses.field(default_factory=dict)
 
 
 def parse_time(text: str) -> datetime:
@@ -199,7 +204,7 @@ def reconcile(
                 Meta.new(cluster, apiserver_id, now), apiserver_id, held.holder_identity
             )
         events.append(ended)
-    for _, entry in sorted(snapshot.entries().items()):
+    for _, entry in sorted(snapshot.entries.items()):
         if entry.apiserver_id not in live or _holds(state, cluster, entry):
             continue
         report = _report(cluster, entry, kind_of, now)

@@ -94,7 +94,7 @@ def cluster(leases: dict[str, tuple[str, datetime]], *objects: dict[str, Any]) -
     for apiserver, (holder, renew) in leases.items():
         snapshot.leases[apiserver] = parse_lease(lease_object(apiserver, holder, renew))
     for obj in objects:
-        snapshot.objects[obj["metadata"]["name"]] = parse_storage_version(obj)
+        snapshot.entries.update(parse_storage_version(obj))
     return snapshot
 
 
@@ -269,7 +269,7 @@ def test_after_each_collection_the_ledger_holds_what_the_cluster_shows(
         live = {(CLUSTER, a) for a in snapshot.leases}
         assert set(ledger.state.leases) == live
         held = ledger.state.storage_versions.get((CLUSTER, "apps", "deployments"))
-        shown = {(e.apiserver_id, e.encoding_version) for e in snapshot.entries().values()}
+        shown = {(e.apiserver_id, e.encoding_version) for e in snapshot.entries.values()}
         ledger_entries = (
             set() if held is None else {(e.apiserver_id, e.encoding_version) for e in held.entries}
         )
