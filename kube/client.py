@@ -15,6 +15,7 @@ imports ``kubernetes_asyncio`` (checked by ``tests/unit/test_layers.py``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -37,11 +38,19 @@ class ConfigurationError(UsageError):
 
 
 class ApiError(Exception):
-    """A request the API server refused or could not answer; ``status`` is its HTTP code."""
+    """A request the API server refused; ``status`` is its HTTP code, ``body`` its Status."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        body: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.body: Mapping[str, Any] = body or {}
+        self.retry_after = retry_after
 
 
 class ClusterUnreachable(Unavailable):
@@ -105,22 +114,41 @@ class Kube:
     async def close(self) -> None:
         await self._api.close()
 
-    async def get(self, path: str) -> dict[str, Any]:
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
         """GET ``path`` (e.g. ``/apis/apps/v1``) as JSON."""
+        return await self.request("GET", path, query=query)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """One request to ``path`` (any group, built-in or not), JSON in and out.
+
+        Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
+        the server refuses, :class:`ClusterUnreachable` when it does not answer.
+        """
         try:
             response = await self._api.call_api(
                 path,
-                "GET",
-                header_params={"Accept": "application/json"},
+                method,
+                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
                 auth_settings=["BearerToken"],
-                response_types_map={200: "object"},
+                response_types_map={200: "object", 201: "object", 202: "object"},
                 _return_http_data_only=True,
+                _request_timeout=timeout,
             )
         except ApiException as error:
-            raise _api_error(error, path) from error
-        except aiohttp.ClientError as error:
+            raise _api_error(error, f"{method} {path}") from error
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise self._unreachable(error) from error
-        result: dict[str, Any] = response
+        result: dict[str, Any] = response or {}
         return result
 
     async def list(
@@ -187,16 +215,23 @@ class Kube:
 def _api_error(error: ApiException, what: str) -> ApiError:
     status = int(error.status or 0)
     reason = error.reason or ""
-    message = _status_message(error.body) or reason
-    return ApiError(status, f"{what}: HTTP {status} {reason}: {message}".rstrip(": "))
+    body = _status_body(error.body)
+    message = str(body.get("message", "")) or reason
+    retry_after: float | None = None
+    headers: Mapping[str, str] = error.headers or {}
+    if headers.get("Retry-After"):
+        with contextlib.suppress(ValueError):
+            retry_after = float(headers["Retry-After"])
+    return ApiError(status, f"{what}: HTTP {status} {reason}: {message}", body, retry_after)
 
 
-def _status_message(body: object) -> str:
+def _status_body(body: object) -> dict[str, Any]:
+    """The Kubernetes ``Status`` in an error response, or {} if it holds none."""
     if isinstance(body, bytes | str):
         try:
             parsed = json.loads(body)
         except ValueError:
-            return str(body)[:200]
-        if isinstance(parsed, Mapping):
-            return str(parsed.get("message", ""))
-    return ""
+            return {}
+        if isinstance(parsed, dict):
+            return parsed
+    return {}
