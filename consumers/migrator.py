@@ -19,11 +19,15 @@ A migration's ID is a UUIDv5 of the state it was decided on: cluster, resource,
 target hash, StorageVersion revision and StorageState revision. A request is made
 only while no migration of that ID exists, so :func:`decide` is idempotent:
 ``decide`` on a state that already holds its own output returns nothing. Two
-consequences: a migration that failed is not requested again until the resource
-changes (a report, an expiry, or an operator's ``storagestate reset``, which moves
-the StorageState revision) instead of looping against a broken target; and a
-restart can never request twice, whatever it re-reads. Output events carry the
-triggering event's time (time is an event) and its ID as ``causation_id``.
+consequences: a restart can never request twice, whatever it re-reads; and a
+migration that failed is requested again only after a **back-off measured in event
+time**: the n-th consecutive failure of the same request (same target, same
+StorageVersion and StorageState revisions) is retried by the first event of the
+cluster at least ``backoff * 2**(n-1)`` (capped at ``max_backoff``) after the
+failure, as attempt n, whose ID adds the attempt number. Not never, and not in a
+tight loop against a broken target; a change of the resource (a report, an expiry,
+an operator's ``storagestate reset`` or ``migrations request``) starts afresh at once.
+Output events carry the triggering event's time (time is an event) and its ID as ``causation_id``.
 
 :func:`run_migrator` is the shell, consume-transform-produce exactly once:
 
@@ -54,11 +58,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
+from datetime import timedelta
 from typing import Final
 
 from consumers.partitions import Folded, PartitionFollower, PartitionLost
-from ledger.events import Event, Meta, MigrationCancelled, MigrationRequested
+from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, MigrationRequested
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.fold import active_migrations
@@ -73,16 +79,35 @@ REASON_CHANGED: Final = "StorageVersionChanged"
 _NAMESPACE: Final = uuid.UUID("5b0c8d3e-53a4-4c4e-8d0f-6a7e2f0e9b41")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long, in event time, a failed migration waits before it is requested again."""
+
+    seconds: float = 60.0  # after the first failure; doubles with each further one
+    max_seconds: float = 3600.0
+
+    def after(self, failures: int) -> timedelta:
+        return timedelta(seconds=min(self.seconds * 2 ** (failures - 1), self.max_seconds))
+
+
 def migration_id(
-    resource_key: ResourceKey, target_hash: str, sv_revision: str, ss_revision: str
+    resource_key: ResourceKey,
+    target_hash: str,
+    sv_revision: str,
+    ss_revision: str,
+    attempt: int = 0,
 ) -> str:
     """The ID of the migration decided on this state of the resource (UUIDv5)."""
     cluster, group, resource = resource_key
     name = f"{cluster}/{group}/{resource}/{target_hash}/{sv_revision}/{ss_revision}"
+    if attempt:
+        name += f"/attempt-{attempt}"
     return str(uuid.uuid5(_NAMESPACE, name))
 
 
-def decide(state: State, resource_key: ResourceKey, cause: Meta) -> list[Event]:
+def decide(
+    state: State, resource_key: ResourceKey, cause: Meta, backoff: Backoff = Backoff()
+) -> list[Event]:
     """The events the trigger appends for ``resource_key`` in ``state`` (maybe none)."""
     cluster, group, resource = resource_key
     name = resource_name(group, resource)
@@ -99,9 +124,17 @@ def decide(state: State, resource_key: ResourceKey, cause: Meta) -> list[Event]:
         return []
     if any(m.target_hash == target_hash and m.storage_version_revision == revision for m in active):
         return []
-    new_id = migration_id(resource_key, target_hash, revision, storage_state.revision)
-    if (cluster, new_id) in state.migrations:
-        return []
+    attempt = 0
+    while True:
+        new_id = migration_id(resource_key, target_hash, revision, storage_state.revision, attempt)
+        earlier = state.migrations.get((cluster, new_id))
+        if earlier is None:
+            break
+        if earlier.phase != "Failed":
+            return []  # decided on this state already (it succeeded or was cancelled)
+        attempt += 1
+        if cause.occurred_at < earlier.updated_at + backoff.after(attempt):
+            return []  # backing off; a later event of the cluster decides again
     message = (
         f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
         f" at revision {revision}"
@@ -155,29 +188,58 @@ def touched_resources(state: State, changes: Changes) -> set[ResourceKey]:
 
 
 async def run_migrator(
-    settings: KafkaSettings, *, stop: asyncio.Event, group_id: str = GROUP_ID
+    settings: KafkaSettings,
+    *,
+    stop: asyncio.Event,
+    group_id: str = GROUP_ID,
+    backoff: Backoff = Backoff(),
 ) -> None:
     """Follow the log and append the trigger's decisions, exactly once, until ``stop`` is set."""
     follower = PartitionFollower(
         settings, group_id=group_id, transactional_prefix=f"svledger-migrator-{settings.topic}"
     )
+    failed: dict[int, set[ResourceKey]] = {}  # per partition: resources backing off
     async with follower:
         async for folded in follower.batches(stop):
-            await _react(folded)
+            await _react(folded, failed, backoff)
 
 
-async def _react(folded: Folded) -> None:
+async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:
     log = folded.log
+    backing_off = failed.setdefault(log.partition, set())
     for event, changes in folded.events:
         for key in touched_resources(log.state, changes):
             log.touched[key] = event.meta
+        if isinstance(event, MigrationFailed):
+            migration = log.state.migrations.get((event.meta.cluster, event.migration_id))
+            if migration is not None:
+                backing_off.add(migration.resource_key)
+    if folded.events:
+        # Time moved: every resource backing off in a cluster that had an event is
+        # decided again at that event's time.
+        latest = {event.meta.cluster: event.meta for event, _ in folded.events}
+        for key in backing_off:
+            if key[0] in latest:
+                log.touched.setdefault(key, latest[key[0]])
     if not log.caught_up or not log.touched:
         return
     touched, log.touched = log.touched, {}
     events: list[Event] = []
     for key in sorted(touched):
-        events.extend(decide(log.state, key, touched[key]))
+        decided = decide(log.state, key, touched[key], backoff)
+        events.extend(decided)
+        if key in backing_off and (
+            any(isinstance(e, MigrationRequested) for e in decided)
+            or not any(m.phase == "Failed" for m in _latest(log.state, key))
+        ):
+            backing_off.discard(key)
     # A lost partition is rebuilt from the log on the next poll, where every resource
     # is decided again.
     with contextlib.suppress(PartitionLost):
         await log.commit(events)
+
+
+def _latest(state: State, key: ResourceKey) -> list[Migration]:
+    """The resource's most recently requested migration, as a list of zero or one."""
+    migrations = [m for m in state.migrations.values() if m.resource_key == key]
+    return sorted(migrations, key=lambda m: m.requested_at)[-1:]

@@ -9,10 +9,13 @@ counts as done; 429 and timeouts are retried with backoff, honouring Retry-After
 :func:`migrate` runs one migration against a :class:`~consumers.targets.Target` and
 reports through ``append``: ``MigrationStarted`` (when it was Pending), one
 ``MigrationProgressed(objects_migrated, continue_token)`` after each chunk, then
-``MigrationSucceeded``, or ``MigrationFailed(reason, message)`` once an object's
-retries are exhausted. A migration that is already Running resumes from its last
-continue token, so a restarted worker redoes at most one chunk (rewrites are
-idempotent). ``cancelled`` is asked between objects, so a ``MigrationCancelled``
+``MigrationSucceeded``, or ``MigrationFailed(reason, message)``. As in upstream's
+migrator, an object whose rewrite fails for good (retries exhausted, or a refusal
+that retrying cannot cure, such as 403) does not stop its chunk: every object of the
+chunk gets its rewrite, then the migration fails naming the first failure, at the
+chunk's starting token so that a new run redoes the chunk. A migration that is already
+Running resumes from its last continue token, so a restarted worker redoes at most one
+chunk (rewrites are idempotent). ``cancelled`` is asked between objects, so a ``MigrationCancelled``
 stops the run within one object's rewrite.
 
 :func:`run_worker` is the shell. It follows the log with
@@ -40,7 +43,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
 from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
-from consumers.targets import Conflict, NotFound, Target, TargetError, TooManyRequests, Transient
+from consumers.targets import (
+    Conflict,
+    NotFound,
+    ObjectRef,
+    Target,
+    TargetError,
+    TooManyRequests,
+    Transient,
+)
 from ledger.clock import Clock
 from ledger.events import (
     Event,
@@ -135,16 +146,27 @@ async def migrate(
                 policy,
                 clock,
             )
+            failure: tuple[str, str] | None = None  # the chunk's first (reason, message)
             for ref in page.objects:
                 if cancelled():
                     return
-                with contextlib.suppress(NotFound):  # gone: nothing left to migrate
-                    await _retrying(
-                        functools.partial(target.rewrite, group, resource, ref),
-                        f"rewriting {ref}",
-                        policy,
-                        clock,
-                    )
+                try:
+                    with contextlib.suppress(NotFound):  # gone: nothing left to migrate
+                        await _retrying(
+                            functools.partial(target.rewrite, group, resource, ref),
+                            f"rewriting {_shown(ref)}",
+                            policy,
+                            clock,
+                        )
+                except (RetriesExhausted, TargetError) as error:
+                    # As upstream's migrator: the rest of the chunk still gets its
+                    # rewrite; the migration fails after the chunk, naming the first.
+                    if failure is None:
+                        failure = _failure(error, _shown(ref))
+            if failure is not None:
+                reason, message = failure
+                await append([MigrationFailed(meta(), mid, done, token, reason, message)])
+                return
             # Counted per chunk, so the count always matches the continue token.
             done += len(page.objects)
             token = page.continue_token
@@ -154,9 +176,20 @@ async def migrate(
             if cancelled():
                 return
             await append([MigrationProgressed(meta(), mid, done, token)])
-    except (RetriesExhausted, TargetError) as error:
-        reason = error.reason if isinstance(error, RetriesExhausted) else type(error).__name__
-        await append([MigrationFailed(meta(), mid, done, token, reason=reason, message=str(error))])
+    except (RetriesExhausted, TargetError) as error:  # listing failed
+        reason, message = _failure(error, f"listing {resource}.{group or 'core'}")
+        await append([MigrationFailed(meta(), mid, done, token, reason, message)])
+
+
+def _failure(error: RetriesExhausted | TargetError, what: str) -> tuple[str, str]:
+    """The reason and message of a MigrationFailed for ``error``, naming what failed."""
+    if isinstance(error, RetriesExhausted):
+        return error.reason, error.message
+    return type(error).__name__, f"{what}: {error}"
+
+
+def _shown(ref: ObjectRef) -> str:
+    return ref.name if ref.namespace is None else f"{ref.namespace}/{ref.name}"
 
 
 def next_migration(state: State, cluster: str | None = None) -> Migration | None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 
-from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, decide
+from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, Backoff, decide
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
@@ -229,3 +229,43 @@ def test_decisions_follow_the_rules_and_are_idempotent(
         if common is None:
             assert after == []
         assert decide(state, key, Meta.new(key[0], "test", cause.occurred_at)) == []
+
+
+def test_a_failed_migration_is_requested_again_after_a_doubling_capped_backoff() -> None:
+    ledger = three_on_v1()
+    backoff = Backoff(seconds=60, max_seconds=200)
+    [first] = active_migrations(ledger.state, PODS)
+    waits = []
+    migration_id = first.migration_id
+    for _ in range(4):
+        ledger.append(MigrationStarted(ledger.meta("worker"), migration_id))
+        ledger.append(MigrationFailed(ledger.meta("worker"), migration_id, reason="Forbidden"))
+        failed_at = ledger.state.migrations[CLUSTER, migration_id].updated_at
+        # Every heartbeat moves event time; the trigger decides again at each.
+        waited = 0
+        while True:
+            waited += 10
+            at = failed_at + timedelta(seconds=waited)
+            decided = decide(ledger.state, PODS, Meta.new(CLUSTER, "a1", at), backoff)
+            if decided:
+                break
+        [request] = decided
+        assert isinstance(request, MigrationRequested)
+        assert request.migration_id != migration_id
+        assert request.meta.occurred_at == at
+        ledger.append(request)
+        migration_id = request.migration_id
+        waits.append(waited)
+        # Decided once only: the new request is pending now.
+        assert decide(ledger.state, PODS, Meta.new(CLUSTER, "a1", at), backoff) == []
+    assert waits == [60, 120, 200, 200]
+
+
+def test_a_change_of_the_resource_requests_at_once_after_a_failure() -> None:
+    ledger = three_on_v1()
+    [first] = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.append(MigrationFailed(ledger.meta("worker"), first.migration_id, reason="Forbidden"))
+    for apiserver in ("a1", "a2"):
+        ledger.report(apiserver, "v2")
+    assert kinds(ledger.report("a3", "v2")) == ["MigrationRequested"]

@@ -9,7 +9,15 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.targets import Conflict, NotFound, ObjectRef, Page, TooManyRequests, Transient
+from consumers.targets import (
+    Conflict,
+    NotFound,
+    ObjectRef,
+    Page,
+    TargetError,
+    TooManyRequests,
+    Transient,
+)
 from consumers.worker import RetryPolicy, migrate, next_migration
 from ledger.events import (
     Event,
@@ -185,6 +193,34 @@ async def test_exhausted_retries_fail_with_the_last_continue_token() -> None:
     )
     assert "obj-5" in (failed.message or "")
     assert len(result.clock.slept) == 3  # max_retries
+
+
+class Forbidden(TargetError):
+    """A refusal that retrying cannot cure, as a real target raises for HTTP 403."""
+
+
+async def test_a_refused_object_does_not_stop_its_chunk_and_the_first_refusal_is_named() -> None:
+    # obj-4 is refused for good (403, not retried), obj-5 exhausts its retries: the rest
+    # of the chunk is still rewritten, then the migration fails naming obj-4.
+    target = FakeTarget(9, {4: [Forbidden("no update on deployments")], 5: [Transient("x")] * 10})
+    result = await run(target, migration(), chunk_size=3)
+
+    assert [r.name for r in target.rewrites] == ["obj-0", "obj-1", "obj-2", "obj-3"]
+    assert [r.name for r in target.attempts if r.name not in ("obj-4", "obj-5")] == [
+        "obj-0", "obj-1", "obj-2", "obj-3",
+    ]  # fmt: skip
+    assert target.listed_from == [None, "3"]  # the failing chunk was the last one listed
+    failed = result.events[-1]
+    assert isinstance(failed, MigrationFailed)
+    assert (failed.reason, failed.objects_migrated, failed.continue_token) == ("Forbidden", 3, "3")
+    assert failed.message == "default/obj-4: no update on deployments"
+
+
+async def test_every_object_of_a_chunk_gets_its_rewrite_despite_a_failure() -> None:
+    target = FakeTarget(3, {0: [Forbidden("denied by webhook")]})
+    result = await run(target, migration(), chunk_size=3)
+    assert [r.name for r in target.rewrites] == ["obj-1", "obj-2"]
+    assert isinstance(result.events[-1], MigrationFailed)
 
 
 async def test_a_running_migration_resumes_from_its_continue_token() -> None:
