@@ -40,7 +40,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeAlias, TypeVar
 
 from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
 from consumers.targets import (
@@ -202,26 +202,64 @@ def next_migration(state: State, cluster: str | None = None) -> Migration | None
     return min(active, key=lambda m: (m.requested_at, m.migration_id), default=None)
 
 
+Append: TypeAlias = Callable[[Sequence[Event]], Awaitable[object]]
+
+
+class Executor(Protocol):
+    """Runs one migration to its end, reporting its steps through ``append``.
+
+    :class:`Rewriter` rewrites the objects itself (upstream's out-of-tree migrator);
+    :class:`kube.executor.StorageMigrationExecutor` has kube-controller-manager's
+    in-tree migrator do it.
+    """
+
+    async def run(
+        self, migration: Migration, *, append: Append, cancelled: Callable[[], bool]
+    ) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rewriter:
+    """The executor that rewrites every object through a :class:`Target` (:func:`migrate`)."""
+
+    target: Target
+    clock: Clock
+    chunk_size: int = CHUNK_SIZE
+    policy: RetryPolicy = RetryPolicy()
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk size {self.chunk_size!r} must be at least 1, e.g. 500")
+
+    async def run(
+        self, migration: Migration, *, append: Append, cancelled: Callable[[], bool]
+    ) -> None:
+        await migrate(
+            migration,
+            self.target,
+            append=append,
+            cancelled=cancelled,
+            clock=self.clock,
+            chunk_size=self.chunk_size,
+            policy=self.policy,
+        )
+
+
 async def run_worker(
     settings: KafkaSettings,
-    target: Target,
+    executor: Executor,
     *,
     stop: asyncio.Event,
-    clock: Clock,
-    chunk_size: int = CHUNK_SIZE,
-    policy: RetryPolicy = RetryPolicy(),
     group_id: str = GROUP_ID,
     cluster: str | None = None,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
-    With ``cluster``, only that cluster's migrations: a target that reaches one
+    With ``cluster``, only that cluster's migrations: an executor that reaches one
     cluster's apiserver must not run another's. Workers of different clusters then
     need groups of their own (each follows every partition); the transactional ids
     derive from ``group_id``, so they do not fence one another.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk size {chunk_size!r} must be at least 1, e.g. 500")
     follower = PartitionFollower(
         settings, group_id=group_id, transactional_prefix=f"{group_id}-{settings.topic}"
     )
@@ -243,15 +281,7 @@ async def run_worker(
             def cancelled(key: MigrationKey = key) -> bool:
                 return not partition_log.state.migrations[key].active
 
-            await migrate(
-                migration,
-                target,
-                append=append,
-                cancelled=cancelled,
-                clock=clock,
-                chunk_size=chunk_size,
-                policy=policy,
-            )
+            await executor.run(migration, append=append, cancelled=cancelled)
             # Pick the next one only once this one's last event is folded.
             await partition_log.wait_folded(max(positions, default=0) + 1)
 

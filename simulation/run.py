@@ -67,7 +67,7 @@ from sqlalchemy import Engine, func, select
 from consumers import migrator
 from consumers.lease_gc import run_lease_gc
 from consumers.migrator import run_migrator
-from consumers.worker import next_migration, run_worker
+from consumers.worker import Rewriter, next_migration, run_worker
 from ledger.clock import VirtualClock
 from ledger.events import (
     ApiserverLeaseExpired,
@@ -232,7 +232,10 @@ class _Run:
                 self.settings, self.db_url, projection=PROJECTION, stop=stop, group=False
             ),
             "worker": run_worker(
-                self.settings, self.target, stop=stop, clock=self.clock, group_id=group("worker")
+                self.settings,
+                Rewriter(self.target, self.clock),
+                stop=stop,
+                group_id=group("worker"),
             ),
             "lease-gc": run_lease_gc(
                 self.settings,

@@ -23,7 +23,7 @@ import pytest
 
 from consumers.migrator import decide, run_migrator
 from consumers.targets import ObjectRef, Page
-from consumers.worker import RetryPolicy, run_worker
+from consumers.worker import RetryPolicy, Rewriter, run_worker
 from ledger.clock import SystemClock
 from ledger.events import (
     ApiserverHeartbeat,
@@ -67,15 +67,13 @@ async def _serve(role: str, bootstrap: str, topic: str) -> None:
     if role == "migrator":
         await run_migrator(settings, stop=stop, group_id=f"{topic}.migrator")
     else:
-        await run_worker(
-            settings,
+        rewriter = Rewriter(
             SlowTarget(),
-            stop=stop,
-            clock=SystemClock(),
+            SystemClock(),
             chunk_size=7,
             policy=RetryPolicy(max_retries=2, backoff=0.1),
-            group_id=f"{topic}.worker",
         )
+        await run_worker(settings, rewriter, stop=stop, group_id=f"{topic}.worker")
 
 
 def _spawn(role: str, bootstrap: str, topic: str) -> subprocess.Popen[bytes]:
