@@ -220,3 +220,18 @@ async def test_two_collectors_for_one_cluster_append_nothing_twice(
             assert collector.wait(60) == 0, (tmp_path / f"c{i}.log").read_text()[-3000:]
     _, records = await ledger_of(settings, CLUSTER)
     assert_nothing_twice(records)
+
+
+def test_the_kubernetes_manifests_are_accepted_by_a_real_apiserver(
+    kube_cluster: LocalCluster, kubeconfig: str
+) -> None:
+    kubectl = ["kubectl", "--kubeconfig", kubeconfig]
+    # Server-side dry run persists nothing, so the namespace the rest lives in must exist.
+    subprocess.run([*kubectl, "create", "namespace", "svledger"], check=True, capture_output=True)
+    applied = subprocess.run(
+        [*kubectl, "apply", "--dry-run=server", "-f", str(ROOT / "deploy" / "kubernetes")],
+        capture_output=True,
+        text=True,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert "deployment.apps/svledger-collector created (server dry run)" in applied.stdout
