@@ -2,16 +2,22 @@
 # changes nothing and returns in seconds.
 #
 #   make setup    .venv with svledger and its test tools, plus the Kafka broker jars
-#   make test     setup, then ruff, mypy and the whole pytest suite (real Kafka + PostgreSQL)
-#   make quick    setup, then ruff, mypy and the tests not marked slow (the inner loop)
+#   make kube     setup, plus etcd, kube-apiserver and kube-controller-manager of both
+#                 releases the tests use, built from the Go module proxy (cached)
+#   make test     setup and kube, then ruff, mypy and the whole pytest suite (real Kafka,
+#                 PostgreSQL and Kubernetes)
+#   make quick    setup, then ruff, mypy and the tests neither slow nor on real Kubernetes
 #   make demo     setup, then the demo against a real local broker
+#   make demo-real  setup and kube, then a real rolling upgrade of three kube-apiservers
 #   make broker   a local Kafka broker in the foreground; prints its bootstrap address
 
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test quick demo broker
+.PHONY: setup kube test quick demo demo-real broker
+
+KUBE_VERSIONS := v1.37.2 v1.36.3
 
 setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
@@ -22,7 +28,10 @@ $(VENV)/.installed: pyproject.toml
 	@$(PY) -m pip install --quiet --disable-pip-version-check --no-input -e '.[test]'
 	@touch $@
 
-test: setup
+kube: setup
+	@$(PY) deploy/kube/build.py fetch $(addprefix --kubernetes ,$(KUBE_VERSIONS)) >/dev/null
+
+test: setup kube
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
@@ -30,10 +39,13 @@ test: setup
 quick: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not kubernetes"
 
 demo: setup
 	bash deploy/demo.sh
+
+demo-real: setup kube
+	$(PY) -m deploy.kube.rolling_upgrade
 
 broker: setup
 	@$(PY) deploy/kafka/broker.py run

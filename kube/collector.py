@@ -24,6 +24,11 @@ ever appended: a restarted collector appends only what is missing, and two
 collectors never both append. The collector decides on the cluster's partition only
 once it is caught up with its own last append.
 
+**Custom resources.** With the addresses of the apiservers themselves (``--apiserver
+HOSTNAME=URL``), the collector also watches CustomResourceDefinitions and asks every
+apiserver for its discovery every few seconds: the ``storageVersionHash`` it shows for a
+custom resource names the version that apiserver stores it in (:mod:`kube.upstream`).
+
 **Kinds.** A report needs the kind of the objects (the storage version hash is computed
 from group, version and kind), which StorageVersion objects do not carry. It comes
 from discovery, asked once and again whenever an entry names a resource it has not
@@ -35,17 +40,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
 from consumers.partitions import PartitionFollower, PartitionLost
-from kube.client import ApiError, Kube
+from kube.client import ApiError, ClusterUnreachable, Kube
 from kube.upstream import (
     IDENTITY_LABEL,
     IDENTITY_VALUE,
+    CustomResource,
+    Entry,
     NotUpstream,
     Snapshot,
+    parse_custom_resource,
     parse_lease,
     parse_storage_version,
     reconcile,
@@ -60,6 +68,8 @@ log = logging.getLogger(__name__)
 GROUP_ID: Final = "svledger-collector"
 LEASES: Final = ("coordination.k8s.io", "v1", "leases", "kube-system")
 STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "v1alpha1", "storageversions", None)
+CUSTOM_RESOURCES: Final = ("apiextensions.k8s.io", "v1", "customresourcedefinitions", None)
+CUSTOM_POLL_SECONDS: Final = 5.0  # each apiserver's discovery is asked this often
 MAX_BACKOFF_SECONDS: Final = 30.0
 GONE: Final = 410
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
@@ -115,21 +125,69 @@ class Discovery:
 class ClusterWatch:
     """The cluster's identity Leases and StorageVersions, kept in a :class:`Snapshot`."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, apiservers: Mapping[str, Kube]) -> None:
         self.snapshot = Snapshot()
         self.changed = asyncio.Event()
         self._kube = kube
+        self._apiservers = apiservers  # apiserver ID -> a client addressing it directly
+        self._custom: dict[str, CustomResource] = {}
         self._listed: set[str] = set()
 
     @property
     def synced(self) -> bool:
-        return self._listed == {LEASES[2], STORAGE_VERSIONS[2]}
+        return self._listed >= {LEASES[2], STORAGE_VERSIONS[2]}
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(
+        follows = [
             self._follow(LEASES, self._leases, stop, label_selector=_IDENTITY_SELECTOR),
             self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
-        )
+        ]
+        if self._apiservers:
+            follows += [
+                self._follow(CUSTOM_RESOURCES, self._custom_resources, stop),
+                self._poll_custom_discovery(stop),
+            ]
+        await asyncio.gather(*follows)
+
+    def _custom_resources(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self._custom.pop(name, None)
+            return
+        try:
+            self._custom[name] = parse_custom_resource(obj)
+        except NotUpstream as error:
+            log.warning("ignoring CustomResourceDefinition: %s", error)
+
+    async def _poll_custom_discovery(self, stop: asyncio.Event) -> None:
+        """Each apiserver's own discovery hash of every custom resource, as entries."""
+        while not stop.is_set():
+            for apiserver_id, kube in self._apiservers.items():
+                for entry in await self._discovered(apiserver_id, kube):
+                    if self.snapshot.entries.get(entry.key) != entry:
+                        self.snapshot.entries[entry.key] = entry
+                        self.changed.set()
+            await _sleep_or_stop(stop, CUSTOM_POLL_SECONDS)
+
+    async def _discovered(self, apiserver_id: str, kube: Kube) -> list[Entry]:
+        by_group_version: dict[str, list[CustomResource]] = {}
+        for custom in self._custom.values():
+            if custom.served:
+                by_group_version.setdefault(custom.served[0], []).append(custom)
+        entries = []
+        for group_version, customs in by_group_version.items():
+            try:
+                listing = await kube.get(f"/apis/{group_version}")
+            except (ApiError, ClusterUnreachable) as error:
+                log.info("discovery of %s at %s: %s", group_version, apiserver_id, error)
+                continue
+            hashes = {r["name"]: r.get("storageVersionHash") for r in listing.get("resources", ())}
+            for custom in customs:
+                found = hashes.get(custom.resource)
+                entry = custom.entry(apiserver_id, found) if found else None
+                if entry is not None:
+                    entries.append(entry)
+        return entries
 
     def _leases(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -220,10 +278,15 @@ async def run_collector(
     stop: asyncio.Event,
     clock: Clock,
     group_id: str = GROUP_ID,
+    apiservers: Mapping[str, Kube] | None = None,
 ) -> None:
-    """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set."""
+    """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set.
+
+    ``apiservers`` (apiserver ID -> a client that reaches that apiserver itself, not
+    through a load balancer) adds custom resources, from each one's discovery.
+    """
     partition = partition_of(cluster, await topic_partitions(settings))
-    watcher = ClusterWatch(kube)
+    watcher = ClusterWatch(kube, apiservers or {})
     discovery = Discovery(kube, clock)
     told: set[str] = set()  # problems logged once each
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")

@@ -16,6 +16,16 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   otherwise -> ``StorageVersionReported``, with versions as upstream writes them;
   always after that apiserver's heartbeat in the same batch, so membership comes first.
 
+Custom resources have no StorageVersion objects (Kubernetes writes none for them). As
+the migration KEP's HA design proposes, the collector asks every apiserver directly for
+its discovery document, whose ``storageVersionHash`` of a custom resource is the hash of
+the version *that* apiserver stores it in; with the CustomResourceDefinition's versions
+(:class:`CustomResource`) that hash names the encoding version, and the entry is built
+as for a built-in resource: every version of the definition is decodable (the API server
+converts between them), the served ones are served, and the discovered hash is carried in
+the report (the fold checks it against the kind and version). So agreement on custom
+resources is as visible, and guarded, as on built-in ones.
+
 An entry that vanished from an upstream object is **not** withdrawn, nor forgotten.
 kube-apiservers never remove their own entries; only kube-controller-manager's
 StorageVersion GC does, and it races with restarts: it can delete the entries an
@@ -45,6 +55,7 @@ from ledger.events import (
     Meta,
     StorageVersionReported,
 )
+from ledger.hashing import hash_of_stored
 from ledger.names import CORE_GROUP_ALIAS, split_group_version
 from ledger.validation import InvalidReport, check_report
 from projections.state import State
@@ -84,6 +95,7 @@ class Entry:
     encoding_version: str
     decodable_versions: tuple[str, ...]  # sorted: upstream's order carries no meaning
     served_versions: tuple[str, ...]  # sorted: upstream lists them in map order
+    storage_version_hash: str | None = None  # as the apiserver's discovery shows it
 
     @property
     def key(self) -> EntryKey:
@@ -154,6 +166,51 @@ def parse_storage_version(obj: Mapping[str, Any]) -> dict[EntryKey, Entry]:
         )
         entries[entry.key] = entry
     return entries
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CustomResource:
+    """What a CustomResourceDefinition says of its resource's versions."""
+
+    group: str
+    resource: str  # plural
+    kind: str
+    versions: tuple[str, ...]  # every version, group-qualified
+    served: tuple[str, ...]  # the served ones
+
+    def entry(self, apiserver_id: str, discovered_hash: str) -> Entry | None:
+        """The entry of an apiserver whose discovery shows ``discovered_hash``, if it is
+        the hash of one of the versions (the one that apiserver stores in)."""
+        for version in self.versions:
+            if hash_of_stored(version, self.kind) == discovered_hash:
+                return Entry(
+                    apiserver_id,
+                    self.group,
+                    self.resource,
+                    version,
+                    tuple(sorted(self.versions)),
+                    tuple(sorted(self.served)),
+                    discovered_hash,
+                )
+        return None
+
+
+def parse_custom_resource(obj: Mapping[str, Any]) -> CustomResource:
+    """The resource a CustomResourceDefinition (``apiextensions.k8s.io/v1``) defines."""
+    spec = obj.get("spec") or {}
+    group = spec.get("group", "")
+    names = spec.get("names") or {}
+    versions = spec.get("versions") or ()
+    if not group or not names.get("plural") or not names.get("kind") or not versions:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise NotUpstream(f"CustomResourceDefinition {name!r} lacks group, names or versions")
+    return CustomResource(
+        group,
+        names["plural"],
+        names["kind"],
+        tuple(f"{group}/{v['name']}" for v in versions),
+        tuple(f"{group}/{v['name']}" for v in versions if v.get("served")),
+    )
 
 
 def reconcile(
@@ -261,4 +318,5 @@ def _report(
         entry.encoding_version,
         entry.decodable_versions,
         entry.served_versions,
+        entry.storage_version_hash,
     )

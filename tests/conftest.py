@@ -49,6 +49,7 @@ from projections import database
 settings.register_profile("svledger", deadline=None)
 settings.load_profile("svledger")
 
+_KUBERNETES_FIXTURES = frozenset({"kubeconfig", "kube_cluster"})
 _INTEGRATION_FIXTURES = frozenset(
     {"kafka_bootstrap", "postgres_server", "kubeconfig", "kube_cluster"}
 )
@@ -61,6 +62,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         on_postgres = callspec is not None and callspec.params.get("database_url") == "postgresql"
         if fixtures & _INTEGRATION_FIXTURES or on_postgres:
             item.add_marker(pytest.mark.integration)
+        if fixtures & _KUBERNETES_FIXTURES or item.get_closest_marker("kubernetes"):
+            item.add_marker(pytest.mark.kubernetes)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,8 @@ from kube.client import Kube, connect
 from kube.collector import run_collector
 from ledger.clock import SystemClock
 from ledger.events import ApiserverHeartbeat, StorageVersionReported
+from ledger.hashing import storage_version_hash
+from ledger.identity import apiserver_id
 from ledger.kafka import Record, create_topics
 from ledger.settings import KafkaSettings
 from projections.fold import apply
@@ -235,3 +237,64 @@ def test_the_kubernetes_manifests_are_accepted_by_a_real_apiserver(
     )
     assert applied.returncode == 0, applied.stderr
     assert "deployment.apps/svledger-collector created (server dry run)" in applied.stdout
+
+
+def widgets(storage: str) -> dict[str, object]:
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [
+                {"name": v, "served": True, "storage": v == storage, "schema": schema}
+                for v in ("v1", "v2")
+            ],
+        },
+    }
+
+
+async def test_custom_resources_are_collected_from_each_apiservers_discovery(
+    settings: KafkaSettings, kube: Kube, kube_cluster: LocalCluster
+) -> None:
+    direct = {
+        apiserver_id(host): kube.at(url)
+        for host, url in zip(kube_cluster.apiserver_hostnames, kube_cluster.urls, strict=True)
+    }
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    await kube.request("POST", path, widgets(storage="v1"))
+    stop = asyncio.Event()
+    collector = asyncio.create_task(
+        run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock(), apiservers=direct)
+    )
+
+    async def stored_in(version: str) -> str | None:
+        state, _ = await ledger_of(settings, CLUSTER)
+        view = ledger_views(state, CLUSTER).get("example.com.widgets")
+        expected = {a: version for a in direct}
+        if view is None or {a: e[0] for a, e in view[0].items()} != expected:
+            return f"widgets: {view}"
+        assert view[1] == version  # the common encoding version
+        assert all(e[1] == {"example.com/v1", "example.com/v2"} for e in view[0].values())
+        return None
+
+    try:
+        await eventually(lambda: stored_in("example.com/v1"), "widgets stored in v1")
+        current = await kube.get(f"{path}/widgets.example.com")
+        changed = {**widgets(storage="v2"), "metadata": current["metadata"]}
+        await kube.request("PUT", f"{path}/widgets.example.com", changed)
+        await eventually(lambda: stored_in("example.com/v2"), "widgets stored in v2")
+        state, records = await ledger_of(settings, CLUSTER)
+        hashes = state.storage_states[CLUSTER, "example.com", "widgets"]
+        assert hashes.current_storage_version_hash == storage_version_hash(
+            "example.com", "v2", "Widget"
+        )
+        assert_nothing_twice(records)
+    finally:
+        stop.set()
+        await asyncio.wait_for(collector, 60)
+        for client in direct.values():
+            await client.close()

@@ -1,0 +1,426 @@
+"""A real rolling upgrade, checked in etcd: does a storage migration leave objects behind?
+
+Three kube-apiservers of Kubernetes v1.36.3 share one etcd and are upgraded one by one
+to v1.37.2. Between these releases MutatingAdmissionPolicy and its bindings move their
+storage version from ``admissionregistration.k8s.io/v1beta1`` to ``.../v1`` (both
+releases serve v1). Clients keep creating such objects through every apiserver while
+svledger runs beside the cluster: ``collect``, ``project`` (into SQLite), the trigger
+and the worker, all on a real Kafka broker. Afterwards etcd's raw values (the
+apiservers store JSON) show the version every object is stored in.
+
+Two triggers:
+
+* ``agreement``, the ledger's migrator: a migration is requested only once every live
+  apiserver encodes the resource in the same version, and cancelled when they stop
+  agreeing. Expected: every object ends in v1, and no migration ran while the
+  apiservers disagreed.
+* ``discovery-hash``, the way of the automated-migration KEP without its HA design:
+  poll one apiserver's discovery and migrate as soon as its ``storageVersionHash``
+  changes. It migrates right after the first apiserver is upgraded, believes the
+  resource migrated, and leaves behind every object the not yet upgraded apiservers
+  write in v1beta1.
+
+Two executors run the migrations: svledger's own worker (``rewrite``: list in chunks,
+no-op update of every object) or kube-controller-manager's in-tree migrator
+(``storagemigration``: svledger creates StorageVersionMigration objects).
+
+Run from the repository root with the project's virtualenv (``make demo-real``)::
+
+    .venv/bin/python -m deploy.kube.rolling_upgrade [--trigger agreement] [--executor rewrite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from consumers.migrator import Backoff, run_migrator
+from consumers.worker import Executor, Rewriter, run_worker
+from deploy.kafka.broker import kafka_bootstrap
+from deploy.kube.cluster import LocalCluster
+from kube.client import ApiError, ClusterUnreachable, Kube, connect
+from kube.collector import run_collector
+from kube.executor import StorageMigrationExecutor
+from kube.target import KubernetesTarget
+from ledger.clock import SystemClock
+from ledger.events import Meta, MigrationRequested, MigrationSucceeded
+from ledger.hashing import hash_of_stored
+from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.settings import KafkaSettings
+from projections import database
+from projections.fold import apply
+from projections.projector import run_projector
+from projections.state import State
+from projections.store import load_state
+
+OLD: Final = "v1.36.3"
+NEW: Final = "v1.37.2"
+GROUP: Final = "admissionregistration.k8s.io"
+RESOURCES: Final = (
+    ("mutatingadmissionpolicies", "MutatingAdmissionPolicy"),
+    ("mutatingadmissionpolicybindings", "MutatingAdmissionPolicyBinding"),
+)
+OLD_VERSION: Final = f"{GROUP}/v1beta1"
+NEW_VERSION: Final = f"{GROUP}/v1"
+CLUSTER: Final = "rolling-upgrade"
+TRIGGERS: Final = ("agreement", "discovery-hash")
+EXECUTORS: Final = ("rewrite", "storagemigration")
+BASELINE_SOURCE: Final = "discovery-hash-trigger"
+_LABEL_IT: Final = 'Object{metadata: Object.metadata{labels: {"by": "svledger"}}}'
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Result:
+    trigger: str
+    executor: str
+    stored: dict[str, Counter[str]]  # resource -> etcd objects per stored apiVersion
+    written: int  # objects the clients created
+    migrations_while_disagreeing: list[str]
+    succeeded: dict[str, int]  # resource -> migrations that succeeded
+    believed_migrated: dict[str, bool]  # the trigger in charge thinks all is in v1
+    views_match_upstream: bool  # the projection's StorageVersions equal the apiservers'
+
+    @property
+    def left_behind(self) -> int:
+        return sum(n for c in self.stored.values() for v, n in c.items() if v != NEW_VERSION)
+
+
+def policy(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": NEW_VERSION,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["deployments"],
+                    }
+                ]
+            },
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": _LABEL_IT,
+                    },
+                }
+            ],
+            "reinvocationPolicy": "Never",
+            "failurePolicy": "Fail",
+        },
+    }
+
+
+def binding(name: str, policy_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": NEW_VERSION,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": policy_name},
+    }
+
+
+async def clients(
+    servers: Sequence[Kube], stop: asyncio.Event, created: list[str], period: float = 0.25
+) -> None:
+    """Create policies and bindings round-robin through every apiserver until ``stop``."""
+    for n in itertools.count():
+        if stop.is_set():
+            return
+        server = servers[n % len(servers)]
+        try:
+            await server.request("POST", f"/apis/{GROUP}/v1/{RESOURCES[0][0]}", policy(f"p-{n}"))
+            await server.request(
+                "POST", f"/apis/{GROUP}/v1/{RESOURCES[1][0]}", binding(f"b-{n}", f"p-{n}")
+            )
+            created.append(f"p-{n}")
+        except (ApiError, ClusterUnreachable):
+            pass  # that apiserver is restarting; the next request goes to another
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+
+
+async def discovery_hash_trigger(
+    settings: KafkaSettings, server: Kube, stop: asyncio.Event
+) -> None:
+    """The baseline: trust one apiserver's discovery; migrate when its hash changes."""
+    seen: dict[str, str] = {}
+    versions = {
+        hash_of_stored(version, kind): (resource, version)
+        for resource, kind in RESOURCES
+        for version in (OLD_VERSION, NEW_VERSION)
+    }
+    async with EventProducer(settings) as producer:
+        while not stop.is_set():
+            try:
+                listing = await server.get(f"/apis/{GROUP}/v1")
+            except (ApiError, ClusterUnreachable):
+                listing = {"resources": []}
+            for entry in listing["resources"]:
+                resource = entry["name"]
+                found = entry.get("storageVersionHash")
+                if found not in versions or seen.get(resource) == found:
+                    continue
+                seen[resource] = found
+                _, version = versions[found]
+                migration_id = str(uuid.uuid4())
+                await producer.send(
+                    MigrationRequested(
+                        Meta.new(CLUSTER, BASELINE_SOURCE, SystemClock().now()),
+                        migration_id,
+                        GROUP,
+                        resource,
+                        version,
+                        found,
+                        storage_version_revision="",  # it knows no revisions
+                    )
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
+
+
+async def ledger_state(settings: KafkaSettings) -> tuple[State, list[Any]]:
+    state = State()
+    records = []
+    async with EventConsumer(settings, until="end") as consumer:
+        async for record in consumer:
+            if record.event.meta.cluster == CLUSTER:
+                apply(state, record.event, record.position)
+                records.append(record)
+    return state, records
+
+
+def while_disagreeing(records: Sequence[Any]) -> list[str]:
+    """Migrations requested, or that succeeded, while the apiservers disagreed."""
+    state = State()
+    bad: list[str] = []
+    for record in records:
+        event = record.event
+        key = None
+        if isinstance(event, MigrationRequested):
+            key = (CLUSTER, event.group, event.resource)
+        elif isinstance(event, MigrationSucceeded):
+            migration = state.migrations.get((CLUSTER, event.migration_id))
+            key = migration.resource_key if migration else None
+        if key is not None and key[1] == GROUP:
+            storage_version = state.storage_versions.get(key)
+            common = storage_version.common_encoding_version if storage_version else None
+            target = (
+                event.target_version
+                if isinstance(event, MigrationRequested)
+                else state.migrations[(CLUSTER, event.migration_id)].target_version
+            )
+            if common != target:
+                bad.append(event.migration_id)
+        apply(state, event, record.position)
+    return bad
+
+
+async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir: Path) -> Result:
+    """One rolling upgrade with ``trigger`` and ``executor_name``; see the module doc."""
+    await create_topics(settings)
+    db_url = f"sqlite:///{workdir / 'views.db'}"
+    database.upgrade(db_url)
+    with LocalCluster(
+        3,
+        version=OLD,
+        identity_lease_duration_seconds=30,
+        identity_lease_renew_interval=2.0,
+        identity_lease_gc_period=5.0,
+    ) as cluster:
+        kubeconfig = str(cluster.write_kubeconfig(workdir / "kubeconfig", 1))
+        kube = await connect(kubeconfig)
+        servers = [kube.at(url) for url in cluster.urls]
+        stop = asyncio.Event()
+        clients_stop = asyncio.Event()
+        created: list[str] = []
+        believed: dict[str, bool] = {}
+        executor: Executor = (
+            Rewriter(KubernetesTarget(kube), SystemClock(), chunk_size=50)
+            if executor_name == "rewrite"
+            else StorageMigrationExecutor(kube, SystemClock())
+        )
+        tasks: list[Coroutine[Any, Any, object]] = [
+            run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock()),
+            run_projector(settings, db_url, stop=stop, group=False),
+            run_worker(settings, executor, stop=stop, cluster=CLUSTER, group_id="rolling-worker"),
+            clients(servers, clients_stop, created),
+        ]
+        if trigger == "agreement":
+            tasks.append(run_migrator(settings, stop=stop, backoff=Backoff(seconds=5)))
+        else:
+            tasks.append(discovery_hash_trigger(settings, servers[0], stop))
+        running = [asyncio.create_task(t) for t in tasks]
+        try:
+            await asyncio.sleep(10)
+            for index in range(3):
+                log.info("upgrading kube-apiserver %d to %s", index, NEW)
+                await asyncio.to_thread(cluster.restart_apiserver, index, NEW)
+                await asyncio.sleep(10)
+            if executor_name == "storagemigration":
+                await asyncio.to_thread(cluster.start_controller_manager, version=NEW)
+            await asyncio.sleep(5)
+            clients_stop.set()
+            await _settle(settings, trigger)
+        finally:
+            stop.set()
+            clients_stop.set()
+            await asyncio.wait(running, timeout=60)
+            for server in [kube, *servers]:
+                await server.close()
+        state, records = await ledger_state(settings)
+        for resource, kind in RESOURCES:
+            if trigger == "discovery-hash":
+                # Its belief: the last migration it requested succeeded.
+                mine = [
+                    r.event.migration_id
+                    for r in records
+                    if isinstance(r.event, MigrationRequested)
+                    and r.event.meta.source == BASELINE_SOURCE
+                    and r.event.resource == resource
+                ]
+                believed[resource] = bool(mine) and (
+                    state.migrations[(CLUSTER, mine[-1])].phase == "Succeeded"
+                )
+            else:
+                persisted = state.storage_states[(CLUSTER, GROUP, resource)]
+                believed[resource] = persisted.persisted_storage_version_hashes == (
+                    hash_of_stored(NEW_VERSION, kind),
+                )
+        stored = {
+            resource: Counter(
+                json.loads(value)["apiVersion"]
+                for _, value in cluster.etcd_get_prefix(f"/registry/{resource}/")
+            )
+            for resource, _ in RESOURCES
+        }
+        upstream = {
+            obj["metadata"]["name"]: obj
+            for obj in cluster.get_json(
+                "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions", server_index=1
+            )["items"]
+        }
+    engine = database.engine(db_url)
+    with engine.connect() as connection:
+        projected = load_state(connection)
+    engine.dispose()
+    return Result(
+        trigger=trigger,
+        executor=executor_name,
+        stored=stored,
+        written=len(created),
+        migrations_while_disagreeing=while_disagreeing(records),
+        succeeded={
+            r: sum(
+                1 for m in state.migrations.values() if m.resource == r and m.phase == "Succeeded"
+            )
+            for r, _ in RESOURCES
+        },
+        believed_migrated=believed,
+        views_match_upstream=_views_match(projected, upstream),
+    )
+
+
+async def _settle(settings: KafkaSettings, trigger: str) -> None:
+    """Wait until the trigger in charge believes both resources migrated (at most 240 s)."""
+    for _ in range(240):
+        state, _ = await ledger_state(settings)
+        done = []
+        for resource, kind in RESOURCES:
+            storage_state = state.storage_states.get((CLUSTER, GROUP, resource))
+            migrations = [m for m in state.migrations.values() if m.resource == resource]
+            if trigger == "agreement":
+                done.append(
+                    storage_state is not None
+                    and storage_state.persisted_storage_version_hashes
+                    == (hash_of_stored(NEW_VERSION, kind),)
+                )
+            else:
+                done.append(bool(migrations) and all(not m.active for m in migrations))
+        if all(done):
+            return
+        await asyncio.sleep(1)
+    log.warning("the migrations did not settle within 240 s")
+
+
+def _views_match(projected: State, upstream: dict[str, Any]) -> bool:
+    for resource, _ in RESOURCES:
+        ours = projected.storage_versions.get((CLUSTER, GROUP, resource))
+        theirs = (upstream.get(f"{GROUP}.{resource}") or {}).get("status") or {}
+        if ours is None:
+            return False
+        entries = {
+            e["apiServerID"]: e["encodingVersion"] for e in theirs.get("storageVersions") or ()
+        }
+        if {e.apiserver_id: e.encoding_version for e in ours.entries} != entries:
+            return False
+        if ours.common_encoding_version != theirs.get("commonEncodingVersion"):
+            return False
+    return True
+
+
+def render(result: Result) -> str:
+    lines = [f"## trigger {result.trigger}, executor {result.executor}", ""]
+    for resource, stored in result.stored.items():
+        versions = ", ".join(f"{v}: {n}" for v, n in sorted(stored.items()))
+        believed = "yes" if result.believed_migrated.get(resource) else "no"
+        lines.append(
+            f"* {resource}: stored in etcd as {versions}; trigger believes all in v1: {believed};"
+            f" migrations succeeded: {result.succeeded[resource]}"
+        )
+    lines += [
+        f"* objects left in an old version: {result.left_behind}",
+        f"* migrations while the apiservers disagreed: {len(result.migrations_while_disagreeing)}",
+        f"* projection's StorageVersions equal the apiservers': {result.views_match_upstream}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--trigger", choices=TRIGGERS, action="append")
+    parser.add_argument("--executor", choices=EXECUTORS, default="rewrite")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("SVLEDGER_LOG_LEVEL", "WARNING"))
+
+    async def all_runs() -> int:
+        failed = 0
+        with kafka_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
+            for trigger in args.trigger or TRIGGERS:
+                workdir = Path(tmp) / trigger
+                workdir.mkdir()
+                topic = f"svledger.rolling-upgrade.{trigger}.{uuid.uuid4().hex[:8]}"
+                settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic, partitions=3)
+                result = await run(settings, trigger, args.executor, workdir)
+                print(render(result), flush=True)
+                if trigger == "agreement" and (
+                    result.left_behind or result.migrations_while_disagreeing
+                ):
+                    failed = 1
+        return failed
+
+    return asyncio.run(all_runs())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The seeds' claim on real binaries: a rolling upgrade v1.36.3 -> v1.37.2, checked in etcd.
+
+MutatingAdmissionPolicy(Binding) moves its storage version from v1beta1 to v1 between
+these releases; clients keep creating such objects through every apiserver while the
+apiservers are upgraded one by one (``deploy/kube/rolling_upgrade.py``). With the
+ledger's agreement trigger, with either executor, etcd ends with every object in v1 and
+no migration ran while the apiservers disagreed. The old discovery-hash trigger
+believes the resource migrated while etcd still holds objects in v1beta1.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deploy.kube.rolling_upgrade import NEW_VERSION, Result, run
+from ledger.settings import KafkaSettings
+
+pytestmark = [pytest.mark.slow, pytest.mark.kubernetes]
+
+
+async def upgrade(bootstrap: str, trigger: str, executor: str, tmp_path: Path) -> Result:
+    topic = f"svledger-test.rolling-upgrade.{uuid.uuid4().hex[:8]}"
+    settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic, partitions=3)
+    return await run(settings, trigger, executor, tmp_path)
+
+
+@pytest.mark.parametrize("executor", ["rewrite", "storagemigration"])
+async def test_the_agreement_trigger_leaves_no_object_behind(
+    executor: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    result = await upgrade(kafka_bootstrap, "agreement", executor, tmp_path)
+
+    assert result.written > 20  # clients wrote through the whole upgrade
+    for resource, stored in result.stored.items():
+        assert set(stored) == {NEW_VERSION}, (resource, stored)
+        assert result.believed_migrated[resource]
+        assert result.succeeded[resource] >= 1
+    assert result.left_behind == 0
+    assert result.migrations_while_disagreeing == []
+    assert result.views_match_upstream
+
+
+async def test_the_discovery_hash_trigger_believes_a_polluted_migration_done(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    result = await upgrade(kafka_bootstrap, "discovery-hash", "rewrite", tmp_path)
+
+    assert all(result.believed_migrated.values())
+    assert result.left_behind > 0  # objects the old apiservers wrote after its migration
+    assert result.migrations_while_disagreeing != []
