@@ -61,6 +61,7 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
 )
+from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from projections.state import Migration, MigrationKey, State
 
@@ -142,7 +143,7 @@ async def migrate(
         while True:
             page = await _retrying(
                 functools.partial(target.list, group, resource, token, chunk_size),
-                f"listing {resource}.{group or 'core'} after {token!r}",
+                f"listing {group_resource_string(group, resource)} after {token!r}",
                 policy,
                 clock,
             )
@@ -177,7 +178,7 @@ async def migrate(
                 return
             await append([MigrationProgressed(meta(), mid, done, token)])
     except (RetriesExhausted, TargetError) as error:  # listing failed
-        reason, message = _failure(error, f"listing {resource}.{group or 'core'}")
+        reason, message = _failure(error, f"listing {group_resource_string(group, resource)}")
         await append([MigrationFailed(meta(), mid, done, token, reason, message)])
 
 

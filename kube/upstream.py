@@ -56,7 +56,7 @@ from ledger.events import (
     StorageVersionReported,
 )
 from ledger.hashing import hash_of_stored
-from ledger.names import CORE_GROUP_ALIAS, split_group_version
+from ledger.names import CORE_GROUP_ALIAS, group_resource_string, split_group_version
 from ledger.validation import InvalidReport, check_report
 from projections.state import State
 
@@ -289,7 +289,7 @@ def _holds(state: State, cluster: str, entry: Entry) -> bool:
 def _report(
     cluster: str, entry: Entry, kind_of: KindOf, now: datetime
 ) -> StorageVersionReported | str:
-    where = f"{entry.apiserver_id}'s entry for {entry.resource}.{entry.group or 'core'}"
+    where = f"{entry.apiserver_id}'s entry for {group_resource_string(entry.group, entry.resource)}"
     try:
         split_group_version(entry.encoding_version)
     except ValueError as error:

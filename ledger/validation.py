@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ledger.errors import UsageError
+from ledger.names import CORE_GROUP_ALIAS
 
 _LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL: Final = re.compile(_LABEL)
@@ -59,7 +60,7 @@ def is_dns1035_label(name: str) -> bool:
 
 
 def check_group(group: str) -> None:
-    if group == "core":
+    if group == CORE_GROUP_ALIAS:
         raise InvalidReport("group", group, "the core group is written as the empty string ''")
     if group and not is_dns1123_subdomain(group):
         raise InvalidReport(
