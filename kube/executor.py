@@ -125,15 +125,21 @@ class StorageMigrationExecutor:
             },
             "spec": {"resource": {"group": migration.group, "resource": migration.resource}},
         }
-        try:
-            await self.kube.request("POST", PATH, body)
-        except ApiError as error:
-            if error.status == CONFLICT:
-                return True  # created by an earlier run of this worker: follow it
-            await append(
-                [self._failed(migration, meta(), "CreateFailed", f"creating {name}: {error}")]
-            )
-            return False
+        while True:
+            try:
+                await self.kube.request("POST", PATH, body)
+                break
+            except ClusterUnreachable as error:  # an apiserver restarting: try again
+                log.warning("creating %s: %s; retrying", name, error)
+                await self.clock.sleep(self.poll_seconds)
+            except ApiError as error:
+                if error.status == CONFLICT:
+                    return True  # created by an earlier run of this worker: follow it
+                failed = self._failed(
+                    migration, meta(), "CreateFailed", f"creating {name}: {error}"
+                )
+                await append([failed])
+                return False
         log.info("created StorageVersionMigration %s", name, extra={"migration": name})
         return True
 

@@ -70,6 +70,7 @@ TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
 
 _TOPIC_ALREADY_EXISTS: Final = 36
 _UNKNOWN_TOPIC: Final = 3
+TRANSACTION_TIMEOUT_SECONDS: Final = 60.0
 
 
 Headers: TypeAlias = list[tuple[str, bytes]]
@@ -392,7 +393,10 @@ class PartitionProducer:
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.stop()
+            try:
+                await asyncio.wait_for(producer.stop(), TRANSACTION_TIMEOUT_SECONDS)
+            except TimeoutError:
+                log.warning("transactional producer %s did not stop; left", self.transactional_id)
 
     async def commit(
         self, events: Sequence[Event], *, group_id: str, consumed: int
@@ -403,6 +407,23 @@ class PartitionProducer:
         it is then visible to ``read_committed`` readers.
         """
         assert self._producer is not None, "start() the PartitionProducer first"
+        try:
+            return await asyncio.wait_for(
+                self._commit(events, group_id, consumed), TRANSACTION_TIMEOUT_SECONDS
+            )
+        except TimeoutError as error:
+            # An idempotent producer retries a refused batch for ever (a transaction
+            # coordinator that keeps answering "not enough replicas", say): give up on
+            # this producer; the caller rebuilds the partition with a new one.
+            raise TransactionFailed(
+                f"partition {self.partition}: the transaction did not complete within"
+                f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check the broker's log"
+            ) from error
+
+    async def _commit(
+        self, events: Sequence[Event], group_id: str, consumed: int
+    ) -> list[Position]:
+        assert self._producer is not None
         topic = self.settings.topic
         futures: list[asyncio.Future[Any]] = []
         try:

@@ -58,7 +58,7 @@ from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
 from ledger.events import Meta, MigrationRequested, MigrationSucceeded
 from ledger.hashing import hash_of_stored
-from ledger.kafka import EventConsumer, EventProducer, create_topics
+from ledger.kafka import EventConsumer, EventProducer, PartitionProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database
 from projections.fold import apply
@@ -396,6 +396,19 @@ def render(result: Result) -> str:
     return "\n".join(lines)
 
 
+async def warm_up(bootstrap: str) -> None:
+    """One transaction on a fresh broker, so its internal topics exist before the roles
+    start (they otherwise all wait for the transaction coordinator at once)."""
+    settings = KafkaSettings(bootstrap_servers=bootstrap, topic="svledger.warm-up", partitions=1)
+    await create_topics(settings)
+    producer = PartitionProducer(settings, 0, "svledger.warm-up")
+    await producer.start()
+    try:
+        await producer.commit([], group_id="svledger.warm-up", consumed=0)
+    finally:
+        await producer.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--trigger", choices=TRIGGERS, action="append")
@@ -406,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def all_runs() -> int:
         failed = 0
         with kafka_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
+            await warm_up(bootstrap)
             for trigger in args.trigger or TRIGGERS:
                 workdir = Path(tmp) / trigger
                 workdir.mkdir()
