@@ -193,14 +193,20 @@ def _shown(ref: ObjectRef) -> str:
     return ref.name if ref.namespace is None else f"{ref.namespace}/{ref.name}"
 
 
-def next_migration(state: State, cluster: str | None = None) -> Migration | None:
-    """The oldest Pending or Running migration of the partition's clusters, or of ``cluster``."""
+def next_migrations(state: State, cluster: str | None = None) -> list[Migration]:
+    """The Pending or Running migrations of the partition's clusters (or of ``cluster``),
+    oldest request first."""
     active = [
         m
         for m in state.migrations.values()
         if m.active and (cluster is None or m.cluster == cluster)
     ]
-    return min(active, key=lambda m: (m.requested_at, m.migration_id), default=None)
+    return sorted(active, key=lambda m: (m.requested_at, m.migration_id))
+
+
+def next_migration(state: State, cluster: str | None = None) -> Migration | None:
+    """The oldest Pending or Running migration of the partition's clusters, or of ``cluster``."""
+    return next(iter(next_migrations(state, cluster)), None)
 
 
 Append: TypeAlias = Callable[[Sequence[Event]], Awaitable[object]]
@@ -253,8 +259,14 @@ async def run_worker(
     stop: asyncio.Event,
     group_id: str = GROUP_ID,
     cluster: str | None = None,
+    concurrency: int = 1,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
+
+    ``concurrency`` migrations at once, oldest request first (never two of one resource:
+    a resource has at most one active migration). One suits the rewriting executor,
+    which shares the apiserver's capacity; the in-tree executor hands the work to
+    kube-controller-manager, which runs migrations of different resources side by side.
 
     With ``cluster``, only that cluster's migrations: an executor that reaches one
     cluster's apiserver must not run another's. Workers of different clusters then
@@ -266,25 +278,41 @@ async def run_worker(
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
 
+    async def run_one(partition_log: PartitionLog, migration: Migration) -> None:
+        key = migration.key
+        positions: list[int] = []
+
+        async def append(events: Sequence[Event]) -> None:
+            positions.extend(p.offset for p in await partition_log.commit(events))
+
+        def cancelled() -> bool:
+            return not partition_log.state.migrations[key].active
+
+        await executor.run(migration, append=append, cancelled=cancelled)
+        # Done only once its last event is folded, so it is not picked again.
+        await partition_log.wait_folded(max(positions, default=0) + 1)
+
     async def serve(partition_log: PartitionLog) -> None:
-        while True:
-            await partition_log.wait_folded()
-            migration = next_migration(partition_log.state, cluster)
-            if migration is None:
-                await partition_log.wait_moved()
-                continue
-            key = migration.key
-            positions: list[int] = []
-
-            async def append(events: Sequence[Event], positions: list[int] = positions) -> None:
-                positions.extend(p.offset for p in await partition_log.commit(events))
-
-            def cancelled(key: MigrationKey = key) -> bool:
-                return not partition_log.state.migrations[key].active
-
-            await executor.run(migration, append=append, cancelled=cancelled)
-            # Pick the next one only once this one's last event is folded.
-            await partition_log.wait_folded(max(positions, default=0) + 1)
+        running: dict[MigrationKey, asyncio.Task[None]] = {}
+        try:
+            while True:
+                await partition_log.wait_folded()
+                for key in [k for k, task in running.items() if task.done()]:
+                    running.pop(key).result()  # a failure is the runner's, served again
+                for migration in next_migrations(partition_log.state, cluster):
+                    if len(running) >= concurrency:
+                        break
+                    if migration.key not in running:
+                        running[migration.key] = asyncio.create_task(
+                            run_one(partition_log, migration)
+                        )
+                moved = asyncio.create_task(partition_log.wait_moved())
+                await asyncio.wait([moved, *running.values()], return_when=asyncio.FIRST_COMPLETED)
+                moved.cancel()
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
     async with follower:
         try:

@@ -291,7 +291,9 @@ async def run_collector(
     told: set[str] = set()  # problems logged once each
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
     group = f"{group_id}.{cluster}"
-    follower = PartitionFollower(settings, group_id=group, transactional_prefix=group)
+    follower = PartitionFollower(
+        settings, group_id=group, transactional_prefix=f"{group}-{settings.topic}"
+    )
     try:
         async with follower:
             async for folded in follower.batches(stop):

@@ -9,7 +9,8 @@ per object, from the garbage collector's cache), then sets the ``Succeeded`` or
 svledger is the agreement-aware trigger that upstream lacks.
 
 ``svledger worker --executor storagemigration`` runs each requested migration as one
-such object, named ``svledger-<migration ID>``:
+such object, named ``svledger-<migration ID>``, in the version of the API the cluster
+prefers (``v1`` from 1.37; ``v1beta1`` before, where it must be enabled):
 
 * create it (an object that exists already is this migration's, from an earlier run
   of the worker: it is followed, not created again) and append ``MigrationStarted``;
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 
 SOURCE: Final = "svledger-worker"
 GROUP: Final = "storagemigration.k8s.io"
-VERSION: Final = "v1"
-PATH: Final = f"/apis/{GROUP}/{VERSION}/storageversionmigrations"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
 
@@ -77,16 +76,18 @@ class StorageMigrationExecutor:
         def meta() -> Meta:
             return Meta.new(migration.cluster, SOURCE, self.clock.now())
 
+        group_version = await self._served_version()
+        path = f"/apis/{group_version}/storageversionmigrations"
         if migration.phase == "Pending":
-            if not await self._create(migration, name, append, meta):
+            if not await self._create(migration, group_version, name, append, meta):
                 return
             await append([MigrationStarted(meta(), migration.migration_id)])
         while True:
             if cancelled():
-                await self._delete(name)
+                await self._delete(path, name)
                 return
             try:
-                obj = await self.kube.get(f"{PATH}/{name}")
+                obj = await self.kube.get(f"{path}/{name}")
             except ApiError as error:
                 if error.status == NOT_FOUND:
                     await append(
@@ -108,11 +109,29 @@ class StorageMigrationExecutor:
                 return
             await self.clock.sleep(self.poll_seconds)
 
+    async def _served_version(self) -> str:
+        """The group version of StorageVersionMigration the cluster prefers (v1 from 1.37,
+        v1beta1 before, where it must be enabled), asked until the cluster answers."""
+        while True:
+            try:
+                group = await self.kube.get(f"/apis/{GROUP}")
+                version: str = group["preferredVersion"]["groupVersion"]
+                return version
+            except (ApiError, ClusterUnreachable) as error:
+                log.warning("%s is not served (%s); asking again", GROUP, error)
+                await self.clock.sleep(self.poll_seconds)
+
     async def _create(
-        self, migration: Migration, name: str, append: Append, meta: Callable[[], Meta]
+        self,
+        migration: Migration,
+        group_version: str,
+        name: str,
+        append: Append,
+        meta: Callable[[], Meta],
     ) -> bool:
+        path = f"/apis/{group_version}/storageversionmigrations"
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": group_version,
             "kind": "StorageVersionMigration",
             "metadata": {
                 "name": name,
@@ -127,7 +146,7 @@ class StorageMigrationExecutor:
         }
         while True:
             try:
-                await self.kube.request("POST", PATH, body)
+                await self.kube.request("POST", path, body)
                 break
             except ClusterUnreachable as error:  # an apiserver restarting: try again
                 log.warning("creating %s: %s; retrying", name, error)
@@ -143,9 +162,9 @@ class StorageMigrationExecutor:
         log.info("created StorageVersionMigration %s", name, extra={"migration": name})
         return True
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, path: str, name: str) -> None:
         try:
-            await self.kube.request("DELETE", f"{PATH}/{name}")
+            await self.kube.request("DELETE", f"{path}/{name}")
         except ApiError as error:
             if error.status != NOT_FOUND:
                 log.warning("deleting %s after its cancellation: %s", name, error)

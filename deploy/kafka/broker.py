@@ -194,6 +194,7 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            "transaction.partition.verification.enable": "false",
         }
         path = self._workdir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))

@@ -262,7 +262,14 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
         tasks: list[Coroutine[Any, Any, object]] = [
             run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock()),
             run_projector(settings, db_url, stop=stop, group=False),
-            run_worker(settings, executor, stop=stop, cluster=CLUSTER, group_id="rolling-worker"),
+            run_worker(
+                settings,
+                executor,
+                stop=stop,
+                cluster=CLUSTER,
+                group_id="rolling-worker",
+                concurrency=1 if executor_name == "rewrite" else 100,
+            ),
             clients(servers, clients_stop, created),
         ]
         if trigger == "agreement":
