@@ -163,13 +163,19 @@ class StorageMigrationExecutor:
         return True
 
     async def _delete(self, path: str, name: str) -> None:
-        try:
-            await self.kube.request("DELETE", f"{path}/{name}")
-        except ApiError as error:
-            if error.status != NOT_FOUND:
-                log.warning("deleting %s after its cancellation: %s", name, error)
-        else:
-            log.info("deleted StorageVersionMigration %s: cancelled", name)
+        while True:
+            try:
+                await self.kube.request("DELETE", f"{path}/{name}")
+            except ClusterUnreachable as error:  # an apiserver restarting: try again
+                log.warning("deleting %s: %s; retrying", name, error)
+                await self.clock.sleep(self.poll_seconds)
+                continue
+            except ApiError as error:
+                if error.status != NOT_FOUND:
+                    log.warning("deleting %s after its cancellation: %s", name, error)
+            else:
+                log.info("deleted StorageVersionMigration %s: cancelled", name)
+            return
 
     @staticmethod
     def _failed(migration: Migration, meta: Meta, reason: str, message: str) -> MigrationFailed:
