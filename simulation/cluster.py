@@ -57,8 +57,20 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from consumers.targets import NotFound, ObjectRef, Page
 from ledger.clock import VirtualClock
-from ledger.reporter import Reporter
-from simulation.scenario import Binary, Resource
+from ledger.kafka import EventProducer
+from ledger.names import group_version
+from ledger.reporter import Reporter, ResourceReport
+from simulation.scenario import (
+    Binary,
+    Crash,
+    Entry,
+    Resource,
+    Restart,
+    Scenario,
+    Start,
+    Stop,
+    Write,
+)
 
 metadata = MetaData()
 
@@ -321,3 +333,106 @@ class ProcessClock:
 class Process:
     server: SimApiserver
     clock: ProcessClock
+
+
+class SimCluster:
+    """The simulated cluster: the data plane above, and the apiserver processes.
+
+    Each process embeds the real :class:`~ledger.reporter.Reporter` with a clock of its
+    own (:class:`ProcessClock`); :meth:`act` carries out the scenario's timeline entries:
+    starts, upgrades and rollbacks (a graceful stop, then a new process), crashes (the
+    process freezes, its lease left to the lease GC) and clients' writes through the
+    load balancer. Every random choice comes from ``rng``, the scenario's seed.
+    """
+
+    def __init__(
+        self, scenario: Scenario, db: Engine, clock: VirtualClock, rng: random.Random
+    ) -> None:
+        self.scenario = scenario
+        self.clock = clock
+        self.rng = rng
+        self.store = ObjectStore(db, scenario.cluster)
+        self.balancer = LoadBalancer(random.Random(rng.getrandbits(64)))
+        self.allowance = Allowance(scenario.requests_per_second)
+        self.target = SimulatedTarget(self.store, self.balancer, scenario.resources, self.allowance)
+        self.processes: dict[str, Process] = {}
+        self.frozen: list[ProcessClock] = []
+        self.refused_writes = 0  # client writes that found no apiserver ready to serve them
+
+    def put_to_sleep(self) -> None:
+        """Cancel every process's sleeping tasks (the run is over)."""
+        for process_clock in [*self.frozen, *(p.clock for p in self.processes.values())]:
+            for task in process_clock.sleeping:
+                task.cancel()
+
+    async def act(self, entry: Entry, producer: EventProducer) -> str | None:
+        """Carry out a timeline entry; say what happened (None for client writes)."""
+        action = entry.action
+        match action:
+            case Write():
+                self._write(self.scenario.resource(action.resource), action.count)
+                return None
+            case Start():
+                await self._start(action.hostname, action.binary, producer)
+                done = f"{action.hostname} started on {action.binary}"
+            case Restart():
+                await self._stop(action.hostname)
+                await self._start(action.hostname, action.binary, producer)
+                verb = "upgraded" if action.kind == "upgrade" else "rolled back"
+                done = f"{action.hostname} {verb} to {action.binary}"
+            case Crash():
+                process = self.processes.pop(action.hostname)
+                process.server.alive = False
+                process.clock.crashed = True
+                self.frozen.append(process.clock)
+                done = f"{action.hostname} crashed"
+            case Stop():
+                await self._stop(action.hostname)
+                done = f"{action.hostname} stopped"
+        return entry.note or done
+
+    async def _start(self, hostname: str, binary_name: str, producer: EventProducer) -> None:
+        s = self.scenario
+        binary = s.binaries[binary_name]
+        clock = ProcessClock(self.clock)
+        reporter = Reporter(
+            s.cluster,
+            hostname,
+            [
+                ResourceReport(
+                    r.group,
+                    r.resource,
+                    r.kind,
+                    group_version(r.group, e.encoding_version),
+                    tuple(group_version(r.group, v) for v in e.decodable_versions),
+                    tuple(group_version(r.group, v) for v in e.served_versions),
+                )
+                for r in s.resources
+                for e in [binary.encodings[r.name]]
+            ],
+            producer,
+            clock,
+            heartbeat_interval=s.heartbeat_interval_seconds,
+            lease_duration_seconds=s.lease_duration_seconds,
+            binary_version=binary.name,
+            rng=random.Random(self.rng.getrandbits(64)),
+        )
+        await reporter.start()
+        server = SimApiserver(hostname, binary, reporter)
+        self.balancer.apiservers[hostname] = server
+        self.processes[hostname] = Process(server, clock)
+
+    async def _stop(self, hostname: str) -> None:
+        process = self.processes.pop(hostname, None)
+        if process is not None:
+            process.server.alive = False
+            await process.server.reporter.stop()
+
+    def _write(self, resource: Resource, count: int) -> None:
+        for _ in range(count):
+            name = resource.object_name(self.rng.randrange(resource.objects))
+            server = self.balancer.pick("PUT", resource)
+            if server is None:
+                self.refused_writes += 1
+                continue
+            self.store.write(resource, name, server.encoding_version(resource), server.hostname)

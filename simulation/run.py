@@ -80,8 +80,7 @@ from ledger.events import (
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
 from ledger.kafka import EventProducer, Record, create_topics
-from ledger.names import group_version, split_group_version
-from ledger.reporter import Reporter, ResourceReport
+from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections import database
 from projections.projector import run_projector
@@ -90,17 +89,9 @@ from projections.state import ResourceKey, State
 from projections.store import load_state
 from simulation.baseline import DiscoveryHashTrigger
 from simulation.checks import LogMirror, latest_migration, polluted
-from simulation.cluster import (
-    Allowance,
-    LoadBalancer,
-    ObjectStore,
-    Process,
-    ProcessClock,
-    SimApiserver,
-    SimulatedTarget,
-)
+from simulation.cluster import SimCluster
 from simulation.report import TRIGGERS, SimulationResult, TimelineRow, Trigger, render
-from simulation.scenario import Crash, Entry, Resource, Restart, Scenario, Start, Stop, Write, load
+from simulation.scenario import Resource, Scenario, load
 
 log = logging.getLogger(__name__)
 
@@ -154,24 +145,18 @@ class _Run:
         self.trigger: Trigger = trigger
         self.clock = VirtualClock(VIRTUAL_START)
         self.rng = random.Random(scenario.seed)
-        self.store = ObjectStore(db, scenario.cluster)
-        self.balancer = LoadBalancer(random.Random(self.rng.getrandbits(64)))
-        self.allowance = Allowance(scenario.requests_per_second)
-        self.target = SimulatedTarget(self.store, self.balancer, scenario.resources, self.allowance)
+        self.cluster = SimCluster(scenario, db, self.clock, self.rng)
         self.baseline = (
             DiscoveryHashTrigger(
                 scenario.cluster,
                 scenario.resources,
-                self.balancer,
+                self.cluster.balancer,
                 random.Random(self.rng.getrandbits(64)),
             )
             if trigger == "discovery-hash"
             else None
         )
         self.mirror = LogMirror(settings, scenario.cluster)
-        self.processes: dict[str, Process] = {}
-        self.frozen: list[ProcessClock] = []
-        self.refused_writes = 0
         self.hostnames = {apiserver_id(a.hostname): a.hostname for a in scenario.apiservers}
         self.versions = {
             storage_version_hash(r.group, version, r.kind): version
@@ -185,7 +170,7 @@ class _Run:
         async with EventProducer(self.settings) as producer, self.mirror:
             self.producer = producer
             await self._refuse_used_cluster()
-            self.store.clear()
+            self.cluster.store.clear()
             tasks = [
                 asyncio.create_task(run, name=f"svledger-simulation-{name}")
                 for name, run in self._consumers(stop).items()
@@ -193,11 +178,9 @@ class _Run:
             try:
                 return await self._timeline(tasks)
             finally:
-                for process_clock in [*self.frozen, *(p.clock for p in self.processes.values())]:
-                    for task in process_clock.sleeping:
-                        task.cancel()
+                self.cluster.put_to_sleep()
                 stop.set()
-                self.allowance.grant(0)  # wake a worker waiting for requests: it sees stop
+                self.cluster.allowance.grant(0)  # wake a worker waiting for requests: it sees stop
                 _, late = await asyncio.wait(tasks, timeout=30)
                 for task in late:
                     log.warning("%s did not stop within 30 s; cancelling it", task.get_name())
@@ -233,7 +216,7 @@ class _Run:
             ),
             "worker": run_worker(
                 self.settings,
-                Rewriter(self.target, self.clock),
+                Rewriter(self.cluster.target, self.clock),
                 stop=stop,
                 group_id=group("worker"),
             ),
@@ -267,7 +250,7 @@ class _Run:
         while True:
             actions: list[str] = []
             while pending and pending[0].at_seconds <= now:
-                described = await self._act(pending.pop(0))
+                described = await self.cluster.act(pending.pop(0), self.producer)
                 if described is not None and described not in actions:
                     actions.append(described)
             await self._settle(now, tasks)
@@ -304,7 +287,7 @@ class _Run:
             following = min(now + s.step_seconds, s.end_seconds)
             if pending:
                 following = min(following, pending[0].at_seconds)
-            self.allowance.grant(following - now)
+            self.cluster.allowance.grant(following - now)
             await self.clock.advance(following - now)
             now = following
         return SimulationResult(
@@ -317,81 +300,9 @@ class _Run:
             migrations_while_disagreeing=tuple(sorted(self.mirror.disagreeing)),
             final_persisted_versions={name: row.persisted_versions for name, row in final.items()},
             final_stored={name: row.stored for name, row in final.items()},
-            refused_writes=self.refused_writes,
+            refused_writes=self.cluster.refused_writes,
             events=len(self.mirror.records),
         )
-
-    async def _act(self, entry: Entry) -> str | None:
-        """Carry out a timeline entry; say what happened (None for client writes)."""
-        action = entry.action
-        match action:
-            case Write():
-                self._write(self.scenario.resource(action.resource), action.count)
-                return None
-            case Start():
-                await self._start(action.hostname, action.binary)
-                done = f"{action.hostname} started on {action.binary}"
-            case Restart():
-                await self._stop(action.hostname)
-                await self._start(action.hostname, action.binary)
-                verb = "upgraded" if action.kind == "upgrade" else "rolled back"
-                done = f"{action.hostname} {verb} to {action.binary}"
-            case Crash():
-                process = self.processes.pop(action.hostname)
-                process.server.alive = False
-                process.clock.crashed = True
-                self.frozen.append(process.clock)
-                done = f"{action.hostname} crashed"
-            case Stop():
-                await self._stop(action.hostname)
-                done = f"{action.hostname} stopped"
-        return entry.note or done
-
-    async def _start(self, hostname: str, binary_name: str) -> None:
-        s = self.scenario
-        binary = s.binaries[binary_name]
-        clock = ProcessClock(self.clock)
-        reporter = Reporter(
-            s.cluster,
-            hostname,
-            [
-                ResourceReport(
-                    r.group,
-                    r.resource,
-                    r.kind,
-                    group_version(r.group, e.encoding_version),
-                    tuple(group_version(r.group, v) for v in e.decodable_versions),
-                    tuple(group_version(r.group, v) for v in e.served_versions),
-                )
-                for r in s.resources
-                for e in [binary.encodings[r.name]]
-            ],
-            self.producer,
-            clock,
-            heartbeat_interval=s.heartbeat_interval_seconds,
-            lease_duration_seconds=s.lease_duration_seconds,
-            binary_version=binary.name,
-            rng=random.Random(self.rng.getrandbits(64)),
-        )
-        await reporter.start()
-        server = SimApiserver(hostname, binary, reporter)
-        self.balancer.apiservers[hostname] = server
-        self.processes[hostname] = Process(server, clock)
-
-    async def _stop(self, hostname: str) -> None:
-        process = self.processes.pop(hostname, None)
-        if process is not None:
-            process.server.alive = False
-            await process.server.reporter.stop()
-
-    def _write(self, resource: Resource, count: int) -> None:
-        for _ in range(count):
-            name = resource.object_name(self.rng.randrange(resource.objects))
-            server = self.balancer.pick("PUT", resource)
-            if server is None:
-                self.refused_writes += 1
-                continue
-            self.store.write(resource, name, server.encoding_version(resource), server.hostname)
 
     # --- quiescence ---
 
@@ -429,7 +340,7 @@ class _Run:
                 if owed:
                     return f"the migration trigger to append {[type(e).__name__ for e in owed]}"
         running = next_migration(state)
-        if running is not None and not self.allowance.waiting:
+        if running is not None and not self.cluster.allowance.waiting:
             return f"the worker to run migration {running.migration_id} ({running.phase})"
         # Nothing may have been appended while this was checked.
         if len(self.mirror.records) != read or not await self.mirror.caught_up():
@@ -480,7 +391,7 @@ class _Run:
         if self.baseline is not None:
             belief = self.baseline.beliefs.get(resource.name)
             baseline_hashes = tuple(belief.persisted_hashes) if belief else ()
-        stored = self.store.versions(resource)
+        stored = self.cluster.store.versions(resource)
         latest = latest_migration(views, key)
         return TimelineRow(
             at_seconds=now,
