@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
     add_command,
@@ -59,18 +58,38 @@ def add_migrator(subparsers: Subparsers) -> None:
         description=(
             "The migration trigger: follow the log and append MigrationRequested once every\n"
             "live apiserver encodes a resource in the same version and objects may still be\n"
-            "stored in another; MigrationCancelled when agreement breaks. Exactly once: Kafka\n"
-            "transactions, one transactional id per input partition."
+            "stored in another; MigrationCancelled when agreement breaks. A failed migration\n"
+            "is requested again after a back-off in event time, doubling from --retry-backoff\n"
+            "up to --max-retry-backoff. Exactly once: Kafka transactions, one transactional\n"
+            "id per input partition."
         ),
     )
     add_kafka_options(parser)
+    parser.add_argument(
+        "--retry-backoff",
+        type=positive(float, "number of seconds"),
+        default=60.0,
+        metavar="SECONDS",
+        help="wait after a migration's first failure before requesting it again (default: 60)",
+    )
+    parser.add_argument(
+        "--max-retry-backoff",
+        type=positive(float, "number of seconds"),
+        default=3600.0,
+        metavar="SECONDS",
+        help="the longest wait, however often it failed (default: 3600)",
+    )
 
 
 def _migrator(args: argparse.Namespace) -> int:
-    from consumers.migrator import run_migrator
+    from consumers.migrator import Backoff, run_migrator
 
     settings = kafka_settings(args)
-    return run_until_signalled(lambda stop: run_migrator(settings, stop=stop))
+    backoff = Backoff(args.retry_backoff, max(args.retry_backoff, args.max_retry_backoff))
+    return run_until_signalled(lambda stop: run_migrator(settings, stop=stop, backoff=backoff))
+
+
+EXECUTORS = ("rewrite", "storagemigration")
 
 
 def add_worker(subparsers: Subparsers) -> None:
@@ -80,13 +99,19 @@ def add_worker(subparsers: Subparsers) -> None:
         _worker,
         help="run the requested storage migrations against a Kubernetes API server",
         description=(
-            "The migration worker: follow the log and run each requested migration of the\n"
-            "partitions it owns, oldest first: list the resource in chunks with continue\n"
-            "tokens and write every object back unchanged, so the API server stores it in\n"
-            "its storage version. Reports MigrationStarted/Progressed/Succeeded/Failed; a\n"
-            "restarted worker resumes from the last continue token. It runs the migrations of\n"
-            "--cluster only, through that cluster's API server: inside the cluster as the\n"
-            "pod's service account, elsewhere as given by --server."
+            "The migration worker: follow the log and run each requested migration of\n"
+            "--cluster, oldest first, through that cluster's API server (addressed as kubectl\n"
+            "does: --kubeconfig, KUBECONFIG or ~/.kube/config with --context, else the pod's\n"
+            "service account). Reports MigrationStarted/Progressed/Succeeded/Failed.\n"
+            "\n"
+            "--executor rewrite (default): list the resource in chunks with continue tokens\n"
+            "and write every object back unchanged, so the API server stores it in its\n"
+            "storage version; a restarted worker resumes from the last continue token; an\n"
+            "object refused for good does not stop its chunk, the migration fails after it.\n"
+            "--executor storagemigration: create a storagemigration.k8s.io\n"
+            "StorageVersionMigration per migration and let kube-controller-manager's in-tree\n"
+            "migrator run it; follow its conditions; delete it when the migration is\n"
+            "cancelled."
         ),
     )
     parser.add_argument(
@@ -95,65 +120,58 @@ def add_worker(subparsers: Subparsers) -> None:
         help="the cluster whose migrations to run (the name its apiservers report under)",
     )
     add_kafka_options(parser)
-    api = parser.add_argument_group(
-        "Kubernetes API", "default: the cluster the worker runs in, as its service account"
-    )
-    api.add_argument("--server", metavar="URL", help="API server URL, e.g. https://10.0.0.1:6443")
-    api.add_argument("--token-file", metavar="PATH", help="file holding the bearer token")
-    api.add_argument("--ca-file", metavar="PATH", help="PEM file of the API server's CA")
-    api.add_argument(
-        "--insecure-skip-tls-verify",
-        action="store_true",
-        help="do not verify the API server's certificate (testing only)",
+    add_kubeconfig_options(parser)
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="rewrite",
+        help="who rewrites the objects: this worker, or kube-controller-manager",
     )
     parser.add_argument(
         "--chunk-size",
         type=positive(int, "whole number"),
         default=500,
         metavar="N",
-        help="objects listed per request (default: 500, as upstream)",
+        help="objects listed per request by the rewrite executor (default: 500, as upstream)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive(int, "whole number"),
+        metavar="N",
+        help="migrations run at once, of different resources (default: 1 for rewrite,"
+        " 16 for storagemigration)",
     )
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from consumers.worker import GROUP_ID, run_worker
-    from kube.target import ConfigurationError, KubernetesTarget
+    from consumers.worker import GROUP_ID, Executor, Rewriter, run_worker
+    from kube.client import connect
+    from kube.executor import StorageMigrationExecutor
+    from kube.target import KubernetesTarget
     from ledger.clock import SystemClock
 
     settings = kafka_settings(args)
-    if args.server is None and (args.token_file or args.ca_file or args.insecure_skip_tls_verify):
-        raise UsageError(
-            "--token-file, --ca-file and --insecure-skip-tls-verify apply to --server; "
-            "give the API server with --server URL"
-        )
-    try:
-        if args.server is None:
-            target = KubernetesTarget.in_cluster()
-        else:
-            target = KubernetesTarget(
-                args.server,
-                token_file=args.token_file,
-                ca_file=args.ca_file,
-                insecure_skip_tls_verify=args.insecure_skip_tls_verify,
-            )
-    except ConfigurationError as error:
-        hint = "; give the API server with --server URL" if args.server is None else ""
-        raise UsageError(f"{error}{hint}") from error
+    clock = SystemClock()
 
     async def work(stop: asyncio.Event) -> None:
+        kube = await connect(args.kubeconfig, args.context)
+        executor: Executor
+        if args.executor == "rewrite":
+            executor = Rewriter(KubernetesTarget(kube), clock, chunk_size=args.chunk_size)
+        else:
+            executor = StorageMigrationExecutor(kube, clock)
         try:
             await run_worker(
                 settings,
-                target,
+                executor,
                 stop=stop,
-                clock=SystemClock(),
-                chunk_size=args.chunk_size,
                 # A group per cluster: each cluster's workers follow every partition.
                 group_id=f"{GROUP_ID}.{args.cluster}",
                 cluster=args.cluster,
+                concurrency=args.concurrency or (1 if args.executor == "rewrite" else 16),
             )
         finally:
-            target.close()
+            await kube.close()
 
     return run_until_signalled(work)
 
@@ -182,6 +200,24 @@ def add_collect(subparsers: Subparsers) -> None:
     )
     add_kafka_options(parser)
     add_kubeconfig_options(parser)
+    parser.add_argument(
+        "--apiserver",
+        action="append",
+        type=_apiserver,
+        default=[],
+        metavar="HOSTNAME=URL",
+        help="an apiserver's own address (not a load balancer's), once per apiserver: its\n"
+        "discovery tells which version it stores each custom resource in",
+    )
+
+
+def _apiserver(text: str) -> tuple[str, str]:
+    hostname, sep, url = text.partition("=")
+    if not sep or not hostname or not url.startswith(("https://", "http://")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOSTNAME=URL, e.g. master-1=https://10.0.0.11:6443"
+        )
+    return hostname, url
 
 
 def add_kubeconfig_options(parser: argparse.ArgumentParser) -> None:
@@ -200,14 +236,19 @@ def _collect(args: argparse.Namespace) -> int:
     from kube.client import connect
     from kube.collector import run_collector
     from ledger.clock import SystemClock
+    from ledger.identity import apiserver_id
 
     settings = kafka_settings(args)
 
     async def collect(stop: asyncio.Event) -> None:
         kube = await connect(args.kubeconfig, args.context)
+        direct = {apiserver_id(host): kube.at(url) for host, url in args.apiserver}
         try:
-            await run_collector(settings, args.cluster, kube, stop=stop, clock=SystemClock())
+            await run_collector(
+                settings, args.cluster, kube, stop=stop, clock=SystemClock(), apiservers=direct
+            )
         finally:
-            await kube.close()
+            for client in [kube, *direct.values()]:
+                await client.close()
 
     return run_until_signalled(collect)
