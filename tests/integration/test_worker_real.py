@@ -1,10 +1,11 @@
 """The worker against a real kube-apiserver behaves as upstream's migrator does.
 
 MutatingAdmissionPolicies are created on v1.36.3 (stored as ``v1beta1``); the apiserver
-is upgraded to v1.37.2 (which stores them as ``v1``), and a ValidatingAdmissionPolicy
-refuses every update of one of them. The migration to v1 lists in chunks: the refused
-object does not stop its chunk (every other object of the chunk is rewritten, as etcd
-shows), the migration fails naming it, and the trigger requests it again after its
+is upgraded to v1.37.2 (which stores them as ``v1``). The worker runs as a service
+account that RBAC lets update every one of them but one (admission policies cannot
+refuse writes to admissionregistration objects, so the refusal is a 403). The migration
+to v1 lists in chunks: the refused object does not stop its chunk (every other object
+of the chunk is rewritten, as etcd shows), the migration fails naming it, and the trigger requests it again after its
 back-off, again and again, until the refusal is lifted and it succeeds.
 """
 
@@ -22,7 +23,7 @@ from consumers.migrator import Backoff, run_migrator
 from consumers.worker import Rewriter, run_worker
 from deploy.kube.cluster import LocalCluster
 from deploy.kube.rolling_upgrade import NEW, OLD, policy
-from kube.client import ApiError, Kube, connect
+from kube.client import Kube, connect
 from kube.collector import run_collector
 from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
@@ -39,33 +40,61 @@ POLICIES = f"/apis/{GROUP}/v1/mutatingadmissionpolicies"
 FROZEN = "p-3"
 NAMES = [f"p-{i}" for i in range(7)]  # listed in this order, in chunks of 5
 
-DENY = {
-    "apiVersion": f"{GROUP}/v1",
-    "kind": "ValidatingAdmissionPolicy",
-    "metadata": {"name": "freeze-p-3"},
-    "spec": {
-        "failurePolicy": "Fail",
-        "matchConstraints": {
-            "resourceRules": [
-                {
-                    "apiGroups": [GROUP],
-                    "apiVersions": ["*"],
-                    "operations": ["UPDATE"],
-                    "resources": ["mutatingadmissionpolicies"],
-                }
-            ]
-        },
-        "validations": [
-            {"expression": f"object.metadata.name != '{FROZEN}'", "message": f"{FROZEN} is frozen"}
+ROLE = "/apis/rbac.authorization.k8s.io/v1/clusterroles/svledger-worker"
+
+
+def worker_role(updatable: list[str]) -> dict[str, object]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "svledger-worker"},
+        "rules": [
+            {"apiGroups": [GROUP], "resources": ["mutatingadmissionpolicies"],
+             "verbs": ["get", "list"]},
+            {"apiGroups": [GROUP], "resources": ["mutatingadmissionpolicies"],
+             "verbs": ["update"], "resourceNames": updatable},
         ],
-    },
-}
-DENY_BINDING = {
-    "apiVersion": f"{GROUP}/v1",
-    "kind": "ValidatingAdmissionPolicyBinding",
-    "metadata": {"name": "freeze-p-3"},
-    "spec": {"policyName": "freeze-p-3", "validationActions": ["Deny"]},
-}
+    }  # fmt: skip
+
+
+async def worker_identity(cluster: LocalCluster, admin: Kube, path: Path) -> Kube:
+    """A service account allowed to update every policy but FROZEN; a client as it."""
+    await admin.request(
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "svledger-worker"}},
+    )
+    await admin.request(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        worker_role([n for n in NAMES if n != FROZEN]),
+    )
+    await admin.request(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "svledger-worker"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "svledger-worker",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "svledger-worker", "namespace": "default"}
+            ],
+        },
+    )
+    issued = await admin.request(
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts/svledger-worker/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    config = json.loads(cluster.write_kubeconfig(path).read_text())
+    config["users"][0]["user"] = {"token": issued["status"]["token"]}
+    path.write_text(json.dumps(config))
+    return await connect(str(path))
 
 
 @pytest.fixture
@@ -90,28 +119,17 @@ def stored(cluster: LocalCluster) -> dict[str, str]:
 
 
 async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_retried(
-    upgraded: tuple[LocalCluster, Kube], kafka_bootstrap: str, unique_topic: str
+    upgraded: tuple[LocalCluster, Kube], kafka_bootstrap: str, unique_topic: str, tmp_path: Path
 ) -> None:
     cluster, kube = upgraded
     assert set(stored(cluster).values()) == {"v1beta1"}
-    await kube.request("POST", f"/apis/{GROUP}/v1/validatingadmissionpolicies", DENY)
-    await kube.request("POST", f"/apis/{GROUP}/v1/validatingadmissionpolicybindings", DENY_BINDING)
-
-    async def refused() -> str | None:
-        current = await kube.get(f"{POLICIES}/{FROZEN}")
-        try:
-            await kube.request("PUT", f"{POLICIES}/{FROZEN}", current)
-        except ApiError as error:
-            return None if FROZEN in str(error) else str(error)
-        return "not refused yet"
-
-    await eventually(refused, "the admission policy refuses updates of p-3", timeout=60)
+    worker_kube = await worker_identity(cluster, kube, tmp_path / "worker.kubeconfig")
 
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
     await create_topics(settings)
     stop = asyncio.Event()
     clock = SystemClock()
-    rewriter = Rewriter(KubernetesTarget(kube), clock, chunk_size=5)
+    rewriter = Rewriter(KubernetesTarget(worker_kube), clock, chunk_size=5)
     tasks = [
         asyncio.create_task(run_collector(settings, CLUSTER, kube, stop=stop, clock=clock)),
         asyncio.create_task(run_migrator(settings, stop=stop, backoff=Backoff(seconds=2))),
@@ -135,6 +153,7 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
         await eventually(failed_twice, "the migration failed and was requested again")
         first = (await failures())[0]
         assert FROZEN in (first.message or "")
+        assert first.reason == "Forbidden"
         assert (first.objects_migrated, first.continue_token) == (0, None)
         # The refused object's chunk was rewritten but for it; the next chunk never began.
         assert stored(cluster) == {
@@ -142,9 +161,8 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
             "p-5": "v1beta1", "p-6": "v1beta1",
         }  # fmt: skip
 
-        await kube.request(
-            "DELETE", f"/apis/{GROUP}/v1/validatingadmissionpolicybindings/freeze-p-3"
-        )
+        current = await kube.get(ROLE)
+        await kube.request("PUT", ROLE, {**worker_role(NAMES), "metadata": current["metadata"]})
 
         async def all_v1() -> str | None:
             versions = stored(cluster)
@@ -155,3 +173,4 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
         stop.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        await worker_kube.close()
