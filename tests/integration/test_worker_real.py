@@ -5,8 +5,9 @@ is upgraded to v1.37.2 (which stores them as ``v1``). The worker runs as a servi
 account that RBAC lets update every one of them but one (admission policies cannot
 refuse writes to admissionregistration objects, so the refusal is a 403). The migration
 to v1 lists in chunks: the refused object does not stop its chunk (every other object
-of the chunk is rewritten, as etcd shows), the migration fails naming it, and the trigger requests it again after its
-back-off, again and again, until the refusal is lifted and it succeeds.
+of the chunk is rewritten, as etcd shows), the migration fails naming it, and the
+trigger requests it again after its back-off, again and again, until the refusal is
+lifted and it succeeds.
 """
 
 from __future__ import annotations
