@@ -57,6 +57,10 @@ class ClusterUnreachable(Unavailable):
     """The API server did not answer at all."""
 
 
+class CertificateError(ConfigurationError):
+    """The API server's TLS certificate does not verify against the kubeconfig's CA."""
+
+
 async def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``."""
     configuration = client.Configuration()
@@ -146,6 +150,8 @@ class Kube:
             )
         except ApiException as error:
             raise _api_error(error, f"{method} {path}") from error
+        except aiohttp.ClientSSLError as error:
+            raise self._untrusted(error) from error
         except (aiohttp.ClientError, TimeoutError) as error:
             raise self._unreachable(error) from error
         result: dict[str, Any] = response or {}
@@ -204,6 +210,12 @@ class Kube:
             raise _api_error(error, f"watch of {plural}.{group}") from error
         except aiohttp.ClientError as error:
             raise self._unreachable(error) from error
+
+    def _untrusted(self, error: Exception) -> CertificateError:
+        return CertificateError(
+            f"the API server at {self.host} is not trusted: {error}; give its CA in the"
+            " kubeconfig (certificate-authority or certificate-authority-data)"
+        )
 
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
         return ClusterUnreachable(

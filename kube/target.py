@@ -52,7 +52,7 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
-from kube.client import ApiError, ClusterUnreachable, Kube
+from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from ledger.names import group_resource_string
 
 
@@ -92,6 +92,8 @@ class KubernetesTarget:
                 raise _target_error(error, "list", what) from error
             except ClusterUnreachable as error:
                 raise Transient(f"list {what}: {error}") from error
+            except CertificateError as error:
+                raise RequestFailed(f"list {what}: {error}") from error
             refs = tuple(
                 ObjectRef(item["metadata"].get("namespace"), item["metadata"]["name"])
                 for item in body.get("items") or ()
@@ -143,6 +145,8 @@ class KubernetesTarget:
             raise _target_error(error, verb, what) from error
         except ClusterUnreachable as error:
             raise Transient(f"{verb} {what}: {error}") from error
+        except CertificateError as error:
+            raise RequestFailed(f"{verb} {what}: {error}") from error
 
     async def _discover(self, group: str, resource: str) -> str:
         """The most preferred version in which the apiserver serves ``resource``."""
@@ -173,6 +177,8 @@ class KubernetesTarget:
             raise _target_error(error, "get", what) from error
         except ClusterUnreachable as error:
             raise Transient(f"get {what}: {error}") from error
+        except CertificateError as error:
+            raise RequestFailed(f"get {what}: {error}") from error
 
 
 GONE = 410

@@ -1,5 +1,8 @@
 """The Kubernetes REST target against a real HTTP server with Kubernetes semantics.
 
+The target is addressed as every svledger command addresses a cluster: a kubeconfig,
+read by the client library (bearer token, exec credential plugin, CA, insecure).
+
 :class:`FakeApiserver` is a small apiserver on 127.0.0.1 (stdlib ``http.server`` in a
 thread): discovery, list with ``limit``/``continue`` across namespaces, get, and a
 PUT that is conditional on ``metadata.resourceVersion`` (409 otherwise) and
@@ -11,6 +14,7 @@ recorded, so the tests assert on what went over the wire.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import dataclasses
 import json
@@ -18,8 +22,9 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,13 +35,8 @@ from hypothesis import strategies as st
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
-from kube.target import (
-    ConfigurationError,
-    Forbidden,
-    KubernetesTarget,
-    RequestFailed,
-    Unauthorized,
-)
+from kube.client import ConfigurationError, Kube, connect
+from kube.target import Forbidden, KubernetesTarget, RequestFailed, Unauthorized
 from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
 from svledger.cli import main
 from tests.unit.test_worker import StepClock, migration
@@ -267,11 +267,27 @@ def _status(code: int, reason: str) -> tuple[int, dict[str, Any], dict[str, str]
     return code, payload, {}
 
 
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return path
+def write_kubeconfig(path: Path, server: str, user: dict[str, Any], **cluster: Any) -> str:
+    """A kubeconfig for ``server`` (extra ``cluster`` fields: CA, insecure) as ``user``."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@contextlib.asynccontextmanager
+async def target_for(kubeconfig: str) -> AsyncIterator[KubernetesTarget]:
+    kube: Kube = await connect(kubeconfig)
+    try:
+        yield KubernetesTarget(kube)
+    finally:
+        await kube.close()
 
 
 @pytest.fixture
@@ -281,10 +297,10 @@ def apiserver() -> Iterator[FakeApiserver]:
 
 
 @pytest.fixture
-def target(apiserver: FakeApiserver, token_file: Path) -> Iterator[KubernetesTarget]:
-    client = KubernetesTarget(apiserver.url, token_file=token_file, timeout=10)
-    yield client
-    client.close()
+async def target(apiserver: FakeApiserver, tmp_path: Path) -> AsyncIterator[KubernetesTarget]:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url, {"token": TOKEN})
+    async with target_for(kubeconfig) as client:
+        yield client
 
 
 async def _list_all(
@@ -349,15 +365,27 @@ async def test_lists_and_rewrites_at_the_paths_kubernetes_serves(
     assert {r.status for r in apiserver.requests} == {200}
 
 
-async def test_a_rotated_token_is_read_again(
-    apiserver: FakeApiserver, target: KubernetesTarget, token_file: Path
+async def test_an_exec_credential_plugin_supplies_the_token(
+    apiserver: FakeApiserver, tmp_path: Path
 ) -> None:
+    plugin = tmp_path / "credential.py"
+    plugin.write_text(
+        "import json\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1',"
+        f" 'kind': 'ExecCredential', 'status': {{'token': '{TOKEN}'}}}}))\n"
+    )
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(plugin)],
+            "interactiveMode": "Never",
+        }
+    }
     apiserver.create("", "pods", "ns", "p")
-    await target.rewrite("", "pods", ObjectRef("ns", "p"))
-    apiserver.token = "token-2"
-    token_file.write_text("token-2\n")
-    await target.rewrite("", "pods", ObjectRef("ns", "p"))
-    assert [r.authorization for r in apiserver.requests[-2:]] == ["Bearer token-2"] * 2
+    async with target_for(write_kubeconfig(tmp_path / "kc", apiserver.url, user)) as target:
+        await target.rewrite("", "pods", ObjectRef("ns", "p"))
+    assert {r.authorization for r in apiserver.requests} == {f"Bearer {TOKEN}"}
     assert {r.status for r in apiserver.requests} == {200}
 
 
@@ -372,16 +400,12 @@ async def test_a_rotated_token_is_read_again(
 async def test_chunks_with_continue_tokens_cover_every_object_once(
     names: set[tuple[str, str]], limit: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    token_file = tmp_path_factory.mktemp("token") / "token"
-    token_file.write_text(TOKEN)
     with FakeApiserver() as apiserver:
         for namespace, name in names:
             apiserver.create("apps", "deployments", namespace, name)
-        target = KubernetesTarget(apiserver.url, token_file=token_file)
-        try:
+        path = tmp_path_factory.mktemp("kube") / "kubeconfig"
+        async with target_for(write_kubeconfig(path, apiserver.url, {"token": TOKEN})) as target:
             refs = await _list_all(target, "apps", "deployments", limit)
-        finally:
-            target.close()
         lists = [r for r in apiserver.requests if r.path.startswith("/apis/apps/v1/deployments")]
     assert sorted(refs, key=lambda r: (r.namespace or "", r.name)) == refs
     assert {(r.namespace, r.name) for r in refs} == names
@@ -474,34 +498,37 @@ async def test_a_forbidden_update_names_the_verb_and_the_resource(
         await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
 
 
-async def test_a_rejected_token_is_unauthorized_naming_the_token_file(
-    apiserver: FakeApiserver, target: KubernetesTarget, token_file: Path
+async def test_a_rejected_token_is_unauthorized_and_says_what_to_check(
+    apiserver: FakeApiserver, target: KubernetesTarget
 ) -> None:
     apiserver.token = "another"
-    with pytest.raises(Unauthorized, match=str(token_file)):
+    with pytest.raises(Unauthorized, match="does not accept the credentials"):
         await target.list("", "pods", None, 500)
 
 
-async def test_an_unreachable_server_is_transient() -> None:
+async def test_an_unreachable_server_is_transient(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    target = KubernetesTarget(f"http://127.0.0.1:{port}")
-    with pytest.raises(Transient, match=f"127.0.0.1:{port}/api"):
-        await target.list("", "pods", None, 500)
+    kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}", {"token": TOKEN})
+    async with target_for(kubeconfig) as target:
+        with pytest.raises(Transient, match=f"127.0.0.1:{port}"):
+            await target.list("", "pods", None, 500)
 
 
-def test_a_url_that_is_not_http_is_refused_by_name() -> None:
-    with pytest.raises(ConfigurationError, match="'ftp://example'"):
-        KubernetesTarget("ftp://example")
+async def test_a_missing_kubeconfig_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="/nonexistent/kubeconfig"):
+        await connect("/nonexistent/kubeconfig")
 
 
-def test_in_cluster_needs_the_service_environment(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="KUBERNETES_SERVICE_HOST"):
-        KubernetesTarget.in_cluster(environ={}, account=tmp_path)
-    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    with pytest.raises(ConfigurationError, match=str(tmp_path / "token")):
-        KubernetesTarget.in_cluster(environ=env, account=tmp_path)
+async def test_outside_a_cluster_without_kubeconfig_it_asks_for_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    with pytest.raises(ConfigurationError, match="--kubeconfig"):
+        await connect()
 
 
 # --- TLS -----------------------------------------------------------------------------
@@ -532,42 +559,26 @@ def tls_apiserver(certificate: tuple[Path, Path]) -> Iterator[FakeApiserver]:
         yield server
 
 
-async def test_in_cluster_speaks_tls_with_the_service_account(
+async def test_tls_is_verified_against_the_kubeconfigs_ca(
     tls_apiserver: FakeApiserver, certificate: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    (account / "token").write_text(TOKEN)
-    shutil.copy(certificate[0], account / "ca.crt")
     tls_apiserver.create("", "pods", "ns", "p")
-    env = {
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(tls_apiserver.port),
-    }
-    target = KubernetesTarget.in_cluster(environ=env, account=account)
-    try:
-        page = await target.list("", "pods", None, 500)
-    finally:
-        target.close()
-    assert page.objects == (ObjectRef("ns", "p"),)
-    assert target.server == f"https://127.0.0.1:{tls_apiserver.port}"
-
-
-async def test_a_certificate_that_does_not_verify_says_to_give_the_ca(
-    tls_apiserver: FakeApiserver, token_file: Path
-) -> None:
-    target = KubernetesTarget(f"https://127.0.0.1:{tls_apiserver.port}", token_file=token_file)
-    with pytest.raises(RequestFailed, match="--ca-file"):
-        await target.list("", "pods", None, 500)
-    insecure = KubernetesTarget(
-        f"https://127.0.0.1:{tls_apiserver.port}",
-        token_file=token_file,
-        insecure_skip_tls_verify=True,
+    url = f"https://127.0.0.1:{tls_apiserver.port}"
+    user = {"token": TOKEN}
+    trusted = write_kubeconfig(
+        tmp_path / "ca", url, user, **{"certificate-authority": str(certificate[0])}
     )
-    try:
-        assert (await insecure.list("", "pods", None, 500)).objects == ()
-    finally:
-        insecure.close()
+    async with target_for(trusted) as target:
+        assert (await target.list("", "pods", None, 500)).objects == (ObjectRef("ns", "p"),)
+    untrusted = write_kubeconfig(tmp_path / "none", url, user)
+    async with target_for(untrusted) as target:
+        with pytest.raises(RequestFailed, match="certificate-authority"):
+            await target.list("", "pods", None, 500)
+    insecure = write_kubeconfig(
+        tmp_path / "insecure", url, user, **{"insecure-skip-tls-verify": True}
+    )
+    async with target_for(insecure) as target:
+        assert (await target.list("", "pods", None, 500)).objects == (ObjectRef("ns", "p"),)
 
 
 # --- a whole migration -----------------------------------------------------------------
@@ -620,16 +631,11 @@ async def test_the_worker_migrates_every_object_through_the_api(
 # --- the command -------------------------------------------------------------------------
 
 
-def test_worker_outside_a_cluster_asks_for_server(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert main(["worker", "--cluster", "east"]) == 2
-    error = capsys.readouterr().err
-    assert "KUBERNETES_SERVICE_HOST" in error
-    assert "--server" in error
+def test_worker_names_a_kubeconfig_it_cannot_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--cluster", "east", "--kubeconfig", "/nonexistent/kc"]) == 2
+    assert "/nonexistent/kc" in capsys.readouterr().err
 
 
-def test_worker_refuses_a_server_url_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["worker", "--cluster", "east", "--server", "kube:6443"]) == 2
-    assert "'kube:6443'" in capsys.readouterr().err
+def test_worker_refuses_an_unknown_executor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--cluster", "east", "--executor", "magic"]) == 2
+    assert "'magic'" in capsys.readouterr().err
