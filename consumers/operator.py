@@ -26,11 +26,12 @@ from datetime import UTC, datetime
 
 from ledger.errors import UsageError
 from ledger.events import Event, Meta, MigrationRequested, StorageStateReset
-from ledger.kafka import EventConsumer, EventProducer
+from ledger.kafka import EventProducer
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from ledger.validation import check_group, check_resource, check_version
-from projections.fold import active_migrations, apply
+from projections.fold import active_migrations
+from projections.replay import cluster_log
 from projections.state import ResourceKey, State, StorageVersion
 
 
@@ -48,7 +49,7 @@ async def request_migration(
 ) -> MigrationRequested:
     """Append a ``MigrationRequested`` to the common encoding version; return it."""
     _check(cluster, group, resource, operator)
-    state = await _read_state(settings, cluster)
+    state, _ = await cluster_log(settings, cluster)
     event = decide_request(
         state,
         Meta.new(cluster, operator, datetime.now(UTC)),
@@ -66,7 +67,7 @@ async def reset_storage_state(
 ) -> StorageStateReset:
     """Append a ``StorageStateReset`` (persisted hashes back to ``["Unknown"]``); return it."""
     _check(cluster, group, resource, operator)
-    state = await _read_state(settings, cluster)
+    state, _ = await cluster_log(settings, cluster)
     event = decide_reset(
         state, Meta.new(cluster, operator, datetime.now(UTC)), group, resource, reason
     )
@@ -160,15 +161,6 @@ def _storage_version(state: State, key: ResourceKey) -> StorageVersion:
             " check the group (empty for core) and the resource (plural, lowercase)"
         )
     return storage_version
-
-
-async def _read_state(settings: KafkaSettings, cluster: str) -> State:
-    state = State()
-    async with EventConsumer(settings, until="end") as consumer:
-        async for record in consumer:
-            if record.event.meta.cluster == cluster:
-                apply(state, record.event, record.position)
-    return state
 
 
 async def _append(settings: KafkaSettings, event: Event) -> None:

@@ -39,8 +39,10 @@ from ledger.errors import UsageError
 from ledger.kafka import EventConsumer, Record, end_offsets, partition_of
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
+from projections.fold import apply
 from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, fold_batch
 from projections.schema import ledger_events, projection_checkpoints
+from projections.state import State
 from projections.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,23 @@ class ReplayResult:
     rejected: int
     seconds: float
     next_offsets: dict[int, int]  # the checkpoint the database ends at
+
+
+async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, list[Record]]:
+    """One cluster's records in the log up to its end now, and their fold, in memory.
+
+    For a decision on the cluster as the log stands (an operator's action) and for
+    checks that compare the ledger with the world; the cluster's partition alone would
+    do, but the whole topic is read: it is for small logs and tests, not for replay.
+    """
+    state = State()
+    records: list[Record] = []
+    async with EventConsumer(settings, until="end") as consumer:
+        async for record in consumer:
+            if record.event.meta.cluster == cluster:
+                apply(state, record.event, record.position)
+                records.append(record)
+    return state, records
 
 
 def parse_until(text: str) -> int | datetime:

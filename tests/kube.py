@@ -9,10 +9,7 @@ from typing import Any, TypeAlias
 
 from kube.client import Kube
 from kube.upstream import IDENTITY_LABEL, IDENTITY_VALUE, parse_lease, parse_storage_version
-from ledger.kafka import EventConsumer, Record
 from ledger.names import resource_name
-from ledger.settings import KafkaSettings
-from projections.fold import apply
 from projections.state import State
 
 # name -> (entries by apiserver ID: (encoding, decodable set, served set), common version,
@@ -20,18 +17,6 @@ from projections.state import State
 Views: TypeAlias = dict[str, tuple[dict[str, tuple[str, frozenset[str], frozenset[str]]], Any, Any]]
 # apiserver ID -> (holder, hostname, duration, renew time)
 Leases: TypeAlias = dict[str, tuple[str, str, int, Any]]
-
-
-async def ledger_of(settings: KafkaSettings, cluster: str) -> tuple[State, list[Record]]:
-    """The cluster's fold and records, read from the log up to its end now."""
-    state = State()
-    records = []
-    async with EventConsumer(settings, until="end") as consumer:
-        async for record in consumer:
-            if record.event.meta.cluster == cluster:
-                apply(state, record.event, record.position)
-                records.append(record)
-    return state, records
 
 
 def ledger_views(state: State, cluster: str) -> Views:

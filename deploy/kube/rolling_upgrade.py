@@ -58,11 +58,12 @@ from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
 from ledger.events import Meta, MigrationRequested, MigrationSucceeded
 from ledger.hashing import hash_of_stored
-from ledger.kafka import EventConsumer, EventProducer, PartitionProducer, create_topics
+from ledger.kafka import EventProducer, PartitionProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database
 from projections.fold import apply
 from projections.projector import run_projector
+from projections.replay import cluster_log
 from projections.state import State
 from projections.store import load_state
 
@@ -198,17 +199,6 @@ async def discovery_hash_trigger(
                 await asyncio.wait_for(stop.wait(), 2.0)
 
 
-async def ledger_state(settings: KafkaSettings) -> tuple[State, list[Any]]:
-    state = State()
-    records = []
-    async with EventConsumer(settings, until="end") as consumer:
-        async for record in consumer:
-            if record.event.meta.cluster == CLUSTER:
-                apply(state, record.event, record.position)
-                records.append(record)
-    return state, records
-
-
 def while_disagreeing(records: Sequence[Any]) -> list[str]:
     """Migrations requested, or that succeeded, while the apiservers disagreed."""
     state = State()
@@ -294,7 +284,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
             await asyncio.wait(running, timeout=60)
             for server in [kube, *servers]:
                 await server.close()
-        state, records = await ledger_state(settings)
+        state, records = await cluster_log(settings, CLUSTER)
         for resource, kind in RESOURCES:
             if trigger == "discovery-hash":
                 # Its belief: the last migration it requested succeeded.
@@ -350,7 +340,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
 async def _settle(settings: KafkaSettings, trigger: str) -> None:
     """Wait until the trigger in charge believes both resources migrated (at most 240 s)."""
     for _ in range(240):
-        state, _ = await ledger_state(settings)
+        state, _ = await cluster_log(settings, CLUSTER)
         done = []
         for resource, kind in RESOURCES:
             storage_state = state.storage_states.get((CLUSTER, GROUP, resource))
