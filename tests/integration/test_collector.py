@@ -34,11 +34,11 @@ from ledger.identity import apiserver_id
 from ledger.kafka import Record, create_topics
 from ledger.settings import KafkaSettings
 from projections.fold import apply
+from projections.replay import cluster_log
 from projections.state import State
 from tests.kube import (
     eventually,
     ledger_leases,
-    ledger_of,
     ledger_views,
     upstream_leases,
     upstream_views,
@@ -80,7 +80,7 @@ async def agree(settings: KafkaSettings, kube: Kube, dead: frozenset[str] = froz
 
     async def wrong() -> str | None:
         before = await upstream_leases(kube)
-        state, _ = await ledger_of(settings, CLUSTER)
+        state, _ = await cluster_log(settings, CLUSTER)
         after = await upstream_leases(kube)
         if before != after:
             return "a lease was renewed while comparing"
@@ -138,7 +138,7 @@ async def test_the_ledger_holds_exactly_what_the_apiservers_publish(
 ) -> None:
     async with collecting(settings, kube):
         await agree(settings, kube)
-        state, records = await ledger_of(settings, CLUSTER)
+        state, records = await cluster_log(settings, CLUSTER)
         assert len(ledger_leases(state, CLUSTER)) == 3
         views = ledger_views(state, CLUSTER)
         # Upstream's own names and versions: core as "core.", group-qualified versions,
@@ -156,7 +156,7 @@ async def test_the_ledger_holds_exactly_what_the_apiservers_publish(
         assert len(gone) == 1
         await asyncio.to_thread(kube_cluster.stop_apiserver, 2)
         await agree(settings, kube, dead=gone)
-        state, _ = await ledger_of(settings, CLUSTER)
+        state, _ = await cluster_log(settings, CLUSTER)
         assert all(
             apiserver not in entries
             for entries, _, _ in ledger_views(state, CLUSTER).values()
@@ -166,7 +166,7 @@ async def test_the_ledger_holds_exactly_what_the_apiservers_publish(
         # Back with the same identity: a heartbeat, then every entry reported again.
         await asyncio.to_thread(kube_cluster.start_apiserver, 2)
         await agree(settings, kube)
-        _, records = await ledger_of(settings, CLUSTER)
+        _, records = await cluster_log(settings, CLUSTER)
         assert_nothing_twice(records)
 
 
@@ -203,7 +203,7 @@ async def test_a_killed_collector_restarts_without_duplicates_or_gaps(
     finally:
         collector.send_signal(signal.SIGTERM)
         assert collector.wait(60) == 0, log.read_text()[-3000:]
-    _, records = await ledger_of(settings, CLUSTER)
+    _, records = await cluster_log(settings, CLUSTER)
     assert_nothing_twice(records)
 
 
@@ -220,7 +220,7 @@ async def test_two_collectors_for_one_cluster_append_nothing_twice(
             collector.send_signal(signal.SIGTERM)
         for i, collector in enumerate(collectors):
             assert collector.wait(60) == 0, (tmp_path / f"c{i}.log").read_text()[-3000:]
-    _, records = await ledger_of(settings, CLUSTER)
+    _, records = await cluster_log(settings, CLUSTER)
     assert_nothing_twice(records)
 
 
@@ -272,7 +272,7 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
     )
 
     async def stored_in(version: str) -> str | None:
-        state, _ = await ledger_of(settings, CLUSTER)
+        state, _ = await cluster_log(settings, CLUSTER)
         view = ledger_views(state, CLUSTER).get("example.com.widgets")
         expected = {a: version for a in direct}
         if view is None or {a: e[0] for a, e in view[0].items()} != expected:
@@ -287,7 +287,7 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         changed = {**widgets(storage="v2"), "metadata": current["metadata"]}
         await kube.request("PUT", f"{path}/widgets.example.com", changed)
         await eventually(lambda: stored_in("example.com/v2"), "widgets stored in v2")
-        state, records = await ledger_of(settings, CLUSTER)
+        state, records = await cluster_log(settings, CLUSTER)
         hashes = state.storage_states[CLUSTER, "example.com", "widgets"]
         assert hashes.current_storage_version_hash == storage_version_hash(
             "example.com", "v2", "Widget"

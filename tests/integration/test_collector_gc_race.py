@@ -23,8 +23,9 @@ from deploy.kube.cluster import LocalCluster
 from kube.client import Kube, connect
 from ledger.kafka import create_topics
 from ledger.settings import KafkaSettings
+from projections.replay import cluster_log
 from tests.integration.test_collector import CLUSTER, collecting
-from tests.kube import eventually, ledger_of, ledger_views, upstream_leases, upstream_views
+from tests.kube import eventually, ledger_views, upstream_leases, upstream_views
 
 RESTARTS = 8
 
@@ -62,7 +63,7 @@ async def test_the_ledger_stays_complete_where_upstream_gc_loses_entries(
     async with collecting(settings, kube):
 
         async def complete() -> str | None:
-            state, _ = await ledger_of(settings, CLUSTER)
+            state, _ = await cluster_log(settings, CLUSTER)
             live = set(await upstream_leases(kube))
             views = ledger_views(state, CLUSTER)
             short = [n for n, (entries, _, _) in views.items() if set(entries) != live]
@@ -71,7 +72,7 @@ async def test_the_ledger_stays_complete_where_upstream_gc_loses_entries(
             return None
 
         await eventually(complete, "the ledger holds every apiserver's entries")
-        names = set(ledger_views((await ledger_of(settings, CLUSTER))[0], CLUSTER))
+        names = set(ledger_views((await cluster_log(settings, CLUSTER))[0], CLUSTER))
         short: list[str] = []
         for _ in range(RESTARTS):
             await asyncio.to_thread(kube_cluster.restart_apiserver, 0)

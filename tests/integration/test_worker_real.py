@@ -31,7 +31,8 @@ from ledger.clock import SystemClock
 from ledger.events import MigrationFailed
 from ledger.kafka import create_topics
 from ledger.settings import KafkaSettings
-from tests.kube import eventually, ledger_of
+from projections.replay import cluster_log
+from tests.kube import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.kubernetes]
 
@@ -138,7 +139,7 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
     ]
 
     async def failures() -> list[MigrationFailed]:
-        state, records = await ledger_of(settings, CLUSTER)
+        state, records = await cluster_log(settings, CLUSTER)
         return [
             r.event
             for r in records
