@@ -222,6 +222,7 @@ class ClusterWatch:
                 if resource_version is None:
                     resource_version = await self._relist(what, apply, **query)
                     backoff = 0.5
+                began = asyncio.get_running_loop().time()
                 async for kind, obj in self._kube.watch(
                     group, version, plural, namespace, resource_version, **query
                 ):
@@ -229,8 +230,12 @@ class ClusterWatch:
                     if kind != "BOOKMARK":
                         apply(kind, obj)
                         self.changed.set()
+                    backoff = 0.5  # the watch works
                     if stop.is_set():
                         return
+                if asyncio.get_running_loop().time() - began > 1.0:
+                    continue  # the server ended the watch (it does every few minutes): resume
+                log.warning("%s: the watch ended at once; retrying in %.1f s", plural, backoff)
             except ApiError as error:
                 if error.status == GONE:
                     log.info("%s: watch expired (410 Gone); listing again", plural)
