@@ -2,9 +2,10 @@
 
 An import hidden in a function counts too. The rules:
 
-* Layers point one way: ``svledger -> simulation -> kube -> consumers -> projections ->
-  ledger`` (the command line on top; the simulation drives the consumers as they run
-  against a cluster; the code that speaks to real Kubernetes serves the consumers).
+* Layers point one way: ``svledger -> readapi -> simulation -> kube -> consumers ->
+  projections -> ledger`` (the command line on top; the read API serves the views; the
+  simulation drives the consumers as they run against a cluster; the code that speaks to
+  real Kubernetes serves the consumers).
 * The pure core imports no I/O library: the fold and its state, the codec, hashing,
   identity, names, validation and the event types are functions of their arguments.
 * Each third-party client is fenced in its own module: aiokafka only in
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("ledger", "projections", "consumers", "kube", "simulation", "svledger")
+LAYERS = ("ledger", "projections", "consumers", "kube", "simulation", "readapi", "svledger")
 PURE = (
     "ledger/codec.py",
     "ledger/events.py",
