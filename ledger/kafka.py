@@ -574,8 +574,15 @@ class EventConsumer:
       None reads every partition by manual assignment.
     * ``start_offsets``: called with the partitions just assigned, returns the next
       offset to read for those it knows; the others start at the beginning.
-    * ``until="end"``: stop at the end offsets of the moment the consumer started
-      (only without a group).
+    * ``until="end"``: stop at the end offsets of the moment the consumer started;
+      a mapping stops each partition it names before that offset (only without a
+      group).
+    * ``partitions``: without a group, read only these.
+    * ``dead_letters=False``: a reader that does not own the log's dead letters (the
+      read API, a point-in-time read) skips an undecodable record with a warning
+      instead of copying it to the dead-letter topic again.
+    * ``fetch_max_wait_ms``: how long the broker may hold a fetch for data; a reader
+      that follows the log live wants it short.
 
     It reads committed records only (:func:`ledger_consumer`).
     """
@@ -586,17 +593,23 @@ class EventConsumer:
         *,
         group_id: str | None = None,
         start_offsets: Callable[[set[int]], Mapping[int, int]] | None = None,
-        until: Literal["end"] | None = None,
+        until: Literal["end"] | Mapping[int, int] | None = None,
+        partitions: Iterable[int] | None = None,
+        dead_letters: bool = True,
+        fetch_max_wait_ms: int = 500,
     ) -> None:
-        if until is not None and group_id is not None:
+        if (until is not None or partitions is not None) and group_id is not None:
             raise ValueError(
-                f"until={until!r} needs manual assignment of every partition; "
+                f"until={until!r} and partitions need manual assignment; "
                 f"drop group_id={group_id!r}"
             )
         self.settings = settings
         self.group_id = group_id
         self._start_offsets = start_offsets
         self._until = until
+        self._partitions = None if partitions is None else sorted(partitions)
+        self._with_dead_letters = dead_letters
+        self._fetch_max_wait_ms = fetch_max_wait_ms
         self._consumer: AIOKafkaConsumer | None = None
         self._dead_letters: EventProducer | None = None
         self._ends: dict[TopicPartition, int] = {}  # until-mode partitions not finished yet
@@ -607,12 +620,19 @@ class EventConsumer:
             self.group_id,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024,
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
         )
 
     async def __aenter__(self) -> Self:
-        self._dead_letters = await EventProducer(self.settings).__aenter__()
+        if self._with_dead_letters:
+            self._dead_letters = await EventProducer(self.settings).__aenter__()
         try:
             partitions = await topic_partitions(self.settings)
+            if self._partitions is not None:
+                missing = sorted(set(self._partitions) - set(partitions))
+                if missing:
+                    raise ValueError(f"partitions {missing} are not in topic {self.settings.topic}")
+                partitions = self._partitions
             consumer = await connect(self._make, self.settings)
             self._consumer = consumer
             if self.group_id is None:
@@ -675,6 +695,9 @@ class EventConsumer:
             ends = await consumer.end_offsets(assigned)
             self._ends = dict(ends)
             await self._pause_finished(consumer)
+        elif self._until is not None:
+            self._ends = {tp: self._until[tp.partition] for tp in assigned}
+            await self._pause_finished(consumer)
 
     async def _seek(self, consumer: AIOKafkaConsumer, assigned: Iterable[TopicPartition]) -> None:
         assigned = list(assigned)
@@ -702,27 +725,44 @@ class EventConsumer:
         self, max_records: int = 10_000, timeout_ms: int = 1_000
     ) -> AsyncIterator[list[Record]]:
         """Yield non-empty lists of records as they arrive, at most ``max_records`` each."""
-        consumer = self._kafka
         while self._until is None or self._ends:
-            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            batch: list[Record] = []
-            dead: list[tuple[Any, str]] = []
-            for tp, messages in fetched.items():
-                end = self._ends.get(tp)
-                for message in messages:
-                    if end is not None and message.offset >= end:
-                        break
-                    decoded = _decode(message)
-                    if isinstance(decoded, Record):
-                        batch.append(decoded)
-                    else:
-                        dead.append((message, decoded))
-            if dead:
-                await self._send_dead_letters(dead)
-            if self._until is not None:
-                await self._pause_finished(consumer)
-            if batch:
+            if batch := await self.fetch(max_records, timeout_ms):
                 yield batch
+
+    async def fetch(self, max_records: int = 10_000, timeout_ms: int = 1_000) -> list[Record]:
+        """The records that arrive within ``timeout_ms`` (at most ``max_records``); maybe none.
+
+        For a caller that must look up between fetches (a stop signal, positions);
+        cancelling it loses nothing, as no record is handed out before it returns.
+        """
+        consumer = self._kafka
+        fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        batch: list[Record] = []
+        dead: list[tuple[Any, str]] = []
+        for tp, messages in fetched.items():
+            end = self._ends.get(tp)
+            for message in messages:
+                if end is not None and message.offset >= end:
+                    break
+                decoded = _decode(message)
+                if isinstance(decoded, Record):
+                    batch.append(decoded)
+                else:
+                    dead.append((message, decoded))
+        if dead and self._dead_letters is None:
+            for message, reason in dead:
+                log.warning(
+                    "record %s:%d@%d skipped: %s",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    reason,
+                )
+        elif dead:
+            await self._send_dead_letters(dead)
+        if self._until is not None:
+            await self._pause_finished(consumer)
+        return batch
 
     async def __aiter__(self) -> AsyncIterator[Record]:
         async for batch in self.batches():

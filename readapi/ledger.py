@@ -1,0 +1,342 @@
+"""The read API's copy of the ledger: every cluster's fold, followed live, and its past.
+
+:class:`LedgerViews` reads every partition of the topic from the beginning and folds
+each record into its cluster's :class:`~projections.state.State` with the projector's
+own fold (:func:`projections.fold.apply`), so it shows what the SQL views show. For
+each cluster it keeps:
+
+* the live view (the state, plus when and at which offset each row was created);
+* a window of the latest changes (offset, ADDED/MODIFIED/DELETED, the row before and
+  after), from which watches are served; a watch from an offset older than the
+  window is answered 410 Gone, as Kubernetes answers a compacted resourceVersion;
+* checkpoints: every ``checkpoint_every`` records of a partition, a copy of the state
+  of each of its clusters (rows are immutable, so a copy is a copy of four dicts).
+
+A past view (:meth:`LedgerViews.view_at`) starts from the latest checkpoint at or
+before the point and folds at most ``checkpoint_every`` records of the cluster's
+partition read again from Kafka, so its cost does not grow with the log; built views
+are kept in a small LRU cache. A point is an offset in the cluster's partition (the
+resourceVersion the API shows) or a time: the view then holds every event of the
+cluster up to its first event that occurred after that time, as ``replay --until``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Final, Literal, TypeAlias
+
+from ledger.errors import UsageError
+from ledger.events import Event, Position
+from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
+from ledger.settings import KafkaSettings
+from projections.fold import apply
+from projections.state import Changes, State
+from readapi.resources import Created, Row, View
+
+log = logging.getLogger(__name__)
+
+Point: TypeAlias = int | datetime
+ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
+CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
+
+CHECKPOINT_EVERY: Final = 20_000
+WATCH_WINDOW: Final = 20_000
+CACHED_VIEWS: Final = 64
+
+
+class UnknownCluster(UsageError):
+    """No event of the cluster is in the log."""
+
+
+class PointOutOfRange(UsageError):
+    """A point the log has not reached yet, or not a point at all."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    """One row changed by one event, as a watch sends it."""
+
+    offset: int
+    type: ChangeType
+    row: Row  # the row after the change; for DELETED, the last one
+    previous: Row | None
+    created: Created
+
+
+@dataclasses.dataclass
+class ClusterFold:
+    """One cluster's fold and what the API needs beside it.
+
+    ``rows`` mirrors the state's rows by kind and name, with ``created`` telling when
+    each was created, so a deletion is sent with the row's last content and a row
+    created again gets a new uid.
+    """
+
+    cluster: str
+    partition: int
+    state: State = dataclasses.field(default_factory=State)
+    created: dict[CreatedKey, Created] = dataclasses.field(default_factory=dict)
+    rows: dict[CreatedKey, Row] = dataclasses.field(default_factory=dict)
+    offset: int = -1  # the last offset of the partition folded (or passed over)
+    time: datetime | None = None  # the time of the cluster's last event
+    changes: collections.deque[Change] = dataclasses.field(default_factory=collections.deque)
+    horizon: int = -1  # every change at an offset above this is in ``changes``
+
+    def apply(self, event: Event, position: Position, window: int) -> None:
+        """Fold one event; keep its changes for watches if ``window`` is not 0."""
+        changes = apply(self.state, event, position)
+        self.time = event.meta.occurred_at
+        self.offset = position.offset
+        found = self._track(changes, position.offset, event.meta.occurred_at)
+        if window:
+            self.changes.extend(found)
+            while len(self.changes) > window:
+                self.horizon = self.changes.popleft().offset
+
+    def _track(self, changes: Changes, offset: int, time: datetime) -> list[Change]:
+        state = self.state
+        touched: list[tuple[str, tuple[str, ...], Row | None]] = [
+            *(("Lease", k[1:], state.leases.get(k)) for k in changes.leases),
+            *(
+                ("StorageVersion", k[1:], state.storage_versions.get(k))
+                for k in changes.storage_versions
+            ),
+            *(("StorageState", k[1:], state.storage_states.get(k)) for k in changes.storage_states),
+            *(
+                ("StorageVersionMigration", k[1:], state.migrations.get(k))
+                for k in changes.migrations
+            ),
+        ]
+        found: list[Change] = []
+        for kind, name, row in sorted(touched, key=lambda item: (item[0], item[1])):
+            created_key = (kind, name)
+            previous = self.rows.get(created_key)
+            if row is None:
+                if previous is not None:
+                    del self.rows[created_key]
+                    born = self.created.pop(created_key)
+                    found.append(Change(offset, "DELETED", previous, previous, born))
+                continue
+            self.rows[created_key] = row
+            if previous is None:
+                born = self.created[created_key] = Created(time, offset)
+                found.append(Change(offset, "ADDED", row, None, born))
+            elif previous is not row:
+                found.append(Change(offset, "MODIFIED", row, previous, self.created[created_key]))
+        return found
+
+    def copy(self) -> ClusterFold:
+        """A copy that later folds do not change: the checkpoint of this fold."""
+        state = self.state
+        return ClusterFold(
+            cluster=self.cluster,
+            partition=self.partition,
+            state=State(
+                leases=dict(state.leases),
+                storage_versions=dict(state.storage_versions),
+                storage_states=dict(state.storage_states),
+                migrations=dict(state.migrations),
+            ),
+            created=dict(self.created),
+            rows=dict(self.rows),
+            offset=self.offset,
+            time=self.time,
+        )
+
+    def view(self, time: datetime | None = None) -> View:
+        return View(
+            cluster=self.cluster,
+            offset=self.offset,
+            time=time or self.time or datetime.now(UTC),
+            state=self.state,
+            created=self.created,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The folds of a partition's clusters after every record before ``next_offset``."""
+
+    next_offset: int
+    folds: dict[str, ClusterFold]
+
+
+class LedgerViews:
+    """Every cluster's fold, followed live from the topic; and views of the past."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        checkpoint_every: int = CHECKPOINT_EVERY,
+        watch_window: int = WATCH_WINDOW,
+        cached_views: int = CACHED_VIEWS,
+    ) -> None:
+        self.settings = settings
+        self.checkpoint_every = checkpoint_every
+        self.watch_window = watch_window
+        self.clusters: dict[str, ClusterFold] = {}
+        self.ready = asyncio.Event()
+        self.events_folded = 0
+        self._partitions: list[int] = []
+        self._positions: dict[int, int] = {}  # next offset to read, per partition
+        self._since_checkpoint: dict[int, int] = {}
+        self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
+        self._changed = asyncio.Event()
+        self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
+        self._cached_views = cached_views
+        self._lock = asyncio.Lock()  # one past view built at a time: they share 2 cores
+
+    # ------------------------------------------------------------------ following
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Fold the topic from its beginning and keep folding until ``stop`` is set."""
+        self._partitions = await topic_partitions(self.settings)
+        async with EndOffsets(self.settings) as ends:
+            targets = await ends()
+        async with EventConsumer(
+            self.settings, dead_letters=False, fetch_max_wait_ms=100
+        ) as consumer:
+            self._check_ready(targets)
+            while not stop.is_set():
+                self._fold(await consumer.fetch(timeout_ms=200))
+                await self._passed(await consumer.positions(), targets)
+
+    def _fold(self, batch: list[Record]) -> None:
+        for record in batch:
+            position = record.position
+            cluster = record.event.meta.cluster
+            fold = self.clusters.get(cluster)
+            if fold is None:
+                fold = self.clusters[cluster] = ClusterFold(cluster, position.partition)
+            fold.apply(record.event, position, self.watch_window)
+            self.events_folded += 1
+            partition = position.partition
+            self._positions[partition] = position.offset + 1
+            count = self._since_checkpoint.get(partition, 0) + 1
+            if count >= self.checkpoint_every:
+                self._checkpoint(partition, position.offset + 1)
+                count = 0
+            self._since_checkpoint[partition] = count
+
+    def _checkpoint(self, partition: int, next_offset: int) -> None:
+        folds = {
+            name: fold.copy() for name, fold in self.clusters.items() if fold.partition == partition
+        }
+        self._checkpoints.setdefault(partition, []).append(Checkpoint(next_offset, folds))
+
+    async def _passed(self, positions: Mapping[int, int], targets: Mapping[int, int]) -> None:
+        """Record how far each partition is read (control records included); wake watchers."""
+        for partition, position in positions.items():
+            self._positions[partition] = position
+        for fold in self.clusters.values():
+            fold.offset = max(fold.offset, self._positions.get(fold.partition, 0) - 1)
+        self._check_ready(targets)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _check_ready(self, targets: Mapping[int, int]) -> None:
+        if not self.ready.is_set() and all(
+            self._positions.get(partition, 0) >= end for partition, end in targets.items()
+        ):
+            self.ready.set()
+            log.info("caught up with the log: %d events folded", self.events_folded)
+
+    async def changed(self, timeout: float) -> None:
+        """Return when the next batch is folded, or after ``timeout`` seconds."""
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    # ------------------------------------------------------------------ reading
+
+    def fold(self, cluster: str) -> ClusterFold:
+        fold = self.clusters.get(cluster)
+        if fold is None:
+            known = ", ".join(sorted(self.clusters)[:10]) or "none yet"
+            raise UnknownCluster(
+                f"cluster {cluster!r} has no events in topic {self.settings.topic} "
+                f"(clusters with events: {known})"
+            )
+        return fold
+
+    async def view_at(self, cluster: str, point: Point) -> View:
+        """The cluster as it stood at ``point`` (an offset in its partition, or a time)."""
+        live = self.fold(cluster)
+        if isinstance(point, int) and point >= live.offset:
+            if point > live.offset:
+                raise PointOutOfRange(
+                    f"offset {point} is beyond the log: cluster {cluster!r} is folded up to "
+                    f"offset {live.offset} of partition {live.partition}"
+                )
+            return live.view()
+        key = (cluster, point)
+        if (cached := self._cache.get(key)) is not None:
+            self._cache.move_to_end(key)
+            return cached
+        async with self._lock:
+            view = await self._build(live, point)
+        self._cache[key] = view
+        while len(self._cache) > self._cached_views:
+            self._cache.popitem(last=False)
+        return view
+
+    async def _build(self, live: ClusterFold, point: Point) -> View:
+        checkpoint, stop = self._checkpoint_around(live, point)
+        fold = ClusterFold(live.cluster, live.partition)
+        begin = 0
+        if checkpoint is not None:
+            begin = checkpoint.next_offset
+            if (start := checkpoint.folds.get(live.cluster)) is not None:
+                fold = start.copy()
+        if begin < stop:
+            await self._refold(fold, point, begin, stop)
+        if isinstance(point, int):
+            fold.offset = point
+            return fold.view()
+        return fold.view(time=point)
+
+    def _checkpoint_around(self, live: ClusterFold, point: Point) -> tuple[Checkpoint | None, int]:
+        """The latest checkpoint at or before ``point``, and the offset to read up to.
+
+        For an offset that is the offset after it. For a time it is the first
+        checkpoint where the cluster's last event is after that time (the cluster's
+        first event after it is before that checkpoint), else the live position.
+        """
+        checkpoints = self._checkpoints.get(live.partition, [])
+        if isinstance(point, int):
+            offsets = [checkpoint.next_offset for checkpoint in checkpoints]
+            index = bisect.bisect_right(offsets, point + 1) - 1
+            return (checkpoints[index] if index >= 0 else None), point + 1
+        found = None
+        for checkpoint in checkpoints:
+            fold = checkpoint.folds.get(live.cluster)
+            if fold is not None and fold.time is not None and fold.time > point:
+                return found, checkpoint.next_offset
+            found = checkpoint
+        return found, self._positions.get(live.partition, live.offset + 1)
+
+    async def _refold(self, fold: ClusterFold, point: Point, begin: int, stop: int) -> None:
+        partition = fold.partition
+        async with EventConsumer(
+            self.settings,
+            partitions=[partition],
+            start_offsets=lambda _: {partition: begin},
+            until={partition: stop},
+            dead_letters=False,
+        ) as consumer:
+            async for batch in consumer.batches():
+                for record in batch:
+                    event = record.event
+                    if event.meta.cluster != fold.cluster:
+                        continue
+                    if isinstance(point, datetime) and event.meta.occurred_at > point:
+                        return
+                    fold.apply(event, record.position, window=0)

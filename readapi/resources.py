@@ -1,0 +1,793 @@
+"""The ledger's views as Kubernetes API objects: kinds, objects, tables, selectors, errors.
+
+Pure functions of a :class:`View` (a cluster's fold state at one log position) and of
+request parameters; :mod:`readapi.server` moves them over HTTP.
+
+* Four kinds, in upstream's JSON shapes: ``internal.apiserver.k8s.io/v1alpha1``
+  StorageVersion (KEP-2339), ``coordination.k8s.io/v1`` Lease in ``kube-system`` (the
+  apiserver identity lease of KEP-1965, with upstream's labels), and
+  ``migration.k8s.io/v1alpha1`` StorageState and StorageVersionMigration
+  (kubernetes-sigs/kube-storage-version-migrator). All four are read-only here.
+* ``metadata.resourceVersion`` is the log offset (in the cluster's partition) of the
+  event that last changed the row; a list's is the offset the view is folded up to.
+  ``creationTimestamp`` is the time of the event that created the row, and ``uid`` is
+  derived from the cluster, kind, name and that event's offset, so an object deleted
+  and created again gets a new uid, as in Kubernetes.
+* A migration's phase maps onto upstream's conditions: ``Running`` and ``Succeeded``
+  as such; ``Failed`` and ``Cancelled`` as ``Failed`` with the ledger's reason
+  (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition, as a
+  migration upstream has not yet been picked up. The ledger's exact phase and the
+  number of objects migrated are in labels and annotations under ``svledger.io/``.
+* Table columns are those a reader of ``kubectl get`` wants (see each kind's
+  ``columns``); ages are relative to the view's time, so a past view shows the ages
+  as they were then.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, TypeAlias
+
+from ledger.errors import UsageError
+from ledger.events import Position
+from ledger.hashing import hash_of_stored
+from ledger.names import group_resource_string, split_group_version
+from projections.state import Lease, Migration, State, StorageState, StorageVersion
+
+JSON: TypeAlias = dict[str, Any]
+Row: TypeAlias = Lease | StorageVersion | StorageState | Migration
+
+KUBE_SYSTEM: Final = "kube-system"
+IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
+IDENTITY_VALUE: Final = "kube-apiserver"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+PHASE_LABEL: Final = "svledger.io/phase"
+RESOURCE_LABEL: Final = "svledger.io/resource"
+AGREED_LABEL: Final = "svledger.io/agreed"
+MIGRATED_ANNOTATION: Final = "svledger.io/objects-migrated"
+TARGET_HASH_ANNOTATION: Final = "svledger.io/target-storage-version-hash"
+_UID_NAMESPACE: Final = uuid.UUID("6c1f7c8e-5a0b-4f5e-9a43-3f0e2f1b7d21")
+
+
+class ApiError(UsageError):
+    """A request the API refuses; rendered as a Kubernetes ``Status``."""
+
+    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.details = details or {}
+
+
+def status(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
+    """A ``meta/v1`` Status, as every Kubernetes error body is."""
+    body: JSON = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+# --------------------------------------------------------------------------- views
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Created:
+    """When and where (the event's offset) a row first appeared."""
+
+    time: datetime
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """One cluster's rows as the log stood after ``offset`` in its partition.
+
+    ``time`` is the time of the view: the last applied event's for a past view, now
+    for the live one; ages are measured to it. ``created`` is keyed by kind and row key.
+    """
+
+    cluster: str
+    offset: int
+    time: datetime
+    state: State
+    created: Mapping[tuple[str, tuple[str, ...]], Created]
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    description: str
+    format: str = ""
+    priority: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kind:
+    """One served resource: its names, where its rows live, and how they read."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+    singular: str
+    namespaced: bool
+    rows: Callable[[State], Mapping[Any, Row]]
+    name: Callable[[Any], str]
+    body: Callable[[Any, View], JSON]
+    labels: Callable[[Any], dict[str, str]]
+    annotations: Callable[[Any], dict[str, str]]
+    columns: tuple[Column, ...]
+    cells: Callable[[Any, View], list[Any]]
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def objects(self, view: View) -> list[JSON]:
+        """Every object of this kind in the view, sorted by name."""
+        objects = [self.object(row, view) for row in self.rows(view.state).values()]
+        return sorted(objects, key=lambda obj: str(obj["metadata"]["name"]))
+
+    def object(self, row: Any, view: View) -> JSON:
+        return {
+            "kind": self.kind,
+            "apiVersion": self.api_version,
+            "metadata": self.metadata(row, view),
+            **self.body(row, view),
+        }
+
+    def metadata(self, row: Any, view: View) -> JSON:
+        name = self.name(row)
+        created = view.created.get((self.kind, row.key[1:]))
+        offset = created.offset if created else Position.parse(row.revision).offset
+        metadata: JSON = {
+            "name": name,
+            "uid": str(uuid.uuid5(_UID_NAMESPACE, f"{view.cluster}/{self.kind}/{name}/{offset}")),
+            "resourceVersion": str(Position.parse(row.revision).offset),
+            "creationTimestamp": kube_time(created.time) if created else None,
+        }
+        if self.namespaced:
+            metadata["namespace"] = KUBE_SYSTEM
+        if labels := self.labels(row):
+            metadata["labels"] = labels
+        if annotations := self.annotations(row):
+            metadata["annotations"] = annotations
+        return metadata
+
+    def key_of(self, row: Any) -> tuple[str, ...]:
+        return tuple(row.key[1:])
+
+
+def kube_time(time: datetime) -> str:
+    """``metav1.Time``: RFC 3339 in UTC, to the second."""
+    return time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def kube_micro_time(time: datetime) -> str:
+    """``metav1.MicroTime``: RFC 3339 in UTC, to the microsecond."""
+    return time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def human_duration(seconds: float) -> str:
+    """An age as kubectl prints one (``HumanDuration`` of k8s.io/apimachinery)."""
+    total = int(seconds)
+    if total < -1:
+        return "<invalid>"
+    if total < 0:
+        return "0s"
+    if total < 120:
+        return f"{total}s"
+    minutes, hours = total // 60, total // 3600
+    if minutes < 10:
+        return f"{minutes}m{total % 60}s" if total % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
+
+
+def _age(kind: str, row: Any, view: View) -> str:
+    created = view.created.get((kind, row.key[1:]))
+    return human_duration((view.time - created.time).total_seconds()) if created else "<unknown>"
+
+
+def _none(value: str | None) -> str:
+    return value if value else "<none>"
+
+
+# StorageVersion ------------------------------------------------------------------
+
+
+def _storage_version_body(row: StorageVersion, view: View) -> JSON:
+    condition = row.condition
+    status: JSON = {
+        "storageVersions": [
+            {
+                "apiServerID": entry.apiserver_id,
+                "encodingVersion": entry.encoding_version,
+                "decodableVersions": list(entry.decodable_versions),
+                "servedVersions": list(entry.served_versions),
+            }
+            for entry in row.entries
+        ],
+        "conditions": [
+            {
+                "type": condition.type,
+                "status": condition.status,
+                "lastTransitionTime": kube_time(condition.last_transition_time),
+                "reason": condition.reason,
+                "message": condition.message,
+            }
+        ],
+    }
+    if row.common_encoding_version is not None:
+        status["commonEncodingVersion"] = row.common_encoding_version
+    return {"spec": {}, "status": status}
+
+
+STORAGE_VERSIONS: Final = Kind(
+    group="internal.apiserver.k8s.io",
+    version="v1alpha1",
+    resource="storageversions",
+    kind="StorageVersion",
+    singular="storageversion",
+    namespaced=False,
+    rows=lambda state: state.storage_versions,
+    name=lambda row: row.name,
+    body=_storage_version_body,
+    labels=lambda row: {AGREED_LABEL: str(row.condition.status == "True").lower()},
+    annotations=lambda row: {},
+    columns=(
+        Column("Name", "string", "The StorageVersion's name, <group>.<resource>.", "name"),
+        Column("Common-Version", "string", "The version every API server encodes in."),
+        Column("Agreed", "string", "Status of the AllEncodingVersionsEqual condition."),
+        Column("Servers", "integer", "API servers reporting on the resource."),
+        Column("Age", "string", "Time since the first report."),
+    ),
+    cells=lambda row, view: [
+        row.name,
+        _none(row.common_encoding_version),
+        row.condition.status,
+        len(row.entries),
+        _age("StorageVersion", row, view),
+    ],
+)
+
+
+# Lease ---------------------------------------------------------------------------
+
+
+def _lease_body(row: Lease, view: View) -> JSON:
+    return {
+        "spec": {
+            "holderIdentity": row.holder_identity,
+            "leaseDurationSeconds": row.lease_duration_seconds,
+            "renewTime": kube_micro_time(row.renew_time),
+        }
+    }
+
+
+LEASES: Final = Kind(
+    group="coordination.k8s.io",
+    version="v1",
+    resource="leases",
+    kind="Lease",
+    singular="lease",
+    namespaced=True,
+    rows=lambda state: state.leases,
+    name=lambda row: row.apiserver_id,
+    body=_lease_body,
+    labels=lambda row: {IDENTITY_LABEL: IDENTITY_VALUE, HOSTNAME_LABEL: row.hostname},
+    annotations=lambda row: {},
+    columns=(
+        Column("Name", "string", "The API server's ID.", "name"),
+        Column("Holder", "string", "spec.holderIdentity."),
+        Column("Hostname", "string", "The API server's host name."),
+        Column("Renewed", "string", "Time since spec.renewTime."),
+        Column("Age", "string", "Time since the lease was first seen."),
+    ),
+    cells=lambda row, view: [
+        row.apiserver_id,
+        row.holder_identity,
+        row.hostname,
+        human_duration((view.time - row.renew_time).total_seconds()),
+        _age("Lease", row, view),
+    ],
+)
+
+
+# StorageState --------------------------------------------------------------------
+
+
+def versions_of_hashes(state: State, row: StorageState) -> dict[str, str]:
+    """The group-qualified version each known storageVersionHash of a resource stands for.
+
+    The candidates are every version an API server reported encoding, decoding or
+    serving for the resource, hashed with its kind; a hash none of them gives is
+    left out (it reads as the bare hash).
+    """
+    storage_version = state.storage_versions.get(row.key)
+    if storage_version is None:
+        return {}
+    versions = {
+        version
+        for entry in storage_version.entries
+        for version in (entry.encoding_version, *entry.decodable_versions, *entry.served_versions)
+    }
+    named: dict[str, str] = {}
+    for version in sorted(versions):
+        try:
+            named[hash_of_stored(version, storage_version.kind)] = version
+        except ValueError:
+            continue
+    return named
+
+
+def _hash_with_version(value: str, named: Mapping[str, str]) -> str:
+    return f"{value} ({named[value]})" if value in named else value
+
+
+def _storage_state_body(row: StorageState, view: View) -> JSON:
+    status: JSON = {"persistedStorageVersionHashes": list(row.persisted_storage_version_hashes)}
+    if row.current_storage_version_hash is not None:
+        status["currentStorageVersionHash"] = row.current_storage_version_hash
+    return {"spec": {"resource": {"group": row.group, "resource": row.resource}}, "status": status}
+
+
+def _storage_state_cells(row: StorageState, view: View) -> list[Any]:
+    named = versions_of_hashes(view.state, row)
+    return [
+        row.name,
+        _hash_with_version(_none(row.current_storage_version_hash), named),
+        ", ".join(_hash_with_version(h, named) for h in row.persisted_storage_version_hashes),
+        _age("StorageState", row, view),
+    ]
+
+
+STORAGE_STATES: Final = Kind(
+    group="migration.k8s.io",
+    version="v1alpha1",
+    resource="storagestates",
+    kind="StorageState",
+    singular="storagestate",
+    namespaced=False,
+    rows=lambda state: state.storage_states,
+    name=lambda row: row.name,
+    body=_storage_state_body,
+    labels=lambda row: {},
+    annotations=lambda row: {},
+    columns=(
+        Column("Name", "string", "The StorageState's name, <resource>.<group>.", "name"),
+        Column("Current", "string", "The current storageVersionHash and its version."),
+        Column("Persisted", "string", "Hashes objects may still be stored in, with versions."),
+        Column("Age", "string", "Time since the StorageState was created."),
+    ),
+    cells=_storage_state_cells,
+)
+
+
+# StorageVersionMigration -----------------------------------------------------------
+
+_CONDITION_OF_PHASE: Final = {
+    "Running": "Running",
+    "Succeeded": "Succeeded",
+    "Failed": "Failed",
+    "Cancelled": "Failed",
+}
+
+
+def _migration_body(row: Migration, view: View) -> JSON:
+    _, version = split_group_version(row.target_version)
+    spec: JSON = {"resource": {"group": row.group, "version": version, "resource": row.resource}}
+    if row.continue_token:
+        spec["continueToken"] = row.continue_token
+    conditions = []
+    if row.phase in _CONDITION_OF_PHASE:
+        reason = row.reason or ("Cancelled" if row.phase == "Cancelled" else row.phase)
+        conditions.append(
+            {
+                "type": _CONDITION_OF_PHASE[row.phase],
+                "status": "True",
+                "lastUpdateTime": kube_time(row.updated_at),
+                "reason": reason,
+                "message": row.message or "",
+            }
+        )
+    return {"spec": spec, "status": {"conditions": conditions}}
+
+
+def _migration_resource(row: Migration) -> str:
+    return group_resource_string(row.group, row.resource)
+
+
+STORAGE_VERSION_MIGRATIONS: Final = Kind(
+    group="migration.k8s.io",
+    version="v1alpha1",
+    resource="storageversionmigrations",
+    kind="StorageVersionMigration",
+    singular="storageversionmigration",
+    namespaced=False,
+    rows=lambda state: state.migrations,
+    name=lambda row: row.migration_id,
+    body=_migration_body,
+    labels=lambda row: {PHASE_LABEL: row.phase, RESOURCE_LABEL: _migration_resource(row)},
+    annotations=lambda row: {
+        MIGRATED_ANNOTATION: str(row.objects_migrated),
+        TARGET_HASH_ANNOTATION: row.target_hash,
+    },
+    columns=(
+        Column("Name", "string", "The migration's ID.", "name"),
+        Column("Resource", "string", "<resource>.<group> being migrated."),
+        Column("Version", "string", "The version objects are rewritten in."),
+        Column("Phase", "string", "Pending, Running, Succeeded, Failed or Cancelled."),
+        Column("Migrated", "integer", "Objects rewritten so far."),
+        Column("Age", "string", "Time since the migration was requested."),
+    ),
+    cells=lambda row, view: [
+        row.migration_id,
+        _migration_resource(row),
+        row.target_version,
+        row.phase,
+        row.objects_migrated,
+        human_duration((view.time - row.requested_at).total_seconds()),
+    ],
+)
+
+KINDS: Final = (STORAGE_VERSIONS, LEASES, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS)
+_BY_PATH: Final = {(kind.group, kind.version, kind.resource): kind for kind in KINDS}
+
+
+def kind_of(group: str, version: str, resource: str) -> Kind | None:
+    return _BY_PATH.get((group, version, resource))
+
+
+def row_kind(row: Row) -> Kind:
+    """The kind a fold row is served as."""
+    match row:
+        case StorageVersion():
+            return STORAGE_VERSIONS
+        case Lease():
+            return LEASES
+        case StorageState():
+            return STORAGE_STATES
+        case Migration():
+            return STORAGE_VERSION_MIGRATIONS
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def groups() -> dict[str, list[Kind]]:
+    """The served kinds by group, in a stable order."""
+    by_group: dict[str, list[Kind]] = {}
+    for kind in KINDS:
+        by_group.setdefault(kind.group, []).append(kind)
+    return by_group
+
+
+_VERBS: Final = ["get", "list", "watch"]
+
+
+def api_versions() -> JSON:
+    """``/api``: the legacy core group, which serves nothing here."""
+    return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+
+
+def core_resources() -> JSON:
+    """``/api/v1``: no core resources."""
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": []}
+
+
+def group_list() -> JSON:
+    """``/apis`` in the legacy (unaggregated) format."""
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [group_of(name) for name in groups()],
+    }
+
+
+def group_of(name: str) -> JSON:
+    """``/apis/GROUP``, or None for a group not served."""
+    version = groups()[name][0].version
+    gv = {"groupVersion": f"{name}/{version}", "version": version}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": name,
+        "versions": [gv],
+        "preferredVersion": gv,
+    }
+
+
+def resource_list(group: str, version: str) -> JSON | None:
+    """``/apis/GROUP/VERSION``, or None for a group version not served."""
+    kinds = [kind for kind in groups().get(group, []) if kind.version == version]
+    if not kinds:
+        return None
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}",
+        "resources": [
+            {
+                "name": kind.resource,
+                "singularName": kind.singular,
+                "namespaced": kind.namespaced,
+                "kind": kind.kind,
+                "verbs": _VERBS,
+            }
+            for kind in kinds
+        ],
+    }
+
+
+def aggregated_discovery(api_version: str, *, core: bool) -> JSON:
+    """``APIGroupDiscoveryList`` (``apidiscovery.k8s.io`` v2 or v2beta1), which kubectl asks first.
+
+    ``core`` is for ``/api``, which serves no kinds here.
+    """
+    items = []
+    if not core:
+        for name, kinds in groups().items():
+            items.append(
+                {
+                    "metadata": {"name": name},
+                    "versions": [
+                        {
+                            "version": kinds[0].version,
+                            "freshness": "Current",
+                            "resources": [
+                                {
+                                    "resource": kind.resource,
+                                    "responseKind": {
+                                        "group": kind.group,
+                                        "version": kind.version,
+                                        "kind": kind.kind,
+                                    },
+                                    "scope": "Namespaced" if kind.namespaced else "Cluster",
+                                    "singularResource": kind.singular,
+                                    "verbs": _VERBS,
+                                }
+                                for kind in kinds
+                            ],
+                        }
+                    ],
+                }
+            )
+    return {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": api_version,
+        "metadata": {},
+        "items": items,
+    }
+
+
+# --------------------------------------------------------------------------- selection
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str  # "=", "!=", "in", "notin", "exists", "!"
+    values: frozenset[str]
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        match self.operator:
+            case "=" | "in":
+                return value in self.values
+            case "!=" | "notin":
+                return value not in self.values
+            case "exists":
+                return value is not None
+            case _:
+                return value is None
+
+
+_SET_REQUIREMENT: Final = re.compile(r"^\s*([^\s!=(),]+)\s+(in|notin)\s+\(([^()]*)\)\s*$")
+_EQUALITY: Final = re.compile(r"^\s*([^\s!=(),]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
+_EXISTS: Final = re.compile(r"^\s*(!?)\s*([^\s!=(),]+)\s*$")
+
+
+def parse_label_selector(text: str) -> tuple[Requirement, ...]:
+    """A label selector as Kubernetes writes one: ``a=b,c!=d,e in (f,g),h,!i``."""
+    requirements = []
+    for part in _split_selector(text):
+        if match := _SET_REQUIREMENT.match(part):
+            values = frozenset(v.strip() for v in match[3].split(",") if v.strip())
+            requirements.append(Requirement(match[1], match[2], values))
+        elif match := _EQUALITY.match(part):
+            operator = "!=" if match[2] == "!=" else "="
+            requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
+        elif match := _EXISTS.match(part):
+            requirements.append(Requirement(match[2], "!" if match[1] else "exists", frozenset()))
+        else:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"unable to parse requirement {part.strip()!r} of labelSelector {text!r}: "
+                "write key=value, key!=value, key in (a,b), key notin (a,b), key or !key",
+            )
+    return tuple(requirements)
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return [part for part in parts if part.strip()]
+
+
+FIELDS: Final = ("metadata.name", "metadata.namespace")
+
+
+def parse_field_selector(text: str) -> tuple[Requirement, ...]:
+    """A field selector on ``metadata.name`` or ``metadata.namespace`` (``=``, ``==``, ``!=``)."""
+    requirements = []
+    for part in _split_selector(text):
+        match = _EQUALITY.match(part)
+        if match is None:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"invalid field selector {part.strip()!r}: write field=value or field!=value",
+            )
+        if match[1] not in FIELDS:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"field label not supported: {match[1]} (supported: {', '.join(FIELDS)})",
+            )
+        operator = "!=" if match[2] == "!=" else "="
+        requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
+    return tuple(requirements)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Selection:
+    """Which objects a request is about: namespace, name, label and field selectors."""
+
+    namespace: str | None = None
+    name: str | None = None
+    labels: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+    def matches(self, obj: JSON) -> bool:
+        metadata = obj["metadata"]
+        namespace = metadata.get("namespace", "")
+        if self.namespace is not None and namespace != self.namespace:
+            return False
+        if self.name is not None and metadata["name"] != self.name:
+            return False
+        fields = {"metadata.name": metadata["name"], "metadata.namespace": namespace}
+        return all(r.matches(metadata.get("labels", {})) for r in self.labels) and all(
+            r.matches(fields) for r in self.fields
+        )
+
+
+# --------------------------------------------------------------------------- lists, tables
+
+
+def object_list(kind: Kind, items: Sequence[JSON], resource_version: int, token: str) -> JSON:
+    metadata: JSON = {"resourceVersion": str(resource_version)}
+    if token:
+        metadata["continue"] = token
+    return {
+        "kind": f"{kind.kind}List",
+        "apiVersion": kind.api_version,
+        "metadata": metadata,
+        "items": list(items),
+    }
+
+
+def table(
+    kind: Kind,
+    rows: Iterable[tuple[Any, JSON]],
+    view: View,
+    *,
+    include_object: str = "Metadata",
+    token: str = "",
+    with_columns: bool = True,
+) -> JSON:
+    """A ``meta.k8s.io/v1`` Table of ``rows`` (fold row, object), as ``kubectl get`` prints."""
+    table_rows = []
+    for row, obj in rows:
+        table_row: JSON = {"cells": kind.cells(row, view)}
+        if include_object == "Object":
+            table_row["object"] = obj
+        elif include_object == "Metadata":
+            table_row["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"],
+            }
+        table_rows.append(table_row)
+    metadata: JSON = {"resourceVersion": str(view.offset)}
+    if token:
+        metadata["continue"] = token
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "columnDefinitions": [
+            {
+                "name": column.name,
+                "type": column.type,
+                "format": column.format,
+                "description": column.description,
+                "priority": column.priority,
+            }
+            for column in kind.columns
+        ]
+        if with_columns
+        else [],
+        "rows": table_rows,
+    }
+
+
+# --------------------------------------------------------------------------- paging
+
+
+def continue_token(resource_version: int, after: str) -> str:
+    """An opaque ``continue``: the list's resourceVersion and the last name returned."""
+    raw = json.dumps({"rv": resource_version, "after": after}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def parse_continue(token: str) -> tuple[int, str]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), str(data["after"])
+    except (ValueError, KeyError, TypeError, binascii.Error) as error:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"continue token {token[:40]!r} is not one this server gave; "
+            "start the list again without it",
+        ) from error
+
+
+def page(items: Sequence[JSON], after: str, limit: int | None) -> tuple[list[JSON], str | None]:
+    """Items after the name ``after``, at most ``limit``; and the last name if more remain."""
+    rest = [obj for obj in items if obj["metadata"]["name"] > after] if after else list(items)
+    if limit is None or len(rest) <= limit:
+        return rest, None
+    chosen = rest[:limit]
+    return chosen, str(chosen[-1]["metadata"]["name"])

@@ -1,0 +1,603 @@
+"""``svledger serve``: the ledger's views as a read-only Kubernetes API, on aiohttp.
+
+Every cluster is a Kubernetes API server of its own under ``/clusters/CLUSTER``, so
+``kubectl --server http://HOST:PORT/clusters/CLUSTER get storageversions`` and the
+``kubernetes`` client (``host`` set to that URL) read it unchanged; under
+``/clusters/CLUSTER/at/POINT`` it answers as the cluster stood at ``POINT`` (an offset
+in the cluster's partition, the resourceVersion the API shows, or an RFC 3339 time).
+
+What it speaks, as kube-apiserver does:
+
+* discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 or v2beta1
+  when the client asks for it first, as kubectl does, else the legacy lists),
+  ``/apis/GROUP`` and ``/apis/GROUP/VERSION``;
+* get and list, with ``labelSelector``, ``fieldSelector`` (``metadata.name``,
+  ``metadata.namespace``), ``limit`` and ``continue`` (a later page reads the
+  snapshot of the first: its resourceVersion), ``resourceVersion`` with
+  ``resourceVersionMatch=Exact`` (the past, as under ``/at``);
+* ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
+  current objects when it is absent or ``0``), BOOKMARK events with
+  ``allowWatchBookmarks``, an ERROR event with a 410 Expired Status for a
+  resourceVersion older than the changes kept, ``timeoutSeconds``;
+* Table responses when asked for (``Accept: application/json;as=Table;g=meta.k8s.io;
+  v=v1``), in lists and in watches;
+* errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
+  method but GET (nothing is written through this API: the ledger is appended to
+  only by its producers), 401 without a valid bearer token when ``--token-file`` is
+  given (``/healthz`` and ``/readyz`` stay open), 400 for bad parameters;
+* ``/healthz`` (the process runs) and ``/readyz`` (the log is folded up to the end it
+  had at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from readapi import resources
+from readapi.ledger import Change, ClusterFold, LedgerViews, PointOutOfRange, UnknownCluster
+from readapi.resources import JSON, ApiError, Kind, Selection, View
+
+log = logging.getLogger(__name__)
+
+BOOKMARK_SECONDS: Final = 10.0
+DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
+_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
+_VIEWS: Final = web.AppKey("views", LedgerViews)
+_TOKENS: Final = web.AppKey("tokens", frozenset)
+_BOOKMARKS: Final = web.AppKey("bookmark_seconds", float)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How ``serve`` listens; TLS when both files are given, bearer tokens when a file is."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    bookmark_seconds: float = BOOKMARK_SECONDS
+
+
+def read_tokens(path: Path) -> frozenset[str]:
+    """The bearer tokens in a token file: one per line; blank lines and ``#`` comments skipped.
+
+    A line may also be kube-apiserver's static token file format (``token,user,uid,...``):
+    the first field is the token.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ValueError(f"cannot read token file {path}: {error.strerror}") from error
+    tokens = {line.split(",")[0].strip() for line in lines if line.strip()}
+    tokens = {token for token in tokens if token and not token.startswith("#")}
+    if not tokens:
+        raise ValueError(f"token file {path} holds no token; write one token per line")
+    return frozenset(tokens)
+
+
+def app(views: LedgerViews, options: ServeOptions = ServeOptions()) -> web.Application:
+    """The aiohttp application over ``views``."""
+    application = web.Application(middlewares=[_errors, _authenticate])
+    application[_VIEWS] = views
+    application[_TOKENS] = read_tokens(options.token_file) if options.token_file else frozenset()
+    application[_BOOKMARKS] = options.bookmark_seconds
+    application.router.add_get("/healthz", _healthz)
+    application.router.add_get("/readyz", _readyz)
+    for prefix in ("/clusters/{cluster}", "/clusters/{cluster}/at/{point}"):
+        application.router.add_get(prefix + "/version", _version)
+        application.router.add_get(prefix + "/api", _api)
+        application.router.add_get(prefix + "/api/v1", _core)
+        application.router.add_get(prefix + "/apis", _apis)
+        application.router.add_get(prefix + "/apis/{group}", _group)
+        application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
+        application.router.add_get(prefix + "/apis/{group}/{version}/{resource}", _collection)
+        application.router.add_get(prefix + "/apis/{group}/{version}/{resource}/{name}", _member)
+        namespaced = prefix + "/apis/{group}/{version}/namespaces/{namespace}/{resource}"
+        application.router.add_get(namespaced, _collection)
+        application.router.add_get(namespaced + "/{name}", _member)
+    application.router.add_route("*", "/{path:.*}", _not_found)
+    return application
+
+
+async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) -> None:
+    """Fold the log and answer requests until ``stop`` is set (or the fold fails)."""
+    runner = web.AppRunner(app(views, options), access_log=None, handle_signals=False)
+    await runner.setup()
+    context = None
+    if options.tls_cert_file and options.tls_key_file:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
+    await site.start()
+    scheme = "https" if context else "http"
+    log.info(
+        "serving the ledger's views on %s://%s:%d/clusters/CLUSTER",
+        scheme,
+        options.host,
+        options.port,
+        extra={"address": f"{scheme}://{options.host}:{options.port}"},
+    )
+    try:
+        await views.follow(stop)
+    finally:
+        await runner.cleanup()
+
+
+# --------------------------------------------------------------------------- middleware
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return _status(error.code, error.reason, str(error), error.details)
+    except UnknownCluster as error:
+        return _status(404, "NotFound", str(error))
+    except PointOutOfRange as error:
+        return _status(400, "BadRequest", str(error))
+    except web.HTTPMethodNotAllowed:
+        return _method_not_allowed(request)
+
+
+@web.middleware
+async def _authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    tokens = request.app[_TOKENS]
+    if tokens and request.path not in _OPEN_PATHS:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or token.strip() not in tokens:
+            return _status(401, "Unauthorized", "Unauthorized: give a valid bearer token")
+    return await handler(request)
+
+
+def _status(code: int, reason: str, message: str, details: JSON | None = None) -> web.Response:
+    return web.json_response(resources.status(code, reason, message, details), status=code)
+
+
+def _method_not_allowed(request: web.Request) -> web.Response:
+    return _status(
+        405,
+        "MethodNotAllowed",
+        f"the server does not allow this method on the requested resource: {request.method} "
+        f"{request.path} (the ledger is read-only here; it is appended to by its producers)",
+    )
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request)
+    return _status(
+        404, "NotFound", f"the server could not find the requested resource: {request.path}"
+    )
+
+
+async def _healthz(request: web.Request) -> web.StreamResponse:
+    return web.Response(text="ok")
+
+
+async def _readyz(request: web.Request) -> web.StreamResponse:
+    if request.app[_VIEWS].ready.is_set():
+        return web.Response(text="ok")
+    return web.Response(text="catching up with the log", status=503)
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+async def _version(request: web.Request) -> web.StreamResponse:
+    from importlib.metadata import version
+
+    return web.json_response(
+        {"major": "", "minor": "", "gitVersion": f"v{version('svledger')}", "platform": "svledger"}
+    )
+
+
+def _aggregated_version(request: web.Request) -> str | None:
+    """The ``apidiscovery.k8s.io`` version the client asks for first, if it asks for one."""
+    for media in _accepted(request):
+        if media.get("as") == "APIGroupDiscoveryList" and media.get("v") in DISCOVERY_TYPES:
+            return media["v"]
+        if media["type"] in ("application/json", "*/*"):
+            return None
+    return None
+
+
+def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Response:
+    _cluster_view_check(request)
+    version = _aggregated_version(request)
+    if version is None:
+        return web.json_response(legacy)
+    body = resources.aggregated_discovery(DISCOVERY_TYPES[version], core=core)
+    content_type = f"application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList"
+    return web.Response(
+        body=json.dumps(body).encode(), headers={"Content-Type": content_type}, status=200
+    )
+
+
+async def _api(request: web.Request) -> web.StreamResponse:
+    return _discovery(request, resources.api_versions(), core=True)
+
+
+async def _apis(request: web.Request) -> web.StreamResponse:
+    return _discovery(request, resources.group_list(), core=False)
+
+
+async def _core(request: web.Request) -> web.StreamResponse:
+    _cluster_view_check(request)
+    return web.json_response(resources.core_resources())
+
+
+async def _group(request: web.Request) -> web.StreamResponse:
+    _cluster_view_check(request)
+    group = request.match_info["group"]
+    if group not in resources.groups():
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource: {request.path}"
+        )
+    return web.json_response(resources.group_of(group))
+
+
+async def _group_version(request: web.Request) -> web.StreamResponse:
+    _cluster_view_check(request)
+    found = resources.resource_list(request.match_info["group"], request.match_info["version"])
+    if found is None:
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource: {request.path}"
+        )
+    return web.json_response(found)
+
+
+def _cluster_view_check(request: web.Request) -> None:
+    request.app[_VIEWS].fold(request.match_info["cluster"])
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def _kind(request: web.Request) -> Kind:
+    info = request.match_info
+    kind = resources.kind_of(info["group"], info["version"], info["resource"])
+    if kind is None:
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource: {request.path}"
+        )
+    if "namespace" in info and not kind.namespaced:
+        raise ApiError(
+            404,
+            "NotFound",
+            f"{kind.resource}.{kind.group} is cluster-scoped: "
+            f"drop the namespace from {request.path}",
+        )
+    return kind
+
+
+async def _view(request: web.Request, resource_version: int | None = None) -> View:
+    """The view a request reads: at its ``/at/`` point or resourceVersion, else live."""
+    views = request.app[_VIEWS]
+    cluster = request.match_info["cluster"]
+    point = request.match_info.get("point")
+    if point is not None:
+        if resource_version is not None:
+            return await views.view_at(cluster, resource_version)
+        return await views.view_at(cluster, parse_point(point))
+    if resource_version is not None:
+        return await views.view_at(cluster, resource_version)
+    return views.fold(cluster).view(time=_now())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def parse_point(text: str) -> int | datetime:
+    """An ``/at/`` point: an offset (the resourceVersion shown) or an RFC 3339 time."""
+    if text.isdigit():
+        return int(text)
+    try:
+        time = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"point {text!r} is neither an offset (a resourceVersion, e.g. 1234) nor an "
+            "RFC 3339 time (e.g. 2026-11-02T10:00:00Z)",
+        ) from None
+    if time.tzinfo is None:
+        raise ApiError(
+            400, "BadRequest", f"time {text!r} has no zone; add Z for UTC (e.g. {text}Z)"
+        )
+    return time
+
+
+def _selection(request: web.Request) -> Selection:
+    query = request.query
+    return Selection(
+        namespace=request.match_info.get("namespace"),
+        labels=resources.parse_label_selector(query.get("labelSelector", "")),
+        fields=resources.parse_field_selector(query.get("fieldSelector", "")),
+    )
+
+
+def _int_parameter(request: web.Request, name: str) -> int | None:
+    text = request.query.get(name, "")
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ApiError(400, "BadRequest", f"{name}={text!r} is not a non-negative integer")
+    return int(text)
+
+
+async def _member(request: web.Request) -> web.StreamResponse:
+    kind = _kind(request)
+    name = request.match_info["name"]
+    if request.query.get("watch") in ("true", "1"):
+        selection = dataclasses.replace(_selection(request), name=name)
+        return await _watch(request, kind, selection)
+    view = await _view(request, _exact_resource_version(request))
+    selection = Selection(namespace=request.match_info.get("namespace"), name=name)
+    for row in kind.rows(view.state).values():
+        obj = kind.object(row, view)
+        if selection.matches(obj):
+            if _wants_table(request):
+                return web.json_response(resources.table(kind, [(row, obj)], view))
+            return web.json_response(obj)
+    raise ApiError(
+        404,
+        "NotFound",
+        f'{kind.resource}.{kind.group} "{name}" not found',
+        {"name": name, "group": kind.group, "kind": kind.resource},
+    )
+
+
+def _exact_resource_version(request: web.Request) -> int | None:
+    """A resourceVersion the request must be served at, else None (the latest)."""
+    text = request.query.get("resourceVersion", "")
+    if text in ("", "0"):
+        return None
+    if not text.isdigit():
+        raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
+    value = int(text)
+    match = request.query.get("resourceVersionMatch", "")
+    if match == "Exact":
+        return value
+    if match not in ("", "NotOlderThan"):
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"resourceVersionMatch {match!r} is not supported: use Exact or NotOlderThan",
+        )
+    live = request.app[_VIEWS].fold(request.match_info["cluster"])
+    if value > live.offset:
+        raise ApiError(
+            504,
+            "Timeout",
+            f"Too large resource version: {value}, current: {live.offset}",
+            {
+                "causes": [
+                    {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                ]
+            },
+        )
+    return None
+
+
+async def _collection(request: web.Request) -> web.StreamResponse:
+    kind = _kind(request)
+    selection = _selection(request)
+    if request.query.get("watch") in ("true", "1"):
+        return await _watch(request, kind, selection)
+    limit = _int_parameter(request, "limit") or None
+    token = request.query.get("continue", "")
+    after = ""
+    resource_version = _exact_resource_version(request)
+    if token:
+        resource_version, after = resources.parse_continue(token)
+    view = await _view(request, resource_version)
+    matching = [
+        (row, obj)
+        for row, obj in sorted(
+            ((row, kind.object(row, view)) for row in kind.rows(view.state).values()),
+            key=lambda pair: str(pair[1]["metadata"]["name"]),
+        )
+        if selection.matches(obj)
+    ]
+    chosen, last = resources.page([obj for _, obj in matching], after, limit)
+    names = {obj["metadata"]["name"] for obj in chosen}
+    next_token = resources.continue_token(view.offset, last) if last else ""
+    if _wants_table(request):
+        pairs = [(row, obj) for row, obj in matching if obj["metadata"]["name"] in names]
+        return web.json_response(
+            resources.table(
+                kind, pairs, view, include_object=_include_object(request), token=next_token
+            )
+        )
+    return web.json_response(resources.object_list(kind, chosen, view.offset, next_token))
+
+
+# --------------------------------------------------------------------------- negotiation
+
+
+def _accepted(request: web.Request) -> list[dict[str, str]]:
+    """The Accept header's media types in order, each with its parameters."""
+    accepted = []
+    for part in request.headers.get("Accept", "application/json").split(","):
+        fields = [field.strip() for field in part.split(";")]
+        media = {"type": fields[0].lower()}
+        for field in fields[1:]:
+            key, _, value = field.partition("=")
+            media[key.strip()] = value.strip()
+        accepted.append(media)
+    return accepted
+
+
+def _wants_table(request: web.Request) -> bool:
+    for media in _accepted(request):
+        if media.get("as") == "Table" and media.get("g") == "meta.k8s.io":
+            if media.get("v") in ("v1", "v1beta1"):
+                return True
+        elif media["type"] in ("application/json", "*/*", "application/yaml"):
+            return False
+    return False
+
+
+def _include_object(request: web.Request) -> str:
+    value = request.query.get("includeObject", "Metadata") or "Metadata"
+    if value not in ("None", "Metadata", "Object"):
+        raise ApiError(
+            400, "BadRequest", f"includeObject {value!r} is not None, Metadata or Object"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------- watch
+
+
+async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.StreamResponse:
+    if "point" in request.match_info:
+        raise ApiError(
+            400,
+            "BadRequest",
+            "a view of the past cannot be watched: watch the live path with "
+            "?watch=true&resourceVersion=OFFSET to stream the changes after OFFSET",
+        )
+    views = request.app[_VIEWS]
+    fold = views.fold(request.match_info["cluster"])
+    text = request.query.get("resourceVersion", "")
+    if text and not text.isdigit():
+        raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
+    start = int(text) if text not in ("", "0") else None
+    timeout = _int_parameter(request, "timeoutSeconds")
+    bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
+    as_table = _wants_table(request)
+    include = _include_object(request) if as_table else "Object"
+
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await response.prepare(request)
+    stream = _WatchStream(response, kind, selection, as_table, include)
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    with contextlib.suppress(ConnectionResetError):
+        if start is None:
+            view = fold.view(time=_now())
+            for row in sorted(kind.rows(view.state).values(), key=kind.name):
+                await stream.send("ADDED", row, view)
+            cursor = fold.offset
+        else:
+            cursor = start
+        while True:
+            if cursor < fold.horizon:
+                await stream.expired(cursor, fold.horizon)
+                break
+            sent = await stream.changes(fold, cursor)
+            cursor = fold.offset
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                break
+            wait = request.app[_BOOKMARKS]
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - asyncio.get_running_loop().time()))
+            before = fold.offset
+            await views.changed(wait)
+            if bookmarks and not sent and fold.offset == before:
+                await stream.bookmark(fold.offset)
+    return response
+
+
+class _WatchStream:
+    """One watch's response: encodes events as Kubernetes' watch stream does."""
+
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        kind: Kind,
+        selection: Selection,
+        as_table: bool,
+        include: str,
+    ) -> None:
+        self.response = response
+        self.kind = kind
+        self.selection = selection
+        self.as_table = as_table
+        self.include = include
+        self.first = True
+
+    async def changes(self, fold: ClusterFold, cursor: int) -> bool:
+        """Send the fold's changes after ``cursor``; True if any was sent."""
+        pending: list[Change] = []
+        for change in reversed(fold.changes):
+            if change.offset <= cursor:
+                break
+            pending.append(change)
+        sent = False
+        for change in reversed(pending):
+            if resources.row_kind(change.row) is not self.kind:
+                continue
+            view = View(
+                cluster=fold.cluster,
+                offset=change.offset,
+                time=_now(),
+                state=fold.state,
+                created={(self.kind.kind, tuple(change.row.key[1:])): change.created},
+            )
+            sent |= await self._change(change, view)
+        return sent
+
+    async def _change(self, change: Change, view: View) -> bool:
+        now = self.selection.matches(self.kind.object(change.row, view))
+        before = change.previous is not None and self.selection.matches(
+            self.kind.object(change.previous, view)
+        )
+        if change.type == "DELETED":
+            return await self.send("DELETED", change.row, view) if now else False
+        if now and (change.type == "ADDED" or before):
+            return await self.send(change.type, change.row, view)
+        if now:
+            return await self.send("ADDED", change.row, view)  # moved into the selection
+        if before:
+            return await self.send("DELETED", change.row, view)  # moved out of it
+        return False
+
+    async def send(self, event_type: str, row: Any, view: View) -> bool:
+        obj = self.kind.object(row, view)
+        if not self.selection.matches(obj) and event_type != "DELETED":
+            return False
+        if self.as_table:
+            body: JSON = resources.table(
+                self.kind, [(row, obj)], view, include_object=self.include, with_columns=self.first
+            )
+            self.first = False
+        else:
+            body = obj
+        await self._write({"type": event_type, "object": body})
+        return True
+
+    async def bookmark(self, offset: int) -> None:
+        await self._write(
+            {
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": self.kind.kind,
+                    "apiVersion": self.kind.api_version,
+                    "metadata": {"resourceVersion": str(offset)},
+                },
+            }
+        )
+
+    async def expired(self, cursor: int, horizon: int) -> None:
+        message = f"too old resource version: {cursor} ({horizon + 1})"
+        await self._write({"type": "ERROR", "object": resources.status(410, "Expired", message)})
+
+    async def _write(self, event: JSON) -> None:
+        await self.response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")

@@ -1,0 +1,109 @@
+"""The read side: the ledger's views as a Kubernetes API that kubectl reads."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ledger.errors import UsageError
+from svledger.options import (
+    Subparsers,
+    add_command,
+    add_kafka_options,
+    kafka_settings,
+    positive,
+    run_until_signalled,
+)
+
+
+def add_serve(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "serve",
+        _serve,
+        help="serve the views as a read-only Kubernetes API (kubectl, client libraries)",
+        description=(
+            "Fold the log in memory and serve every cluster's views as a read-only\n"
+            "Kubernetes API under /clusters/CLUSTER: StorageVersions\n"
+            "(internal.apiserver.k8s.io/v1alpha1), apiserver identity Leases in kube-system\n"
+            "(coordination.k8s.io/v1), StorageStates and StorageVersionMigrations\n"
+            "(migration.k8s.io/v1alpha1). metadata.resourceVersion is the log offset;\n"
+            "watches stream every change live. /clusters/CLUSTER/at/POINT answers as the\n"
+            "cluster stood at POINT: an offset or an RFC 3339 time.\n"
+            "\n"
+            "  S=http://127.0.0.1:8080/clusters/prod-eu-1\n"
+            "  kubectl --server $S get storageversions\n"
+            "  kubectl --server $S/at/2026-11-02T10:00:00Z get storageversions -o yaml\n"
+            "\n"
+            "/healthz answers while the process runs, /readyz once the log is folded up to\n"
+            "the end it had at start."
+        ),
+    )
+    add_kafka_options(parser)
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="where to listen (default: 127.0.0.1:8080; 0.0.0.0:8080 for every interface)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="require 'Authorization: Bearer TOKEN' with a token from FILE (one per line)",
+    )
+    parser.add_argument(
+        "--tls-cert-file", type=Path, metavar="FILE", help="serve HTTPS with this certificate"
+    )
+    parser.add_argument(
+        "--tls-private-key-file", type=Path, metavar="FILE", help="the certificate's private key"
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive(int, "number of records"),
+        default=20_000,
+        metavar="RECORDS",
+        help="keep a copy of the fold every RECORDS records of a partition, so a view of\n"
+        "the past refolds at most that many (default: 20000)",
+    )
+    parser.add_argument(
+        "--watch-window",
+        type=positive(int, "number of changes"),
+        default=20_000,
+        metavar="CHANGES",
+        help="changes kept per cluster for watches; an older resourceVersion gets 410 Gone\n"
+        "(default: 20000)",
+    )
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--address {text!r} is not HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]"), int(port)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from readapi.ledger import LedgerViews
+    from readapi.server import ServeOptions, read_tokens, serve
+
+    host, port = parse_address(args.address)
+    if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
+        raise UsageError("give both --tls-cert-file and --tls-private-key-file, or neither")
+    if args.token_file is not None:
+        try:
+            read_tokens(args.token_file)
+        except ValueError as error:
+            raise UsageError(f"--token-file: {error}") from error
+    options = ServeOptions(
+        host=host,
+        port=port,
+        token_file=args.token_file,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_private_key_file,
+    )
+    settings = kafka_settings(args)
+    views = LedgerViews(
+        settings, checkpoint_every=args.checkpoint_every, watch_window=args.watch_window
+    )
+    return run_until_signalled(lambda stop: serve(views, options, stop))
