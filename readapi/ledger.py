@@ -205,9 +205,13 @@ class LedgerViews:
             self.settings, dead_letters=False, fetch_max_wait_ms=100
         ) as consumer:
             self._check_ready(targets)
-            while not stop.is_set():
-                self._fold(await consumer.fetch(timeout_ms=200))
-                await self._passed(await consumer.positions(), targets)
+            try:
+                while not stop.is_set():
+                    batch = await consumer.fetch(timeout_ms=200)
+                    self._fold(batch)
+                    await self._passed(await consumer.positions(), targets, bool(batch))
+            finally:
+                self._wake()  # watches look at the stop signal
 
     def _fold(self, batch: list[Record]) -> None:
         for record in batch:
@@ -232,13 +236,22 @@ class LedgerViews:
         }
         self._checkpoints.setdefault(partition, []).append(Checkpoint(next_offset, folds))
 
-    async def _passed(self, positions: Mapping[int, int], targets: Mapping[int, int]) -> None:
+    async def _passed(
+        self, positions: Mapping[int, int], targets: Mapping[int, int], folded: bool
+    ) -> None:
         """Record how far each partition is read (control records included); wake watchers."""
+        moved = folded
         for partition, position in positions.items():
+            moved |= self._positions.get(partition) != position
             self._positions[partition] = position
+        if not moved:
+            return
         for fold in self.clusters.values():
             fold.offset = max(fold.offset, self._positions.get(fold.partition, 0) - 1)
         self._check_ready(targets)
+        self._wake()
+
+    def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 

@@ -56,6 +56,7 @@ _OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
 _TOKENS: Final = web.AppKey("tokens", frozenset)
 _BOOKMARKS: Final = web.AppKey("bookmark_seconds", float)
+_STOP: Final = web.AppKey("stop", asyncio.Event)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -89,10 +90,13 @@ def read_tokens(path: Path) -> frozenset[str]:
     return frozenset(tokens)
 
 
-def app(views: LedgerViews, options: ServeOptions = ServeOptions()) -> web.Application:
-    """The aiohttp application over ``views``."""
+def app(
+    views: LedgerViews, options: ServeOptions = ServeOptions(), stop: asyncio.Event | None = None
+) -> web.Application:
+    """The aiohttp application over ``views``; setting ``stop`` ends its watches."""
     application = web.Application(middlewares=[_errors, _authenticate])
     application[_VIEWS] = views
+    application[_STOP] = stop or asyncio.Event()
     application[_TOKENS] = read_tokens(options.token_file) if options.token_file else frozenset()
     application[_BOOKMARKS] = options.bookmark_seconds
     application.router.add_get("/healthz", _healthz)
@@ -115,7 +119,7 @@ def app(views: LedgerViews, options: ServeOptions = ServeOptions()) -> web.Appli
 
 async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) -> None:
     """Fold the log and answer requests until ``stop`` is set (or the fold fails)."""
-    runner = web.AppRunner(app(views, options), access_log=None, handle_signals=False)
+    runner = web.AppRunner(app(views, options, stop), access_log=None, handle_signals=False)
     await runner.setup()
     context = None
     if options.tls_cert_file and options.tls_key_file:
@@ -489,6 +493,7 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     await response.prepare(request)
     stream = _WatchStream(response, kind, selection, as_table, include)
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    stop = request.app[_STOP]
     with contextlib.suppress(ConnectionResetError):
         if start is None:
             view = fold.view(time=_now())
@@ -497,21 +502,27 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
             cursor = fold.offset
         else:
             cursor = start
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
         while True:
             if cursor < fold.horizon:
                 await stream.expired(cursor, fold.horizon)
                 break
-            sent = await stream.changes(fold, cursor)
+            if await stream.changes(fold, cursor):
+                quiet_since = loop.time()
             cursor = fold.offset
-            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            if deadline is not None and loop.time() >= deadline:
                 break
+            if bookmarks and loop.time() - quiet_since >= request.app[_BOOKMARKS]:
+                await stream.bookmark(cursor)
+                quiet_since = loop.time()
             wait = request.app[_BOOKMARKS]
             if deadline is not None:
-                wait = min(wait, max(0.0, deadline - asyncio.get_running_loop().time()))
-            before = fold.offset
+                wait = min(wait, max(0.0, deadline - loop.time()))
             await views.changed(wait)
-            if bookmarks and not sent and fold.offset == before:
-                await stream.bookmark(fold.offset)
+            transport = request.transport
+            if stop.is_set() or transport is None or transport.is_closing():
+                break  # the server stops, or the client has gone
     return response
 
 

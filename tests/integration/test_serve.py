@@ -1,0 +1,500 @@
+"""``svledger serve`` read by kubectl and the kubernetes client, over a real scenario's log.
+
+The KEP walkthrough is simulated once onto a topic of the real broker; ``svledger
+serve`` runs as a process over it, and is read with the kubectl these machines ship
+and the one built from the Go module proxy beside the real apiservers, and with the
+``kubernetes`` Python client's typed API. What they show is compared with the fold of
+the same log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import selectors
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from kubernetes import client as kube_client
+
+from deploy.kube import build
+from ledger.events import ApiserverHeartbeat, Meta, Position
+from ledger.kafka import EventProducer
+from ledger.settings import KafkaSettings
+from projections.fold import fold
+from projections.replay import cluster_log
+from projections.state import State
+from readapi.ledger import LedgerViews
+from readapi.resources import KINDS, View
+from simulation.run import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+WALKTHROUGH = ROOT / "examples" / "kep-walkthrough.yaml"
+CLUSTER = "kep-walkthrough"
+KUBECTL_RELEASE = "v1.37.2"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def walkthrough(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> KafkaSettings:
+    """A topic holding the walkthrough's whole log."""
+    topic = f"svledger-test.serve.{os.getpid()}.{time.monotonic_ns()}"
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=topic, partitions=1)
+    db = tmp_path_factory.mktemp("serve") / "walkthrough.db"
+    asyncio.run(simulate(WALKTHROUGH, settings, f"sqlite:///{db}", out=None))
+    return settings
+
+
+@pytest.fixture(scope="module")
+def log_fold(walkthrough: KafkaSettings) -> tuple[State, list[tuple[object, Position]]]:
+    state, records = asyncio.run(cluster_log(walkthrough, CLUSTER))
+    return state, [(record.event, record.position) for record in records]
+
+
+class Server:
+    def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
+        self.url = url
+        self.process = process
+
+    @property
+    def cluster(self) -> str:
+        return f"{self.url}/clusters/{CLUSTER}"
+
+
+@contextlib.contextmanager
+def running_server(settings: KafkaSettings, *extra: str, scheme: str = "http") -> Iterator[Server]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "svledger",
+            "serve",
+            "--bootstrap",
+            settings.bootstrap_servers,
+            "--topic",
+            settings.topic,
+            "--address",
+            f"127.0.0.1:{port}",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    server = Server(f"{scheme}://127.0.0.1:{port}", process)
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 0, stderr.decode()[-2000:]
+
+
+def wait_ready(server: Server) -> None:
+    context = ssl._create_unverified_context()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert server.process.poll() is None, "svledger serve exited early"
+        try:
+            with urllib.request.urlopen(f"{server.url}/readyz", timeout=2, context=context) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("svledger serve did not become ready in 60 s")
+
+
+@pytest.fixture(scope="module")
+def server(walkthrough: KafkaSettings) -> Iterator[Server]:
+    with running_server(walkthrough) as running:
+        yield running
+
+
+def kubectls() -> list[pytest.param]:
+    return [
+        pytest.param("kubectl", id="kubectl-shipped"),
+        pytest.param(
+            str(build.binary_dir(KUBECTL_RELEASE) / "kubectl"),
+            id=f"kubectl-{KUBECTL_RELEASE}",
+            marks=pytest.mark.kubernetes,
+        ),
+    ]
+
+
+@pytest.fixture(params=kubectls())
+def kubectl(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    binary = request.param
+    if binary != "kubectl" and not Path(binary).exists():
+        build.binaries(KUBECTL_RELEASE)
+    empty = tmp_path / "kubeconfig"
+    empty.write_text("apiVersion: v1\nkind: Config\n")
+    return [binary, "--kubeconfig", str(empty), "--cache-dir", str(tmp_path / "cache")]
+
+
+def run(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def table(output: str) -> list[list[str]]:
+    return [line.split() for line in output.strip().splitlines()]
+
+
+# --------------------------------------------------------------------------- kubectl
+
+
+def test_kubectl_get_prints_the_views_columns(
+    server: Server, kubectl: list[str], log_fold: tuple[State, list[object]]
+) -> None:
+    state, _ = log_fold
+    (storage_version,) = state.storage_versions.values()
+    header, *rows = table(run([*kubectl, "--server", server.cluster, "get", "storageversions"]))
+    assert header == ["NAME", "COMMON-VERSION", "AGREED", "SERVERS", "AGE"]
+    assert rows == [
+        [
+            "apps.deployments",
+            storage_version.common_encoding_version,
+            storage_version.condition.status,
+            str(len(storage_version.entries)),
+            rows[0][4],
+        ]
+    ]
+
+    leases = table(
+        run([*kubectl, "--server", server.cluster, "get", "leases", "-n", "kube-system"])
+    )
+    assert leases[0] == ["NAME", "HOLDER", "HOSTNAME", "RENEWED", "AGE"]
+    assert sorted(row[0] for row in leases[1:]) == sorted(k[1] for k in state.leases)
+
+    header, *states = table(run([*kubectl, "--server", server.cluster, "get", "storagestates"]))
+    (storage_state,) = state.storage_states.values()
+    assert header == ["NAME", "CURRENT", "PERSISTED", "AGE"]
+    # a hash is shown with the version it stands for
+    current = storage_state.current_storage_version_hash
+    assert states[0][:3] == ["deployments.apps", current, "(apps/v2)"]
+
+    header, *migrations = table(
+        run([*kubectl, "--server", server.cluster, "get", "storageversionmigrations"])
+    )
+    assert header == ["NAME", "RESOURCE", "VERSION", "PHASE", "MIGRATED", "AGE"]
+    phases = {m.migration_id: (m.phase, str(m.objects_migrated)) for m in state.migrations.values()}
+    assert {row[0]: (row[3], row[4]) for row in migrations} == phases
+
+
+def test_kubectl_get_yaml_is_upstreams_shape(
+    server: Server, kubectl: list[str], log_fold: tuple[State, list[object]]
+) -> None:
+    state, _ = log_fold
+    (storage_version,) = state.storage_versions.values()
+    out = run(
+        [
+            *kubectl,
+            "--server",
+            server.cluster,
+            "get",
+            "storageversion",
+            "apps.deployments",
+            "-o",
+            "json",
+        ]
+    )
+    obj = json.loads(out)
+    assert obj["apiVersion"] == "internal.apiserver.k8s.io/v1alpha1"
+    assert obj["kind"] == "StorageVersion"
+    assert obj["metadata"]["resourceVersion"] == str(
+        Position.parse(storage_version.revision).offset
+    )
+    status = obj["status"]
+    assert status["commonEncodingVersion"] == storage_version.common_encoding_version
+    assert [s["apiServerID"] for s in status["storageVersions"]] == [
+        e.apiserver_id for e in storage_version.entries
+    ]
+    assert status["storageVersions"][0]["decodableVersions"] == list(
+        storage_version.entries[0].decodable_versions
+    )
+    (condition,) = status["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "AllEncodingVersionsEqual",
+        storage_version.condition.status,
+        storage_version.condition.reason,
+    )
+    yaml_out = run([*kubectl, "--server", server.cluster, "get", "storageversions", "-o", "yaml"])
+    assert "commonEncodingVersion: apps/v2" in yaml_out
+
+
+def test_kubectl_watch_sees_an_event_appended_to_kafka(
+    server: Server, kubectl: list[str], walkthrough: KafkaSettings
+) -> None:
+    hostname = f"watched-{time.monotonic_ns()}"
+    watch = subprocess.Popen(
+        [*kubectl, "--server", server.cluster, "get", "leases", "-n", "kube-system", "-w"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert watch.stdout is not None
+        lines = read_lines_until(watch.stdout, lambda line: line.startswith("NAME"), 30)
+        assert lines, "kubectl printed no header"
+        time.sleep(1)  # the watch is open after the list is printed
+        appended = datetime.now(UTC)
+        asyncio.run(append_heartbeat(walkthrough, hostname, appended))
+        seen = read_lines_until(watch.stdout, lambda line: hostname in line, 20)
+        assert seen and hostname in seen[-1]
+    finally:
+        watch.kill()
+        watch.wait()
+
+
+def read_lines_until(stream: object, done: object, seconds: float) -> list[str]:
+    selector = selectors.DefaultSelector()
+    selector.register(stream, selectors.EVENT_READ)  # type: ignore[arg-type]
+    lines: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=deadline - time.monotonic()):
+            break
+        line = stream.readline().decode()  # type: ignore[attr-defined]
+        if not line:
+            break
+        lines.append(line)
+        if done(line):  # type: ignore[operator]
+            return lines
+    return []
+
+
+async def append_heartbeat(settings: KafkaSettings, hostname: str, at: datetime) -> Position:
+    event = ApiserverHeartbeat(
+        meta=Meta.new(CLUSTER, "test", at),
+        apiserver_id=f"apiserver-{hostname}",
+        holder_identity=f"apiserver-{hostname}_1",
+        hostname=hostname,
+        lease_duration_seconds=3600,
+        renew_time=at,
+    )
+    async with EventProducer(settings) as producer:
+        return await producer.send(event)
+
+
+# --------------------------------------------------------------------------- python client
+
+
+def api_client(url: str, token: str | None = None) -> kube_client.ApiClient:
+    configuration = kube_client.Configuration()
+    configuration.host = url
+    configuration.verify_ssl = False
+    if token:
+        configuration.api_key = {"authorization": f"Bearer {token}"}
+    return kube_client.ApiClient(configuration)
+
+
+def test_the_kubernetes_client_reads_typed_objects_now_and_in_the_past(
+    server: Server, log_fold: tuple[State, list[tuple[object, Position]]]
+) -> None:
+    state, records = log_fold
+    api = kube_client.InternalApiserverV1alpha1Api(api_client(server.cluster))
+    listed = api.list_storage_version()
+    (item,) = listed.items
+    assert isinstance(item, kube_client.V1alpha1StorageVersion)
+    (storage_version,) = state.storage_versions.values()
+    assert item.status.common_encoding_version == storage_version.common_encoding_version
+    assert [s.api_server_id for s in item.status.storage_versions] == [
+        e.apiserver_id for e in storage_version.entries
+    ]
+    leases = kube_client.CoordinationV1Api(api_client(server.cluster)).list_namespaced_lease(
+        "kube-system"
+    )
+    assert {lease.metadata.name for lease in leases.items} >= {k[1] for k in state.leases}
+    lease = leases.items[0]
+    assert lease.metadata.labels["apiserver.kubernetes.io/identity"] == "kube-apiserver"
+    assert lease.spec.holder_identity.startswith(lease.metadata.name)
+
+    # The first disagreement of the walkthrough, read through /at/OFFSET and /at/TIME.
+    past_state = State()
+    point = None
+    for event, position in records:
+        fold([(event, position)], past_state)  # type: ignore[list-item]
+        (row,) = past_state.storage_versions.values() or (None,)
+        if row is not None and row.common_encoding_version is None:
+            point = (position, event.meta.occurred_at)  # type: ignore[attr-defined]
+            break
+    assert point is not None
+    position, occurred_at = point
+    for at in (str(position.offset), occurred_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")):
+        past = kube_client.InternalApiserverV1alpha1Api(
+            api_client(f"{server.cluster}/at/{at}")
+        ).list_storage_version()
+        (then,) = past.items
+        assert then.status.common_encoding_version is None, at
+        assert then.status.conditions[0].status == "False"
+        assert int(past.metadata.resource_version) <= position.offset
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(
+            request, timeout=10, context=ssl._create_unverified_context()
+        ) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_errors_are_kubernetes_statuses(server: Server) -> None:
+    code, body = get(f"{server.cluster}/apis/nothing.example.com/v1/things")
+    assert (code, body["kind"], body["reason"]) == (404, "Status", "NotFound")
+    code, body = get(f"{server.url}/clusters/no-such-cluster/apis")
+    assert code == 404 and "no-such-cluster" in str(body["message"])
+    code, body = get(f"{server.cluster}/apis/internal.apiserver.k8s.io/v1alpha1/storageversions/x")
+    assert (code, body["details"]) == (
+        404,
+        {"name": "x", "group": "internal.apiserver.k8s.io", "kind": "storageversions"},
+    )
+    request = urllib.request.Request(
+        f"{server.cluster}/apis/migration.k8s.io/v1alpha1/storagestates", method="DELETE"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 405
+    assert json.loads(refused.value.read())["reason"] == "MethodNotAllowed"
+    code, body = get(
+        f"{server.cluster}/apis/migration.k8s.io/v1alpha1/storagestates?labelSelector=a%20in%20("
+    )
+    assert (code, body["reason"]) == (400, "BadRequest")
+
+
+def test_lists_page_with_limit_and_continue_on_one_snapshot(server: Server) -> None:
+    base = f"{server.cluster}/apis/migration.k8s.io/v1alpha1/storageversionmigrations"
+    _, whole = get(base)
+    names: list[str] = []
+    url = f"{base}?limit=2"
+    while True:
+        _, page = get(url)
+        names += [item["metadata"]["name"] for item in page["items"]]  # type: ignore[attr-defined]
+        token = page["metadata"].get("continue")  # type: ignore[attr-defined]
+        if not token:
+            break
+        url = f"{base}?limit=2&continue={token}"
+    assert names == [item["metadata"]["name"] for item in whole["items"]]  # type: ignore[attr-defined]
+    assert len(names) > 2
+
+
+def test_a_watch_from_an_offset_older_than_the_window_gets_410_expired(
+    walkthrough: KafkaSettings,
+) -> None:
+    with running_server(walkthrough, "--watch-window", "5") as small:
+        url = (
+            f"{small.cluster}/apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
+            "?watch=true&resourceVersion=1&timeoutSeconds=2"
+        )
+        with urllib.request.urlopen(url, timeout=10) as response:
+            (event,) = [json.loads(line) for line in response]
+        assert event["type"] == "ERROR"
+        assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+
+
+def test_a_token_file_and_tls_guard_the_api(
+    walkthrough: KafkaSettings, tmp_path: Path, kubectl: list[str]
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# readers\ns3cret-reader\n")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with running_server(
+        walkthrough,
+        "--token-file", str(tokens),
+        "--tls-cert-file", str(cert),
+        "--tls-private-key-file", str(key),
+        scheme="https",
+    ) as secured:  # fmt: skip
+        code, body = get(f"{secured.cluster}/apis")
+        assert (code, body["reason"]) == (401, "Unauthorized")
+        out = run(
+            [
+                *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
+                "--token", "s3cret-reader", "get", "storageversions", "-o", "name",
+            ]
+        )  # fmt: skip
+        assert out.strip() == "storageversion.internal.apiserver.k8s.io/apps.deployments"
+        refused = subprocess.run(
+            [
+                *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
+                "--token", "wrong", "get", "storageversions",
+            ],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "Unauthorized" in refused.stderr
+
+
+# --------------------------------------------------------------------------- the past
+
+
+def rows_of(view: View) -> dict[str, list[dict[str, object]]]:
+    return {kind.kind: kind.objects(view) for kind in KINDS}
+
+
+async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(
+    walkthrough: KafkaSettings, log_fold: tuple[State, list[tuple[object, Position]]]
+) -> None:
+    _, records = log_fold
+    views = LedgerViews(walkthrough, checkpoint_every=37, cached_views=4)
+    stop = asyncio.Event()
+    follower = asyncio.create_task(views.follow(stop))
+    try:
+        await asyncio.wait_for(views.ready.wait(), 60)
+        live = views.fold(CLUSTER)
+        step = max(1, len(records) // 25)
+        for index in range(0, len(records), step):
+            event, position = records[index]
+            expected = fold(records[: index + 1])  # type: ignore[arg-type]
+            past = await views.view_at(CLUSTER, position.offset)
+            assert _content(past.state) == _content(expected), position
+            at_time = event.meta.occurred_at  # type: ignore[attr-defined]
+            later = [e for e, _ in records[index + 1 :] if e.meta.occurred_at <= at_time]  # type: ignore[attr-defined]
+            if not later:  # the time names exactly this prefix
+                by_time = await views.view_at(CLUSTER, at_time)
+                assert _content(by_time.state) == _content(expected), at_time
+        now, _ = await cluster_log(walkthrough, CLUSTER)
+        assert _content(live.state) == _content(now)
+        before = await views.view_at(CLUSTER, records[0][0].meta.occurred_at - timedelta(days=1))  # type: ignore[attr-defined]
+        assert _content(before.state) == _content(State())
+    finally:
+        stop.set()
+        await follower
+
+
+def _content(state: State) -> tuple[object, ...]:
+    return (state.leases, state.storage_versions, state.storage_states, state.migrations)
