@@ -1,0 +1,253 @@
+"""The read API's pure parts: object shapes, tables, selectors, paging, kubectl's ages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.hashing import hash_of_stored
+from projections.state import (
+    Condition,
+    Lease,
+    Migration,
+    ServerStorageVersion,
+    State,
+    StorageState,
+    StorageVersion,
+)
+from readapi import resources
+from readapi.resources import (
+    LEASES,
+    STORAGE_STATES,
+    STORAGE_VERSION_MIGRATIONS,
+    STORAGE_VERSIONS,
+    ApiError,
+    Created,
+    Selection,
+    View,
+)
+
+T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+
+
+def storage_version(common: str | None = "apps/v2") -> StorageVersion:
+    return StorageVersion(
+        cluster="c",
+        group="apps",
+        resource="deployments",
+        kind="Deployment",
+        entries=(
+            ServerStorageVersion("apiserver-a", "apps/v2", ("apps/v1", "apps/v2"), ("apps/v2",)),
+            ServerStorageVersion("apiserver-b", "apps/v1", ("apps/v1", "apps/v2"), ("apps/v1",)),
+        ),
+        common_encoding_version=common,
+        condition=Condition(
+            "AllEncodingVersionsEqual",
+            "True" if common else "False",
+            "CommonEncodingVersionSet" if common else "CommonEncodingVersionUnset",
+            "m",
+            T0,
+        ),
+        revision="0:7",
+    )
+
+
+def view(state: State, *, at: datetime = T0 + timedelta(minutes=5)) -> View:
+    created = {}
+    for kind in resources.KINDS:
+        for row in kind.rows(state).values():
+            created[(kind.kind, tuple(row.key[1:]))] = Created(T0, 3)
+    return View(cluster="c", offset=42, time=at, state=state, created=created)
+
+
+def test_a_storage_version_has_upstreams_shape() -> None:
+    state = State(storage_versions={("c", "apps", "deployments"): storage_version(None)})
+    (obj,) = STORAGE_VERSIONS.objects(view(state))
+    assert obj["apiVersion"] == "internal.apiserver.k8s.io/v1alpha1"
+    assert obj["metadata"]["name"] == "apps.deployments"
+    assert obj["metadata"]["resourceVersion"] == "7"
+    assert obj["metadata"]["creationTimestamp"] == "2026-11-02T10:00:00Z"
+    assert "commonEncodingVersion" not in obj["status"]  # omitempty, as upstream
+    assert obj["status"]["storageVersions"][1] == {
+        "apiServerID": "apiserver-b",
+        "encodingVersion": "apps/v1",
+        "decodableVersions": ["apps/v1", "apps/v2"],
+        "servedVersions": ["apps/v1"],
+    }
+    assert obj["status"]["conditions"][0]["status"] == "False"
+
+
+def test_a_uid_is_stable_and_new_for_a_row_created_again() -> None:
+    state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
+    first = STORAGE_VERSIONS.objects(view(state))[0]["metadata"]["uid"]
+    again = STORAGE_VERSIONS.objects(view(state))[0]["metadata"]["uid"]
+    reborn = View("c", 42, T0, state, {("StorageVersion", ("apps", "deployments")): Created(T0, 9)})
+    assert first == again != STORAGE_VERSIONS.objects(reborn)[0]["metadata"]["uid"]
+
+
+def test_a_lease_is_in_kube_system_with_upstreams_labels() -> None:
+    lease = Lease("c", "apiserver-x", "apiserver-x_1", "host-1", 3600, T0, "v1.37.2", "0:1")
+    (obj,) = LEASES.objects(view(State(leases={lease.key: lease})))
+    assert obj["metadata"]["namespace"] == "kube-system"
+    assert obj["metadata"]["labels"] == {
+        "apiserver.kubernetes.io/identity": "kube-apiserver",
+        "kubernetes.io/hostname": "host-1",
+    }
+    assert obj["spec"] == {
+        "holderIdentity": "apiserver-x_1",
+        "leaseDurationSeconds": 3600,
+        "renewTime": "2026-11-02T10:00:00.000000Z",
+    }
+
+
+def migration(phase: str, reason: str | None = None) -> Migration:
+    return Migration(
+        "c", "m-1", "apps", "deployments", "apps/v2", "h", "0:3", phase,  # type: ignore[arg-type]
+        12, None, reason, None, T0, T0, "0:9",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason", "conditions"),
+    [
+        ("Pending", None, []),
+        ("Running", None, [("Running", "Running")]),
+        ("Succeeded", None, [("Succeeded", "Succeeded")]),
+        ("Failed", "Forbidden", [("Failed", "Forbidden")]),
+        ("Cancelled", "EncodingVersionsDisagree", [("Failed", "EncodingVersionsDisagree")]),
+    ],
+)
+def test_a_migration_phase_is_one_of_upstreams_conditions(
+    phase: str, reason: str | None, conditions: list[tuple[str, str]]
+) -> None:
+    row = migration(phase, reason)
+    (obj,) = STORAGE_VERSION_MIGRATIONS.objects(view(State(migrations={row.key: row})))
+    assert obj["spec"]["resource"] == {"group": "apps", "version": "v2", "resource": "deployments"}
+    got = [(c["type"], c["reason"]) for c in obj["status"]["conditions"]]
+    assert got == conditions
+    assert obj["metadata"]["labels"]["svledger.io/phase"] == phase
+
+
+def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
+    v1, v2 = hash_of_stored("apps/v1", "Deployment"), hash_of_stored("apps/v2", "Deployment")
+    row = StorageState("c", "apps", "deployments", (v1, v2, "Unknown"), v2, "0:5")
+    state = State(
+        storage_versions={("c", "apps", "deployments"): storage_version()},
+        storage_states={row.key: row},
+    )
+    table = resources.table(STORAGE_STATES, [(row, {"metadata": {}})], view(state))
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Name", "Current", "Persisted", "Age",
+    ]  # fmt: skip
+    assert table["rows"][0]["cells"] == [
+        "deployments.apps",
+        f"{v2} (apps/v2)",
+        f"{v1} (apps/v1), {v2} (apps/v2), Unknown",
+        "5m",
+    ]
+
+
+def test_a_past_view_shows_ages_as_they_were() -> None:
+    state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
+    row = state.storage_versions[("c", "apps", "deployments")]
+    late = resources.table(
+        STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state, at=T0 + timedelta(days=3))
+    )
+    assert late["rows"][0]["cells"] == ["apps.deployments", "apps/v2", "True", 2, "3d"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (-5, "<invalid>"), (-0.5, "0s"), (0, "0s"), (119, "119s"), (120, "2m"), (125, "2m5s"),
+        (600, "10m"), (10_799, "179m"), (10_800, "3h"), (3 * 3600 + 60, "3h1m"),
+        (8 * 3600, "8h"), (47 * 3600, "47h"), (48 * 3600, "2d"), (50 * 3600, "2d2h"),
+        (8 * 86400, "8d"), (729 * 86400, "729d"), (730 * 86400, "2y"), (731 * 86400, "2y1d"),
+        (8 * 365 * 86400, "8y"),
+    ],
+)  # fmt: skip
+def test_ages_read_as_kubectl_prints_them(seconds: float, shown: str) -> None:
+    assert resources.human_duration(seconds) == shown
+
+
+LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1"}
+
+
+@pytest.mark.parametrize(
+    ("selector", "matches"),
+    [
+        ("app=x", True), ("app==x", True), ("app!=x", False), ("app", True), ("!app", False),
+        ("missing", False), ("!missing", True), ("tier in (db,web)", True),
+        ("tier notin (db)", False), ("app=x,tier=web", False), ("app = x , tier in ( db )", True),
+        ("kubernetes.io/hostname=h1", True), ("", True),
+    ],
+)  # fmt: skip
+def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: bool) -> None:
+    requirements = resources.parse_label_selector(selector)
+    assert all(r.matches(LABELS) for r in requirements) is matches
+
+
+@pytest.mark.parametrize("selector", ["a in (", "=x", "a b", "a in b"])
+def test_a_malformed_selector_is_a_400_naming_it(selector: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        resources.parse_label_selector(selector)
+    assert refused.value.code == 400 and selector.split()[0] in str(refused.value)
+
+
+def test_field_selectors_know_name_and_namespace_only() -> None:
+    obj = {"metadata": {"name": "n1", "namespace": "kube-system"}}
+    selection = Selection(fields=resources.parse_field_selector("metadata.name=n1"))
+    assert selection.matches(obj)
+    assert not Selection(fields=resources.parse_field_selector("metadata.name!=n1")).matches(obj)
+    with pytest.raises(ApiError, match=r"field label not supported: spec\.x"):
+        resources.parse_field_selector("spec.x=1")
+
+
+@given(st.integers(min_value=0), st.text())
+def test_a_continue_token_round_trips(offset: int, name: str) -> None:
+    assert resources.parse_continue(resources.continue_token(offset, name)) == (offset, name)
+
+
+@given(st.text())
+def test_any_other_continue_token_is_a_clear_400(token: str) -> None:
+    try:
+        resources.parse_continue(token)
+    except ApiError as error:
+        assert error.code == 400 and "continue token" in str(error)
+
+
+@given(
+    st.lists(st.text(alphabet="abcdef", min_size=1, max_size=4), unique=True),
+    st.integers(min_value=1, max_value=5),
+)
+def test_pages_cover_every_item_once_in_order(names: list[str], limit: int) -> None:
+    items = [{"metadata": {"name": name}} for name in sorted(names)]
+    seen: list[str] = []
+    after = ""
+    while True:
+        chosen, last = resources.page(items, after, limit)
+        seen += [obj["metadata"]["name"] for obj in chosen]
+        if last is None:
+            break
+        after = last
+    assert seen == sorted(names)
+
+
+def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
+    body = resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=False)
+    found = {
+        (group["metadata"]["name"], version["version"], r["resource"], r["scope"])
+        for group in body["items"]
+        for version in group["versions"]
+        for r in version["resources"]
+    }
+    assert found == {
+        ("internal.apiserver.k8s.io", "v1alpha1", "storageversions", "Cluster"),
+        ("coordination.k8s.io", "v1", "leases", "Namespaced"),
+        ("migration.k8s.io", "v1alpha1", "storagestates", "Cluster"),
+        ("migration.k8s.io", "v1alpha1", "storageversionmigrations", "Cluster"),
+    }
+    assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == []
