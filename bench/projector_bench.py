@@ -79,7 +79,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def _fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, Any]:
+async def fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, Any]:
     await create_topics(settings)
     started = time.perf_counter()
     async with EventProducer(settings, linger_ms=20, max_batch_size=1024 * 1024) as producer:
@@ -198,7 +198,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             partitions=args.partitions,
         )
         report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
-        report["produce"] = await _fill(settings, args.events, args.clusters)
+        report["produce"] = await fill(settings, args.events, args.clusters)
         end = {p: offset for p, offset in (await end_offsets(settings)).items() if offset}
         report["consume_decode"] = await _consume_decode(settings)
         report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
