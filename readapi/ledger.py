@@ -47,7 +47,7 @@ ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
 CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
 
 CHECKPOINT_EVERY: Final = 20_000
-WATCH_WINDOW: Final = 20_000
+WATCH_WINDOW: Final = 2_000
 CACHED_VIEWS: Final = 64
 
 

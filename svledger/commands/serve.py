@@ -69,10 +69,10 @@ def add_serve(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--watch-window",
         type=positive(int, "number of changes"),
-        default=20_000,
+        default=2_000,
         metavar="CHANGES",
         help="changes kept per cluster for watches; an older resourceVersion gets 410 Gone\n"
-        "(default: 20000)",
+        "(default: 2000)",
     )
 
 
