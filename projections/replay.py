@@ -36,7 +36,7 @@ from typing import Final, TextIO, TypeAlias
 from sqlalchemy import Engine, exists, select
 
 from ledger.errors import UsageError
-from ledger.kafka import EventConsumer, Record, end_offsets, partition_of
+from ledger.kafka import EventConsumer, Record, end_offsets, partition_of, topic_partitions
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.fold import apply
@@ -68,13 +68,17 @@ class ReplayResult:
 async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, list[Record]]:
     """One cluster's records in the log up to its end now, and their fold, in memory.
 
-    For a decision on the cluster as the log stands (an operator's action) and for
-    checks that compare the ledger with the world; the cluster's partition alone would
-    do, but the whole topic is read: it is for small logs and tests, not for replay.
+    For a decision on the cluster as the log stands (an operator's action), a picture
+    of its history and checks that compare the ledger with the world. Only the
+    cluster's partition is read, and the records are held in memory: it is for one
+    cluster's log, not for replay.
     """
     state = State()
     records: list[Record] = []
-    async with EventConsumer(settings, until="end") as consumer:
+    partition = partition_of(cluster, await topic_partitions(settings))
+    async with EventConsumer(
+        settings, until="end", partitions=[partition], dead_letters=False
+    ) as consumer:
         async for record in consumer:
             if record.event.meta.cluster == cluster:
                 apply(state, record.event, record.position)
