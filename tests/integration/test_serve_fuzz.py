@@ -1,0 +1,154 @@
+"""Hostile requests to the read API: paths, query parameters, headers and methods.
+
+Whatever arrives, the answer is never a 500: a Kubernetes ``Status`` with a 4xx code
+that says what was wrong, or the data. The server runs in process (aiohttp's test
+server) over a real topic on the real broker, and keeps serving after every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import Iterator
+from datetime import UTC
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger.kafka import EventProducer, create_topics
+from ledger.settings import KafkaSettings
+from readapi.ledger import LedgerViews
+from readapi.server import app
+from tests.workloads import mixed_events
+
+CLUSTERS = ("cluster-000", "cluster-001")
+API_PATHS = (
+    "api",
+    "api/v1",
+    "apis",
+    "apis/migration.k8s.io",
+    "apis/migration.k8s.io/v1alpha1",
+    "apis/internal.apiserver.k8s.io/v1alpha1/storageversions",
+    "apis/internal.apiserver.k8s.io/v1alpha1/storageversions/apps.deployments",
+    "apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+    "apis/coordination.k8s.io/v1/leases",
+    "apis/migration.k8s.io/v1alpha1/storagestates",
+    "apis/migration.k8s.io/v1alpha1/namespaces/x/storagestates",
+    "apis/migration.k8s.io/v1alpha1/storageversionmigrations",
+    "version",
+)
+PARAMETERS = (
+    "watch",
+    "resourceVersion",
+    "resourceVersionMatch",
+    "labelSelector",
+    "fieldSelector",
+    "limit",
+    "continue",
+    "timeoutSeconds",
+    "includeObject",
+    "allowWatchBookmarks",
+)
+ACCEPTS = (
+    "application/json",
+    "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+    "application/json;g=apidiscovery.k8s.io;v=v9;as=APIGroupDiscoveryList",
+    "*/*",
+)
+
+texts = st.text(min_size=0, max_size=20)
+header_texts = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
+points = st.one_of(
+    st.integers(min_value=0, max_value=10**6).map(str),
+    st.datetimes(timezones=st.just(UTC)).map(lambda t: t.isoformat()),
+    texts,
+)
+paths = st.builds(
+    lambda cluster, point, rest: (
+        "/clusters/" + cluster + (f"/at/{point}" if point is not None else "") + "/" + rest
+    ),
+    st.one_of(st.sampled_from(CLUSTERS), texts),
+    st.one_of(st.none(), points),
+    st.one_of(st.sampled_from(API_PATHS), texts),
+) | st.one_of(st.sampled_from(["/healthz", "/readyz", "/", "/clusters", "/metrics"]), texts)
+queries = st.dictionaries(
+    st.one_of(st.sampled_from(PARAMETERS), texts),
+    st.one_of(
+        st.sampled_from(["true", "0", "1", "5", "Exact", "NotOlderThan", "Object", "a=b"]), texts
+    ),
+    max_size=4,
+)
+headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "Accept": st.one_of(st.sampled_from(ACCEPTS), header_texts),
+        "Authorization": st.one_of(st.just("Bearer x"), header_texts),
+    },
+)
+methods = st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"])
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def client(kafka_bootstrap: str, loop: asyncio.AbstractEventLoop) -> Iterator[TestClient]:
+    settings = KafkaSettings(
+        bootstrap_servers=kafka_bootstrap, topic=f"svledger-test.fuzz.{id(loop)}", partitions=2
+    )
+
+    async def start() -> tuple[TestClient, asyncio.Event, asyncio.Task[None]]:
+        await create_topics(settings)
+        async with EventProducer(settings) as producer:
+            await producer.send_many(mixed_events(600, clusters=len(CLUSTERS)))
+        views = LedgerViews(settings, checkpoint_every=50)
+        stop = asyncio.Event()
+        follower = asyncio.create_task(views.follow(stop))
+        await asyncio.wait_for(views.ready.wait(), 60)
+        test_client = TestClient(TestServer(app(views, stop=stop)))
+        await test_client.start_server()
+        return test_client, stop, follower
+
+    test_client, stop, follower = loop.run_until_complete(start())
+    yield test_client
+    stop.set()
+    loop.run_until_complete(test_client.close())
+    loop.run_until_complete(follower)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(method=methods, path=paths, query=queries, header=headers)
+def test_no_request_gets_a_500(
+    client: TestClient,
+    loop: asyncio.AbstractEventLoop,
+    method: str,
+    path: str,
+    query: dict[str, str],
+    header: dict[str, str],
+) -> None:
+    if "watch" in query:
+        query["timeoutSeconds"] = "0"  # a watch that ends, so the test does
+    url = urllib.parse.quote(path, safe="/:") + "?" + urllib.parse.urlencode(query)
+
+    async def request() -> tuple[int, bytes, str]:
+        async with client.request(method, url, headers=header) as response:
+            return response.status, await response.read(), response.content_type
+
+    code, body, content_type = loop.run_until_complete(asyncio.wait_for(request(), 30))
+    assert code < 500 or (code == 503 and path == "/readyz"), (code, body[:300])
+    if code >= 400 and content_type == "application/json" and method != "HEAD":
+        status = json.loads(body)
+        assert status["kind"] == "Status" and status["code"] == code
+        assert status["message"]
