@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
+from ledger import metrics
 from ledger.clock import Clock
 from ledger.events import ApiserverLeaseExpired, Meta
 from ledger.settings import KafkaSettings
@@ -117,6 +118,15 @@ async def _check_periodically(
 async def _check(follower: PartitionFollower, partition_log: PartitionLog, clock: Clock) -> None:
     end = await follower.end_offset(partition_log.partition)
     await partition_log.wait_folded(end)
-    expiries = expired(partition_log.state, clock.now())
+    now = clock.now()
+    _export_ages(partition_log.state, now)
+    expiries = expired(partition_log.state, now)
     if expiries:
         await partition_log.commit(expiries)
+
+
+def _export_ages(state: State, now: datetime) -> None:
+    """Each live lease's heartbeat age in the Prometheus metrics (ledger.metrics)."""
+    for lease in state.leases.values():
+        age = (now - lease.renew_time).total_seconds()
+        metrics.HEARTBEAT_AGE_SECONDS.labels(lease.cluster, lease.apiserver_id).set(age)

@@ -60,10 +60,11 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from consumers.partitions import Folded, PartitionFollower, PartitionLost
+from ledger import metrics
 from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, MigrationRequested
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
@@ -225,9 +226,11 @@ async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: B
         return
     touched, log.touched = log.touched, {}
     events: list[Event] = []
+    causes: list[datetime] = []  # of each MigrationRequested: when its cause occurred
     for key in sorted(touched):
         decided = decide(log.state, key, touched[key], backoff)
         events.extend(decided)
+        causes += [touched[key].occurred_at for e in decided if isinstance(e, MigrationRequested)]
         if key in backing_off and (
             any(isinstance(e, MigrationRequested) for e in decided)
             or not any(m.phase == "Failed" for m in _latest(log.state, key))
@@ -237,6 +240,9 @@ async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: B
     # is decided again.
     with contextlib.suppress(PartitionLost):
         await log.commit(events)
+        committed = datetime.now(UTC)
+        for cause in causes:
+            metrics.REACTION_SECONDS.observe(max(0.0, (committed - cause).total_seconds()))
 
 
 def _latest(state: State, key: ResourceKey) -> list[Migration]:

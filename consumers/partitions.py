@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from ledger import metrics
 from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position
 from ledger.kafka import GroupMember, PartitionProducer, TransactionFailed
@@ -216,8 +217,18 @@ class PartitionFollower:
                 events = self._fold(partition_log, fetched.get(partition, []))
                 if partition_log.lost:
                     continue
-                partition_log._advance(await member.position(partition))
+                position = await member.position(partition)
+                partition_log._advance(position)
+                self._export(partition, position, len(events))
                 yield Folded(partition_log, events)
+
+    def _export(self, partition: int, position: int, folded: int) -> None:
+        """This reader's progress in the Prometheus metrics (ledger.metrics)."""
+        if folded:
+            metrics.EVENTS_FOLDED.labels(self.group_id).inc(folded)
+        mark = self.member.highwater(partition)
+        if mark is not None:
+            metrics.CONSUMER_LAG.labels(self.group_id, str(partition)).set(max(0, mark - position))
 
     @staticmethod
     def _fold(partition_log: PartitionLog, messages: list[Any]) -> list[tuple[Event, Changes]]:

@@ -19,7 +19,7 @@ import contextlib
 import copy
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,6 +28,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from ledger import metrics
 from ledger.errors import Unavailable, UsageError
 
 WATCH_SECONDS: Final = 290  # the server ends a watch after this; it is then resumed
@@ -136,6 +137,17 @@ class Kube:
         Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
         the server refuses, :class:`ClusterUnreachable` when it does not answer.
         """
+        with _counted(method.lower()):
+            return await self._request(method, path, body, query, timeout)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None,
+        query: Mapping[str, Any] | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
         try:
             response = await self._api.call_api(
                 path,
@@ -161,6 +173,12 @@ class Kube:
         self, group: str, version: str, plural: str, namespace: str | None, **query: Any
     ) -> dict[str, Any]:
         """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
+        with _counted("list"):
+            return await self._list(group, version, plural, namespace, **query)
+
+    async def _list(
+        self, group: str, version: str, plural: str, namespace: str | None, **query: Any
+    ) -> dict[str, Any]:
         try:
             if namespace is None:
                 page = await self._objects.list_cluster_custom_object(
@@ -194,6 +212,14 @@ class Kube:
         else:
             method = self._objects.list_namespaced_custom_object
             args = (group, version, namespace, plural)
+        with _counted("watch"):
+            async for item in self._watch(method, args, resource_version, **query):
+                yield item
+
+    async def _watch(
+        self, method: Any, args: tuple[str, ...], resource_version: str, **query: Any
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        plural, group = args[-1], args[0]
         stream = watch.Watch()
         try:
             async with stream.stream(
@@ -222,6 +248,20 @@ class Kube:
             f"cannot reach the Kubernetes API server at {self.host}: {error}; check that it"
             " runs and that the kubeconfig's server address is right"
         )
+
+
+@contextlib.contextmanager
+def _counted(verb: str) -> Iterator[None]:
+    """Count one call in ``svledger_kube_requests_total``: its verb and HTTP code (0: none)."""
+    code = "0"
+    try:
+        yield
+        code = "2xx"
+    except ApiError as error:
+        code = str(error.status)
+        raise
+    finally:
+        metrics.KUBE_REQUESTS.labels(verb, code).inc()
 
 
 def _api_error(error: ApiException, what: str) -> ApiError:

@@ -52,6 +52,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError, for_code
 from aiokafka.partitioner import DefaultPartitioner
 
+from ledger import metrics
 from ledger.codec import CodecError, decode, encode
 from ledger.errors import Unavailable
 from ledger.events import Event, Position, type_name
@@ -541,6 +542,11 @@ class GroupMember:
         position: int = await self._kafka.position(self._tp(partition))
         return position
 
+    def highwater(self, partition: int) -> int | None:
+        """The partition's high watermark as last fetched, if it has been fetched."""
+        mark: int | None = self._kafka.highwater(self._tp(partition))
+        return mark
+
     async def fetch(self, timeout_ms: int) -> dict[int, list[Any]]:
         """The records fetched within ``timeout_ms``, by partition."""
         fetched = await self._kafka.getmany(timeout_ms=timeout_ms)
@@ -600,8 +606,7 @@ class EventConsumer:
     ) -> None:
         if (until is not None or partitions is not None) and group_id is not None:
             raise ValueError(
-                f"until={until!r} and partitions need manual assignment; "
-                f"drop group_id={group_id!r}"
+                f"until={until!r} and partitions need manual assignment; drop group_id={group_id!r}"
             )
         self.settings = settings
         self.group_id = group_id
@@ -771,6 +776,7 @@ class EventConsumer:
 
     async def _send_dead_letters(self, dead: Sequence[tuple[Any, str]]) -> None:
         assert self._dead_letters is not None
+        metrics.RECORDS_DEAD_LETTERED.labels(self.settings.topic).inc(len(dead))
         producer = self._dead_letters.producer
         futures = []
         for message, reason in dead:

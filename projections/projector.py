@@ -48,6 +48,7 @@ batch in hand is committed first, then it leaves the consumer group.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -59,6 +60,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from ledger import metrics
 from ledger.kafka import BROKER_ERRORS, EventConsumer, Record
 from ledger.settings import KafkaSettings
 from projections import store
@@ -368,6 +370,7 @@ class Projector:
             self.metrics.events_folded += result.folded
             self.metrics.rejected += result.rejected
             self.metrics.skipped += result.skipped
+            self._export(result)
             self._backoff.reset()
             return True
         return False
@@ -384,10 +387,22 @@ class Projector:
     def _lag(self, consumer: EventConsumer) -> int:
         assert self._state is not None
         next_offsets = self._state.next_offsets
-        return sum(
-            max(0, mark - next_offsets.get(partition, 0))
+        lags = {
+            partition: max(0, mark - next_offsets.get(partition, 0))
             for partition, mark in consumer.highwaters().items()
-        )
+        }
+        for partition, lag in lags.items():
+            metrics.CONSUMER_LAG.labels("projector", str(partition)).set(lag)
+        return sum(lags.values())
+
+    def _export(self, result: BatchResult) -> None:
+        """The committed batch in the Prometheus metrics (ledger.metrics)."""
+        metrics.EVENTS_FOLDED.labels("projector").inc(result.folded)
+        metrics.EVENTS_REJECTED.labels("projector").inc(result.rejected)
+        assert self._state is not None
+        phases = collections.Counter(m.phase for m in self._state.state.migrations.values())
+        for phase in metrics.PHASES:
+            metrics.MIGRATIONS.labels(phase).set(phases[phase])
 
     async def _outage(
         self, what: str, address: str, error: BaseException, stop: asyncio.Event

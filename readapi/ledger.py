@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeAlias
 
+from ledger import metrics
 from ledger.errors import UsageError
 from ledger.events import Event, Position
 from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
@@ -168,6 +169,15 @@ class Checkpoint:
     folds: dict[str, ClusterFold]
 
 
+def _export(folded: int, positions: Mapping[int, int], marks: Mapping[int, int]) -> None:
+    """The read API's progress in the Prometheus metrics (ledger.metrics)."""
+    if folded:
+        metrics.EVENTS_FOLDED.labels("serve").inc(folded)
+    for partition, mark in marks.items():
+        lag = max(0, mark - positions.get(partition, 0))
+        metrics.CONSUMER_LAG.labels("serve", str(partition)).set(lag)
+
+
 class LedgerViews:
     """Every cluster's fold, followed live from the topic; and views of the past."""
 
@@ -209,7 +219,9 @@ class LedgerViews:
                 while not stop.is_set():
                     batch = await consumer.fetch(timeout_ms=200)
                     self._fold(batch)
-                    await self._passed(await consumer.positions(), targets, bool(batch))
+                    positions = await consumer.positions()
+                    await self._passed(positions, targets, bool(batch))
+                    _export(len(batch), positions, consumer.highwaters())
             finally:
                 self._wake()  # watches look at the stop signal
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
+from ledger.errors import UsageError
 from ledger.names import parse_group
 
 if TYPE_CHECKING:
@@ -81,8 +83,42 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     return KafkaSettings.from_env(**overrides)
 
 
-def run_until_signalled(service: Callable[[asyncio.Event], Awaitable[object]]) -> int:
-    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit."""
+def add_metrics_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        default=os.environ.get("SVLEDGER_METRICS_ADDRESS"),
+        help="expose Prometheus metrics on http://HOST:PORT/metrics (port 0: any free one;\n"
+        "default: $SVLEDGER_METRICS_ADDRESS, else none); see docs/metrics.md",
+    )
+
+
+def run_until_signalled(
+    service: Callable[[asyncio.Event], Awaitable[object]], metrics_address: str | None = None
+) -> int:
+    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit.
+
+    With ``metrics_address`` its metrics are exposed there first (the bound address is
+    logged, so a port 0 can be found).
+    """
+    if metrics_address:
+        from ledger.metrics import serve_metrics
+
+        try:
+            host, port = serve_metrics(metrics_address)
+        except ValueError as error:
+            raise UsageError(f"--metrics-address: {error}") from error
+        except OSError as error:
+            raise UsageError(
+                f"--metrics-address {metrics_address}: cannot listen: {error.strerror}; "
+                "choose a free port"
+            ) from error
+        logging.getLogger(__name__).info(
+            "metrics on http://%s:%d/metrics",
+            host,
+            port,
+            extra={"metrics_address": f"{host}:{port}"},
+        )
 
     async def main() -> None:
         stop = asyncio.Event()

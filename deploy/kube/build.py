@@ -1,4 +1,4 @@
-"""Real ``etcd``, ``kube-apiserver`` and ``kube-controller-manager`` binaries, built from source.
+"""Real ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` and ``kubectl``, from source.
 
 No release tarball is downloaded: the binaries are compiled from the Go modules that the Go
 module proxy serves, with the ``go`` toolchain on ``PATH`` (or ``/usr/local/go/bin/go``).
@@ -16,22 +16,25 @@ local stub, which satisfies the module graph and would fail the build, rather th
 code, if a package of it were ever imported. Each built binary's Go build info is checked to
 name the requested ``k8s.io/kubernetes`` release.
 
-The wrapper holds two commands: ``kube-apiserver`` is ``apiserver/main.go`` beside this file,
-the upstream main plus identity-lease timings settable from the environment (see that file),
-and ``kube-controller-manager`` is the upstream ``k8s.io/kubernetes/cmd/kube-controller-manager``
-as is. ``etcd`` is ``go.etcd.io/etcd/server/v3`` (its main package) at the version the
-release's go.mod requires, which is the etcd the release is tested with, built in a second
-wrapper module. Everything is built with ``CGO_ENABLED=0 -trimpath -ldflags=-s -w``, and the
-Kubernetes binaries carry the release in ``k8s.io/component-base/version`` as upstream's own
-build does, so ``/version`` reports ``v1.X.Y``.
+The wrapper holds three commands: ``kube-apiserver`` is ``apiserver/main.go`` beside this
+file, the upstream main plus identity-lease timings settable from the environment (see that
+file); ``kube-controller-manager`` and ``kubectl`` are upstream's
+``k8s.io/kubernetes/cmd/kube-controller-manager`` and ``cmd/kubectl`` as they are (the tests
+read ``svledger serve`` with the release's own kubectl as well as the machine's). ``etcd``
+is ``go.etcd.io/etcd/server/v3`` (its main package) at the version the release's go.mod
+requires, which is the etcd the release is tested with, built in a second wrapper module.
+Everything is built with ``CGO_ENABLED=0 -trimpath -ldflags=-s -w``, and the Kubernetes
+binaries carry the release in ``k8s.io/component-base/version`` as upstream's own build
+does, so ``/version`` reports ``v1.X.Y``.
 
 Binaries go to ``${SVLEDGER_CACHE:-~/.cache/svledger}/kube/<version>/``. A stamp file there
 holds a hash of the version, the build recipe and the wrapper sources, and is written last,
 so a directory with a matching stamp is complete and is reused as is: by a fresh clone on
 the same machine too. On 2 cores a cold build of one release (empty Go module and build
 caches) takes 12 to 13 minutes, module downloads included: kube-apiserver about 8, the
-kube-controller-manager about 3, etcd 30 to 90 seconds; linking kube-apiserver alone needs about
-2 GiB of memory. Once Go's build cache is warm a rebuild (a changed wrapper source,
+kube-controller-manager about 3, kubectl about 1 to 2 (most of its packages are kube-apiserver's
+too; 26 s on a warm cache, 60 MB), etcd 30 to 90 seconds; linking kube-apiserver alone needs
+about 2 GiB of memory. Once Go's build cache is warm a rebuild (a changed wrapper source,
 ``--rebuild``) takes 15 to 25 seconds, and a matching stamp costs nothing. Both releases
 fill about 6.4 GiB of Go build cache and 1.5 GiB of module cache; each release's binaries
 take about 230 MB. A file lock makes concurrent callers wait for one build instead of racing
@@ -66,10 +69,10 @@ HERE = Path(__file__).resolve().parent
 APISERVER_MAIN = HERE / "apiserver" / "main.go"
 
 DEFAULT_VERSION = "v1.37.2"
-BINARY_NAMES = ("kube-apiserver", "kube-controller-manager", "etcd")
+BINARY_NAMES = ("kube-apiserver", "kube-controller-manager", "kubectl", "etcd")
 
 # Part of the stamp: bump when the way binaries are built changes, so caches rebuild.
-_RECIPE = "kube-build/1 CGO_ENABLED=0 -trimpath -ldflags=-s -w"
+_RECIPE = "kube-build/2 CGO_ENABLED=0 -trimpath -ldflags=-s -w"
 _STAMP_NAME = ".stamp"
 _KUBERNETES_MODULE = "k8s.io/kubernetes"
 _ETCD_MODULE = "go.etcd.io/etcd/server/v3"
@@ -101,7 +104,8 @@ def is_built(version: str = DEFAULT_VERSION) -> bool:
 
 
 def binaries(version: str = DEFAULT_VERSION, *, rebuild: bool = False) -> Path:
-    """Return a directory holding ``kube-apiserver``, ``kube-controller-manager`` and ``etcd``.
+    """Return a directory holding ``kube-apiserver``, ``kube-controller-manager``, ``kubectl``
+    and ``etcd``.
 
     Builds them first unless the cache already holds a build of ``version`` made from the
     current wrapper sources (or ``rebuild`` is true). Progress goes to stderr.
@@ -163,13 +167,14 @@ def _build(version: str, target: Path, partial: Path, digest: str) -> None:
         partial / "kube-controller-manager",
         ldflags,
     )
+    _go_build(go, env, kube_work, f"{_KUBERNETES_MODULE}/cmd/kubectl", partial / "kubectl", ldflags)
 
     etcd_work = work / "etcd"
     etcd_info = _download(go, env, [f"{_ETCD_MODULE}@{release.etcd_version}"], work)[0]
     _write_etcd_wrapper(etcd_work, release.etcd_version, Path(etcd_info["GoMod"]).read_text())
     _go_build(go, env, etcd_work, _ETCD_MODULE, partial / "etcd", "-s -w")
 
-    for name in ("kube-apiserver", "kube-controller-manager"):
+    for name in ("kube-apiserver", "kube-controller-manager", "kubectl"):
         _check_build_info(go, env, partial / name, _KUBERNETES_MODULE, version)
     _check_build_info(go, env, partial / "etcd", _ETCD_MODULE, release.etcd_version)
 

@@ -13,6 +13,7 @@ from svledger.options import (
     add_command,
     add_db_option,
     add_kafka_options,
+    add_metrics_option,
     kafka_settings,
     run_until_signalled,
 )
@@ -89,6 +90,7 @@ def add_project(subparsers: Subparsers) -> None:
         ),
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     add_db_option(parser)
 
 
@@ -98,7 +100,9 @@ def _project(args: argparse.Namespace) -> int:
 
     settings = kafka_settings(args)
     upgrade(args.db)
-    return run_until_signalled(lambda stop: run_projector(settings, args.db, stop=stop))
+    return run_until_signalled(
+        lambda stop: run_projector(settings, args.db, stop=stop), args.metrics_address
+    )
 
 
 def add_replay(subparsers: Subparsers) -> None:

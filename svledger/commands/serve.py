@@ -10,6 +10,7 @@ from svledger.options import (
     Subparsers,
     add_command,
     add_kafka_options,
+    add_metrics_option,
     kafka_settings,
     positive,
     run_until_signalled,
@@ -40,6 +41,7 @@ def add_serve(subparsers: Subparsers) -> None:
         ),
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     parser.add_argument(
         "--address",
         default="127.0.0.1:8080",
@@ -76,18 +78,15 @@ def add_serve(subparsers: Subparsers) -> None:
     )
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--address {text!r} is not HOST:PORT, e.g. 127.0.0.1:8080")
-    return host.strip("[]"), int(port)
-
-
 def _serve(args: argparse.Namespace) -> int:
+    from ledger.metrics import parse_address
     from readapi.ledger import LedgerViews
     from readapi.server import ServeOptions, read_tokens, serve
 
-    host, port = parse_address(args.address)
+    try:
+        host, port = parse_address(args.address)
+    except ValueError as error:
+        raise UsageError(f"--address: {error}") from error
     if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
         raise UsageError("give both --tls-cert-file and --tls-private-key-file, or neither")
     if args.token_file is not None:
@@ -106,4 +105,4 @@ def _serve(args: argparse.Namespace) -> int:
     views = LedgerViews(
         settings, checkpoint_every=args.checkpoint_every, watch_window=args.watch_window
     )
-    return run_until_signalled(lambda stop: serve(views, options, stop))
+    return run_until_signalled(lambda stop: serve(views, options, stop), args.metrics_address)

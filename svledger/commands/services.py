@@ -9,6 +9,7 @@ from svledger.options import (
     Subparsers,
     add_command,
     add_kafka_options,
+    add_metrics_option,
     kafka_settings,
     positive,
     run_until_signalled,
@@ -28,6 +29,7 @@ def add_lease_gc(subparsers: Subparsers) -> None:
         ),
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     parser.add_argument(
         "--check-period",
         type=positive(float, "number of seconds"),
@@ -45,7 +47,8 @@ def _lease_gc(args: argparse.Namespace) -> int:
     return run_until_signalled(
         lambda stop: run_lease_gc(
             settings, stop=stop, clock=SystemClock(), check_period=args.check_period
-        )
+        ),
+        args.metrics_address,
     )
 
 
@@ -65,6 +68,7 @@ def add_migrator(subparsers: Subparsers) -> None:
         ),
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     parser.add_argument(
         "--retry-backoff",
         type=positive(float, "number of seconds"),
@@ -86,7 +90,9 @@ def _migrator(args: argparse.Namespace) -> int:
 
     settings = kafka_settings(args)
     backoff = Backoff(args.retry_backoff, max(args.retry_backoff, args.max_retry_backoff))
-    return run_until_signalled(lambda stop: run_migrator(settings, stop=stop, backoff=backoff))
+    return run_until_signalled(
+        lambda stop: run_migrator(settings, stop=stop, backoff=backoff), args.metrics_address
+    )
 
 
 EXECUTORS = ("rewrite", "storagemigration")
@@ -120,6 +126,7 @@ def add_worker(subparsers: Subparsers) -> None:
         help="the cluster whose migrations to run (the name its apiservers report under)",
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(
         "--executor",
@@ -173,7 +180,7 @@ def _worker(args: argparse.Namespace) -> int:
         finally:
             await kube.close()
 
-    return run_until_signalled(work)
+    return run_until_signalled(work, args.metrics_address)
 
 
 def add_collect(subparsers: Subparsers) -> None:
@@ -199,6 +206,7 @@ def add_collect(subparsers: Subparsers) -> None:
         "--cluster", required=True, help="the cluster's name in the ledger (every event's key)"
     )
     add_kafka_options(parser)
+    add_metrics_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(
         "--apiserver",
@@ -251,4 +259,4 @@ def _collect(args: argparse.Namespace) -> int:
             for client in [kube, *direct.values()]:
                 await client.close()
 
-    return run_until_signalled(collect)
+    return run_until_signalled(collect, args.metrics_address)
