@@ -1,7 +1,8 @@
 # Developer and CI entry points. Every target is idempotent: a second `make setup`
 # changes nothing and returns in seconds.
 #
-#   make setup    .venv with svledger and its test tools, plus the Kafka broker jars
+#   make setup    .venv with svledger and its test tools, the Kafka broker jars, and
+#                 Debian's chromium (the timeline page's screenshot test)
 #   make kube     setup, plus etcd, kube-apiserver and kube-controller-manager of both
 #                 releases the tests use, built from the Go module proxy (cached)
 #   make test     setup and kube, then ruff, mypy and the whole pytest suite (real Kafka,
@@ -21,6 +22,8 @@ KUBE_VERSIONS := v1.37.2 v1.36.3
 
 setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
+	@command -v chromium >/dev/null || { echo "installing chromium (Debian package) ..." >&2; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml

@@ -38,7 +38,10 @@ from ledger.events import Event, Position
 from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
 from ledger.settings import KafkaSettings
 from projections.fold import apply
+from projections.history import resolve
+from projections.replay import cluster_log
 from projections.state import Changes, State
+from readapi import timeline
 from readapi.resources import Created, Row, View
 
 log = logging.getLogger(__name__)
@@ -365,3 +368,21 @@ class LedgerViews:
                     if isinstance(point, datetime) and event.meta.occurred_at > point:
                         return
                     fold.apply(event, record.position, window=0)
+
+
+async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str:
+    """The timeline page of resource ``name`` in ``cluster``, from the cluster's log now.
+
+    Reads the cluster's whole partition, so it costs a replay of that partition.
+    """
+    state, records = await cluster_log(settings, cluster)
+    if not records:
+        raise UnknownCluster(f"cluster {cluster!r} has no events in topic {settings.topic}")
+    known = (
+        set(state.storage_versions)
+        | set(state.storage_states)
+        | {migration.resource_key for migration in state.migrations.values()}
+    )
+    _, group, resource = resolve(name, cluster, known)
+    folded = [(record.event, record.position) for record in records]
+    return timeline.render(timeline.timeline(cluster, group, resource, folded))

@@ -26,7 +26,9 @@ What it speaks, as kube-apiserver does:
   only by its producers), 401 without a valid bearer token when ``--token-file`` is
   given (``/healthz`` and ``/readyz`` stay open), 400 for bad parameters;
 * ``/healthz`` (the process runs) and ``/readyz`` (the log is folded up to the end it
-  had at start).
+  had at start);
+* ``/clusters/CLUSTER/timeline/RESOURCE``: the page ``svledger timeline`` draws
+  (:mod:`readapi.timeline`), from the cluster's partition as it is now.
 """
 
 from __future__ import annotations
@@ -44,8 +46,16 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from projections.history import ResourceNameError
 from readapi import resources
-from readapi.ledger import Change, ClusterFold, LedgerViews, PointOutOfRange, UnknownCluster
+from readapi.ledger import (
+    Change,
+    ClusterFold,
+    LedgerViews,
+    PointOutOfRange,
+    UnknownCluster,
+    timeline_page,
+)
 from readapi.resources import JSON, ApiError, Kind, Selection, View
 
 log = logging.getLogger(__name__)
@@ -101,6 +111,7 @@ def app(
     application[_BOOKMARKS] = options.bookmark_seconds
     application.router.add_get("/healthz", _healthz)
     application.router.add_get("/readyz", _readyz)
+    application.router.add_get("/clusters/{cluster}/timeline/{resource}", _timeline)
     for prefix in ("/clusters/{cluster}", "/clusters/{cluster}/at/{point}"):
         application.router.add_get(prefix + "/version", _version)
         application.router.add_get(prefix + "/api", _api)
@@ -197,6 +208,19 @@ async def _readyz(request: web.Request) -> web.StreamResponse:
     if request.app[_VIEWS].ready.is_set():
         return web.Response(text="ok")
     return web.Response(text="catching up with the log", status=503)
+
+
+async def _timeline(request: web.Request) -> web.StreamResponse:
+    """The page of ``svledger timeline``, from the cluster's log as it is now."""
+    views = request.app[_VIEWS]
+    views.fold(request.match_info["cluster"])
+    try:
+        page = await timeline_page(
+            views.settings, request.match_info["cluster"], request.match_info["resource"]
+        )
+    except ResourceNameError as error:
+        raise ApiError(404, "NotFound", str(error)) from error
+    return web.Response(text=page, content_type="text/html")
 
 
 # --------------------------------------------------------------------------- discovery

@@ -22,6 +22,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     log.add_replay,
     log.add_history,
     log.add_explain,
+    log.add_timeline,
     serve.add_serve,
     tools.add_hash,
     tools.add_apiserver_id,

@@ -387,6 +387,16 @@ def test_errors_are_kubernetes_statuses(server: Server) -> None:
     assert (code, body["reason"]) == (400, "BadRequest")
 
 
+def test_the_timeline_page_is_served(server: Server) -> None:
+    with urllib.request.urlopen(f"{server.cluster}/timeline/deployments.apps", timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/html")
+        page = r.read().decode()
+    assert page.count('class="apiserver-row"') == 3
+    assert 'class="migration-bar"' in page
+    code, body = get(f"{server.cluster}/timeline/nothing.example.com")
+    assert (code, body["reason"]) == (404, "NotFound")
+
+
 def test_lists_page_with_limit_and_continue_on_one_snapshot(server: Server) -> None:
     base = f"{server.cluster}/apis/migration.k8s.io/v1alpha1/storageversionmigrations"
     _, whole = get(base)
