@@ -322,16 +322,35 @@ def explain(connection: Connection, resource: str, cluster: str | None = None) -
 
 def gather(connection: Connection, key: ResourceKey) -> Facts:
     state = load_state(connection, key)
-    migrations = sorted(
-        state.migrations.values(),
-        key=lambda m: (m.requested_at, m.migration_id),
-    )
+    history = _history(connection, key)
     return Facts(
         key=key,
         storage_version=state.storage_versions.get(key),
         storage_state=state.storage_states.get(key),
-        migrations=tuple(migrations),
-        history=tuple(_history(connection, key)),
+        migrations=in_request_order(state.migrations.values(), history),
+        history=tuple(history),
+    )
+
+
+def in_request_order(
+    migrations: Iterable[Migration], history: Sequence[HistoryEntry]
+) -> tuple[Migration, ...]:
+    """``migrations`` in the log order of their requests, the latest last.
+
+    Not by request time alone: the migrator often requests, cancels and requests again
+    within one event time (the storage version changed again under the request), and
+    the latest of those is the one the log put last.
+    """
+    requested = {
+        entry.payload["migration_id"]: entry.position
+        for entry in history
+        if entry.event_type == REQUESTED
+    }
+    return tuple(
+        sorted(
+            migrations,
+            key=lambda m: (m.requested_at, requested.get(m.migration_id, Position(-1, -1))),
+        )
     )
 
 

@@ -36,6 +36,7 @@ from projections.history import (
     explanation,
     format_history,
     hash_origins,
+    in_request_order,
     resolve,
     with_entry_removals,
 )
@@ -106,22 +107,18 @@ class Scenario:
     def facts(self) -> Facts:
         """What ``gather`` would read: heartbeats are not part of a resource's history."""
         own = [e for e in self.entries if e.event_type != "ApiserverHeartbeat"]
+        history = with_entry_removals(
+            [e for e in own if "Lease" not in e.event_type],
+            [e for e in own if "Lease" in e.event_type],
+        )
         return Facts(
             key=KEY,
             storage_version=self.state.storage_versions.get(KEY),
             storage_state=self.state.storage_states.get(KEY),
-            migrations=tuple(
-                sorted(
-                    (m for m in self.state.migrations.values() if m.resource_key == KEY),
-                    key=lambda m: m.requested_at,
-                )
+            migrations=in_request_order(
+                (m for m in self.state.migrations.values() if m.resource_key == KEY), history
             ),
-            history=tuple(
-                with_entry_removals(
-                    [e for e in own if "Lease" not in e.event_type],
-                    [e for e in own if "Lease" in e.event_type],
-                )
-            ),
+            history=tuple(history),
         )
 
 
@@ -210,6 +207,25 @@ def test_explanation_gives_the_latest_migration_and_its_phase(
     migration = text[text.index("Latest migration") :]
     assert migration.startswith("Latest migration m2 (of 2): Running, to apps/v2")
     assert f"at {at['request m2']} " in migration and f"at {at['start m2']} " in migration
+
+
+def test_the_latest_migration_is_the_last_requested_when_requests_share_a_time() -> None:
+    # The migrator requests, cancels and requests again within one event time when the
+    # storage version changes under its request; IDs are UUIDs, in no order.
+    s = Scenario()
+    for apiserver in ("a", "b"):
+        s.heartbeat(apiserver)
+        s.report(apiserver, "v2")
+    h2 = storage_version_hash("apps", "v2", "Deployment")
+    revision = str(Position(0, len(s.entries) - 1))
+    same_time = s.meta("migrator")
+    for migration_id in ("m9", "m1"):
+        meta = dataclasses.replace(same_time, event_id=f"request-{migration_id}")
+        s.add(
+            MigrationRequested(meta, migration_id, "apps", "deployments", "apps/v2", h2, revision)
+        )
+    migration = explanation(s.facts())
+    assert "Latest migration m1 (of 2)" in migration
 
 
 def test_a_reset_is_the_origin_of_unknown() -> None:
