@@ -112,7 +112,7 @@ class Codec:
 
     def __init__(self, root: Traversable | None = None) -> None:
         """Load every schema version under ``root`` (default: the packaged ``schemas``)."""
-        tree = _load_tree(root if root is not None else _packaged_schemas())
+        tree = schema_tree(root)
         missing = sorted(EVENT_TYPES.keys() - tree.keys())
         if missing:
             raise CodecError(
@@ -212,6 +212,10 @@ class Codec:
         """The event type name of an encoded record, from its header alone."""
         return self._writer_of(data).type_name
 
+    def fingerprints(self) -> dict[bytes, tuple[str, int]]:
+        """Every writer schema's fingerprint, as on the wire, and its event type and version."""
+        return {key: (writer.type_name, writer.version) for key, writer in self._writers.items()}
+
     def _writer_of(self, data: bytes) -> _Writer:
         if data[: len(MAGIC)] != MAGIC:
             raise CodecError(
@@ -258,6 +262,11 @@ def read_record(data: bytes) -> tuple[str, dict[str, Any]]:
 def type_of(data: bytes) -> str:
     """:meth:`Codec.type_of` with the packaged schemas."""
     return default_codec().type_of(data)
+
+
+def schema_tree(root: Traversable | None = None) -> dict[str, dict[int, Any]]:
+    """``{type name: {version: schema JSON}}`` of every shipped schema (default: the packaged)."""
+    return _load_tree(root if root is not None else _packaged_schemas())
 
 
 def _packaged_schemas() -> Traversable:
