@@ -98,6 +98,13 @@ class LocalKafka:
             raise BrokerError("the broker is not running: call start() first")
         return f"127.0.0.1:{self._port}"
 
+    @property
+    def data_dir(self) -> Path:
+        """The broker's ``log.dirs``: one directory per topic partition, ``<topic>-<n>``."""
+        if self._workdir is None:
+            raise BrokerError("the broker is not running: call start() first")
+        return self._workdir / "data"
+
     def __enter__(self) -> LocalKafka:
         return self.start()
 
@@ -182,7 +189,7 @@ class LocalKafka:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "log.dirs": str(self._workdir / "data"),
+            "log.dirs": str(self.data_dir),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
             "default.replication.factor": "1",
