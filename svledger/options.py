@@ -46,7 +46,7 @@ def add_command(
 
 def add_kafka_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "Kafka", "also from SVLEDGER_KAFKA_* variables (security: SASL/SSL, see README)"
+        "Kafka", "also from SVLEDGER_KAFKA_* variables (security: SASL/SSL, see docs/production.md)"
     )
     group.add_argument(
         "--bootstrap",
