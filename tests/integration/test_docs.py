@@ -216,12 +216,17 @@ class Workspace:
 
 @dataclasses.dataclass(frozen=True)
 class Walkthrough:
+    """The module's run of the walkthrough: its workspace holds the database and output."""
+
     workspace: Workspace
-    output: str
 
     @property
     def database(self) -> Path:
         return self.workspace.directory / "walkthrough.db"
+
+    @property
+    def output(self) -> Path:
+        return self.workspace.directory / "walkthrough.out"
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +243,9 @@ def walkthrough(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) 
         timeout=PAGE_TIMEOUT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (workspace.directory / "walkthrough.out").write_text(done.stdout)
-    return Walkthrough(workspace, done.stdout)
+    run = Walkthrough(workspace)
+    run.output.write_text(done.stdout)
+    return run
 
 
 def uses_walkthrough(page: str) -> bool:
@@ -282,10 +288,9 @@ def script_steps(
                     # The module's run stands in for the command; a pipe or redirection
                     # after it applies to the run's output.
                     assert walkthrough is not None
-                    run = walkthrough.workspace.directory
                     text = (
-                        f"cp {run}/walkthrough.db walkthrough.db; cat {run}/walkthrough.out"
-                        + (text[len(WALKTHROUGH_COMMAND) :])
+                        f"cp {walkthrough.database} walkthrough.db; cat {walkthrough.output}"
+                        + text[len(WALKTHROUGH_COMMAND) :]
                     )
                 steps.append(Step(block, command, with_addresses(text, addresses)))
     return steps
@@ -349,9 +354,10 @@ def check_steps(
     mismatches: list[str] = []
     for number, step in enumerate(steps):
         rc = out / f"{number}.rc"
-        assert rc.exists(), f"{step.where}: not run in {PAGE_TIMEOUT} s: {step.shown}"
-        code = int(rc.read_text())
-        assert code == 0, f"{step.where}: exit code {code}: {step.shown}\n{stderr(number)}"
+        if not rc.exists():
+            pytest.fail(f"{step.where}: not done in {PAGE_TIMEOUT} s: {step.shown}", False)
+        if (code := int(rc.read_text())) != 0:
+            pytest.fail(f"{step.where}: exit code {code}: {step.shown}\n{stderr(number)}", False)
         if step.command is None:
             continue
         expected = normalized(step.command.expected)
@@ -370,11 +376,12 @@ def check_steps(
     jobs = out / "jobs"
     for line in jobs.read_text().splitlines() if jobs.exists() else []:
         job, status = line.split()
-        if job in background:
-            number = background[job]
-            assert status == "0", (
-                f"{steps[number].where}: exit code {status} on SIGTERM: {steps[number].shown}"
-                f"\n{stderr(number)}"
+        started = background.get(job)
+        if started is not None and status != "0":
+            step = steps[started]
+            pytest.fail(
+                f"{step.where}: exit code {status} on SIGTERM: {step.shown}\n{stderr(started)}",
+                False,
             )
 
 
