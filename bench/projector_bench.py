@@ -3,6 +3,8 @@
 Fills a fresh topic with N mixed events of many clusters (``--events``, default
 1,000,000), then measures on the same topic in the same run:
 
+* ``fetch_only``: aiokafka fetching every record, decoding none: the physical limit,
+  to which every other rate is given as a ratio (``ratio_to_fetch_only``);
 * ``consume_decode``: reading and decoding every record, nothing else;
 * ``project_postgresql`` / ``project_sqlite``: the projector catching up from an
   empty database to the end of the topic;
@@ -40,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aiokafka import TopicPartition
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -47,7 +50,13 @@ from deploy.kafka.broker import kafka_bootstrap
 from ledger.events import (
     Event,
 )
-from ledger.kafka import EventConsumer, EventProducer, create_topics, end_offsets
+from ledger.kafka import (
+    EventConsumer,
+    EventProducer,
+    create_topics,
+    end_offsets,
+    ledger_consumer,
+)
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.projector import Projector
@@ -96,6 +105,38 @@ async def fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, 
         "seconds": round(seconds, 2),
         "events_per_second": round(count / seconds),
     }
+
+
+async def _fetch_only(settings: KafkaSettings, end: dict[int, int]) -> dict[str, Any]:
+    """The physical limit: aiokafka fetching every record of the topic, decoding none.
+
+    The same consumer settings every ledger reader uses (``read_committed``, the
+    projector's fetch sizes), so the ratio of a rate to this one is what the rest of
+    the work costs.
+    """
+    rss = _rss_mib()
+    consumer = ledger_consumer(
+        settings, None, max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024
+    )
+    await consumer.start()
+    started = time.perf_counter()
+    records = 0
+    try:
+        partitions = [TopicPartition(settings.topic, p) for p in end]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        left = dict(end)
+        while left:
+            fetched = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            records += sum(len(messages) for messages in fetched.values())
+            for partition in list(left):
+                position = await consumer.position(TopicPartition(settings.topic, partition))
+                if position >= left[partition]:
+                    del left[partition]
+    finally:
+        seconds = time.perf_counter() - started
+        await consumer.stop()
+    return _result(records, seconds, rss)
 
 
 async def _consume_decode(settings: KafkaSettings) -> dict[str, Any]:
@@ -200,15 +241,18 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
         report["produce"] = await fill(settings, args.events, args.clusters)
         end = {p: offset for p, offset in (await end_offsets(settings)).items() if offset}
+        report["fetch_only"] = await _fetch_only(settings, end)
         report["consume_decode"] = await _consume_decode(settings)
         report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
         report["project_sqlite"] = await _project(settings, f"sqlite:///{tmp}/bench.db", end)
         report["replay_postgresql"] = await _replay(settings, _fresh_postgres(server))
-        report["postgres_over_raw"] = round(
-            report["project_postgresql"]["events_per_second"]
-            / report["consume_decode"]["events_per_second"],
-            3,
-        )
+        limit = report["fetch_only"]["events_per_second"]
+        report["ratio_to_fetch_only"] = {
+            name: round(report[name]["events_per_second"] / limit, 3)
+            for name in (
+                "consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql"
+            )
+        }  # fmt: skip
         report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
         return report
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from readapi.ledger import LedgerViews
-from readapi.server import app
+from readapi.server import ServeOptions, app
 from tests.workloads import mixed_events
 
 CLUSTERS = ("cluster-000", "cluster-001")
@@ -100,12 +100,12 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def client(kafka_bootstrap: str, loop: asyncio.AbstractEventLoop) -> Iterator[TestClient]:
+def views(kafka_bootstrap: str, loop: asyncio.AbstractEventLoop) -> Iterator[LedgerViews]:
     settings = KafkaSettings(
         bootstrap_servers=kafka_bootstrap, topic=f"svledger-test.fuzz.{id(loop)}", partitions=2
     )
 
-    async def start() -> tuple[TestClient, asyncio.Event, asyncio.Task[None]]:
+    async def start() -> tuple[LedgerViews, asyncio.Event, asyncio.Task[None]]:
         await create_topics(settings)
         async with EventProducer(settings) as producer:
             await producer.send_many(mixed_events(600, clusters=len(CLUSTERS)))
@@ -113,15 +113,24 @@ def client(kafka_bootstrap: str, loop: asyncio.AbstractEventLoop) -> Iterator[Te
         stop = asyncio.Event()
         follower = asyncio.create_task(views.follow(stop))
         await asyncio.wait_for(views.ready.wait(), 60)
-        test_client = TestClient(TestServer(app(views, stop=stop)))
-        await test_client.start_server()
-        return test_client, stop, follower
+        return views, stop, follower
 
-    test_client, stop, follower = loop.run_until_complete(start())
-    yield test_client
+    ledger_views, stop, follower = loop.run_until_complete(start())
+    yield ledger_views
     stop.set()
-    loop.run_until_complete(test_client.close())
     loop.run_until_complete(follower)
+
+
+@pytest.fixture(scope="module")
+def client(views: LedgerViews, loop: asyncio.AbstractEventLoop) -> Iterator[TestClient]:
+    async def start() -> TestClient:
+        test_client = TestClient(TestServer(app(views, ServeOptions(bookmark_seconds=0.3))))
+        await test_client.start_server()
+        return test_client
+
+    test_client = loop.run_until_complete(start())
+    yield test_client
+    loop.run_until_complete(test_client.close())
 
 
 @settings(
@@ -152,3 +161,23 @@ def test_no_request_gets_a_500(
         status = json.loads(body)
         assert status["kind"] == "Status" and status["code"] == code
         assert status["message"]
+
+
+def test_an_idle_watch_gets_bookmarks_at_the_position_folded(
+    client: TestClient, views: LedgerViews, loop: asyncio.AbstractEventLoop
+) -> None:
+    cluster = CLUSTERS[0]
+    offset = views.fold(cluster).offset
+    url = (
+        f"/clusters/{cluster}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+        f"?watch=true&allowWatchBookmarks=true&resourceVersion={offset}&timeoutSeconds=2"
+    )
+
+    async def watch() -> list[dict[str, object]]:
+        async with client.get(url) as response:
+            return [json.loads(line) async for line in response.content]
+
+    events = loop.run_until_complete(watch())
+    assert events, "no bookmark in 2 s with bookmarks every 0.3 s"
+    assert {event["type"] for event in events} == {"BOOKMARK"}
+    assert {event["object"]["metadata"]["resourceVersion"] for event in events} == {str(offset)}  # type: ignore[index]
