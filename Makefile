@@ -2,7 +2,8 @@
 # changes nothing and returns in seconds.
 #
 #   make setup    .venv with svledger and its test tools, the Kafka broker jars, and
-#                 Debian's chromium (the timeline page's screenshot test)
+#                 Debian's chromium (the timeline page's screenshot test), curl and jq
+#                 (commands in docs/, which tests/integration/test_docs.py runs)
 #   make kube     setup, plus etcd, kube-apiserver and kube-controller-manager of both
 #                 releases the tests use, built from the Go module proxy (cached)
 #   make test     setup and kube, then ruff, mypy and the whole pytest suite (real Kafka,
@@ -22,8 +23,9 @@ KUBE_VERSIONS := v1.37.2 v1.36.3
 
 setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
-	@command -v chromium >/dev/null || { echo "installing chromium (Debian package) ..." >&2; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@missing=$$(for tool in chromium curl jq; do command -v $$tool >/dev/null || echo $$tool; done); \
+	  [ -z "$$missing" ] || { echo "installing" $$missing "(Debian packages) ..." >&2; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
