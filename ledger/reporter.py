@@ -55,7 +55,7 @@ from ledger.events import (
 )
 from ledger.gate import GroupResource, WriteGate
 from ledger.identity import apiserver_id, holder_identity
-from ledger.kafka import EventProducer
+from ledger.kafka import BROKER_ERRORS, EventProducer
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from ledger.validation import InvalidReport, check_report
@@ -175,15 +175,34 @@ class Reporter:
         return list(self._desired.values())
 
     async def start(self) -> None:
-        """Join (heartbeat acknowledged), report every resource, then open the gate."""
+        """Join (heartbeat acknowledged), report every resource, then open the gate.
+
+        While the broker cannot take the registration (down, restarting, unreachable) it
+        tries again every heartbeat interval, with the gate closed, and returns once the
+        registration has landed: the API server serves no write of a resource whose
+        storage version is not on record, and needs no restart when Kafka comes back.
+        """
         if self._loop_task is not None:
             raise RuntimeError(f"reporter {self.apiserver_id} ({self.hostname}) already started")
         self.holder_identity = holder_identity(self.apiserver_id)
         async with self._lock:
             self._acknowledged.clear()
             self._last_renewal = None
-            await self._heartbeat()
-            await self._sync()
+            while True:
+                try:
+                    await self._heartbeat()
+                    await self._sync()
+                    break
+                except BROKER_ERRORS as error:
+                    log.warning(
+                        "apiserver %s cannot register yet (the write gate stays closed), "
+                        "trying again in %.0f s: %s: %s",
+                        self.apiserver_id,
+                        self._interval,
+                        type(error).__name__,
+                        error,
+                    )
+                    await self._clock.sleep(self._interval)
         self._loop_task = asyncio.create_task(
             self._heartbeat_loop(), name=f"svledger-heartbeat-{self.apiserver_id}"
         )

@@ -120,36 +120,54 @@ class LocalKafka:
         """Start the broker and return once it accepts connections at ``bootstrap``."""
         if self._process is not None:
             raise BrokerError(f"the broker is already running at {self.bootstrap}")
-        java = _require_tool(
-            "java", "a Java 17+ runtime (for example `apt-get install default-jre`)"
-        )
-        classpath = str(fetch_jars() / "*")
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
             self._port, controller_port = _free_port(), _free_port()
             config = self._write_config(controller_port)
-            java_command = [
-                java,
-                f"-Xmx{self._heap}",
-                *_JAVA_OPTIONS,
-                f"-Dlog4j2.configurationFile={self._write_log_config()}",
-                "-cp",
-                classpath,
-            ]
-            self._format_storage(java_command, config)
-            with self._log_path.open("wb") as log:
-                self._process = subprocess.Popen(
-                    [*java_command, "kafka.Kafka", str(config)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
-                )
-            self._wait_until_ready()
+            self._format_storage(self._java_command(), config)
+            self._launch(config)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def kill(self) -> None:
+        """Kill the broker hard (SIGKILL), as a crash would; its data stays for :meth:`restart`."""
+        process, self._process = self._process, None
+        if process is None:
+            raise BrokerError("the broker is not running: call start() first")
+        process.kill()
+        process.wait()
+
+    def restart(self) -> None:
+        """Start the broker again on its data and ports after :meth:`kill`; return once ready."""
+        if self._process is not None or self._workdir is None:
+            raise BrokerError("restart() follows kill(): the broker must be killed, not stopped")
+        self._launch(self._workdir / "server.properties")
+
+    def _java_command(self) -> list[str]:
+        java = _require_tool(
+            "java", "a Java 17+ runtime (for example `apt-get install default-jre`)"
+        )
+        return [
+            java,
+            f"-Xmx{self._heap}",
+            *_JAVA_OPTIONS,
+            f"-Dlog4j2.configurationFile={self._write_log_config()}",
+            "-cp",
+            str(fetch_jars() / "*"),
+        ]
+
+    def _launch(self, config: Path) -> None:
+        with self._log_path.open("wb") as log:
+            self._process = subprocess.Popen(
+                [*self._java_command(), "kafka.Kafka", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        self._wait_until_ready()
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, SIGKILL after 30 s) and delete its data; safe to repeat."""
