@@ -4,7 +4,7 @@
 #   make setup    .venv with svledger and its test tools, the Kafka broker jars, and
 #                 Debian's chromium (the timeline page's screenshot test), curl and jq
 #                 (commands in docs/, which tests/integration/test_docs.py runs)
-#   make kube     setup, plus etcd, kube-apiserver and kube-controller-manager of both
+#   make kube     setup, plus etcd, kube-apiserver, kube-controller-manager and kubectl of both
 #                 releases the tests use, built from the Go module proxy (cached)
 #   make test     setup and kube, then ruff, mypy and the whole pytest suite (real Kafka,
 #                 PostgreSQL and Kubernetes)
