@@ -385,4 +385,4 @@ async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str
     )
     _, group, resource = resolve(name, cluster, known)
     folded = [(record.event, record.position) for record in records]
-    return timeline.render(timeline.timeline(cluster, group, resource, folded))
+    return timeline.render(cluster, group, resource, folded)

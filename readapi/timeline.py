@@ -15,9 +15,10 @@ caused it, its log position (``partition:offset``, the revision the views cite) 
 its time. The data come from folding the records with the projector's own fold
 (:func:`projections.fold.apply`), so the picture shows what the views showed.
 
-Pure: :func:`timeline` builds the data, :func:`render` the page; the command line
-(``svledger timeline``) and the read API (``/clusters/CLUSTER/timeline/RESOURCE``)
-read the records and write the page.
+Pure: :func:`render` folds the records and returns the page (:func:`timeline` builds
+the data, :func:`draw` the page from them); the command line (``svledger timeline``)
+and the read API (``/clusters/CLUSTER/timeline/RESOURCE``) read the records and write
+the page.
 """
 
 from __future__ import annotations
@@ -235,7 +236,14 @@ def version_colours(picture: Timeline) -> dict[str, str]:
     return {v: VERSION_COLOURS[i % len(VERSION_COLOURS)] for i, v in enumerate(versions)}
 
 
-def render(picture: Timeline) -> str:
+def render(
+    cluster: str, group: str, resource: str, records: Sequence[tuple[Event, Position]]
+) -> str:
+    """The page of ``group``/``resource`` in ``cluster``, from ``records`` in log order."""
+    return draw(timeline(cluster, group, resource, records))
+
+
+def draw(picture: Timeline) -> str:
     """The page: a legend and one SVG, no external assets."""
     scale = _Scale(picture.start, picture.end)
     colours = version_colours(picture)

@@ -75,7 +75,7 @@ def svg_origin(image: Image.Image) -> tuple[int, int]:
 
 def test_chromium_draws_the_apiserver_rows_and_the_migration_bars(tmp_path: Path) -> None:
     picture = timeline.timeline("east", "apps", "deployments", upgrade_history().records)
-    image = screenshot(timeline.render(picture), tmp_path)
+    image = screenshot(timeline.draw(picture), tmp_path)
     left, top = svg_origin(image)
     seconds = (picture.end - picture.start).total_seconds()
 

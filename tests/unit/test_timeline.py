@@ -113,7 +113,7 @@ def test_each_migration_is_a_bar_of_its_phases() -> None:
 
 def test_the_page_draws_rows_and_bars_with_their_causes() -> None:
     history = upgrade_history()
-    page = timeline.render(timeline.timeline("east", "apps", "deployments", history.records))
+    page = timeline.render("east", "apps", "deployments", history.records)
     svg = ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
     groups = {g.get("class"): [] for g in svg.iter(f"{SVG}g")}
     for g in svg.iter(f"{SVG}g"):
@@ -136,5 +136,5 @@ def test_any_history_draws_a_well_formed_page(records: list[tuple[Event, Positio
         (e.group, e.resource) for e, _ in records if isinstance(e, StorageVersionReported)
     } or {("apps", "deployments")}
     for group, resource in sorted(resources):
-        page = timeline.render(timeline.timeline(cluster, group, resource, records))
+        page = timeline.render(cluster, group, resource, records)
         ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
