@@ -44,6 +44,7 @@ from projections.state import ResourceKey, State, StorageVersion
 # Layout, in CSS pixels; exported so a test can find what is drawn where.
 LEFT: Final = 230  # the label column
 PLOT_WIDTH: Final = 1000
+RIGHT: Final = 40  # room for the last axis label, centred on the plot's right edge
 TOP: Final = 50  # the axis labels
 ROW_HEIGHT: Final = 30
 BAR_HEIGHT: Final = 16
@@ -257,7 +258,7 @@ def draw(picture: Timeline) -> str:
         parts += _migration_row(migration, row_top(index), scale)
     name = resource_name(picture.resource[1], picture.resource[2])
     svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + PLOT_WIDTH + 20}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + PLOT_WIDTH + RIGHT}" '
         f'height="{height}" font-family="sans-serif" font-size="12">' + "".join(parts) + "</svg>"
     )
     legend = "".join(

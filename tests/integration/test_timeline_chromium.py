@@ -1,9 +1,10 @@
 """The timeline page, rendered by headless Chromium: the rows and bars are on the screen.
 
-The page of a history with two apiservers and two migrations is screenshot by the
+The page of a history with three apiservers and two migrations is screenshot by the
 ``chromium`` these machines install (Debian's package); the pixels where each
 apiserver's version segments and each migration's phases should be, by the page's own
-layout, have their colours.
+layout, have their colours. The window is wider than the page (LEFT + PLOT_WIDTH plus
+the body's margin), so nothing drawn is cut off.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from ledger.events import (
+    ApiserverLeaseExpired,
+    MigrationCancelled,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationSucceeded,
+)
 from readapi import timeline
-from tests.unit.test_timeline import upgrade_history
+from tests.unit.test_timeline import T0, History
 
 RGB = tuple[int, int, int]
 
@@ -73,8 +81,29 @@ def svg_origin(image: Image.Image) -> tuple[int, int]:
     raise AssertionError("the agreement band is not on the screen")
 
 
+def three_apiservers() -> History:
+    """Three apiservers on apps/v1 upgrade one by one; a migration requested while they
+    disagree is cancelled, one requested once they agree succeeds; a's lease expires."""
+    h = History()
+    for host in ("a", "b", "c"):
+        h.join(0, host)
+        h.report(0, host, "apps/v1")
+    h.report(5, "a", "apps/v2")
+    h.add(MigrationRequested(h.meta(6), "m1", "apps", "deployments", "apps/v2", "h2", "0:1"))
+    h.add(MigrationCancelled(h.meta(8), "m1", reason="EncodingVersionsDisagree"))
+    h.report(10, "b", "apps/v2")
+    h.report(15, "c", "apps/v2")
+    h.add(MigrationRequested(h.meta(16), "m2", "apps", "deployments", "apps/v2", "h2", "0:2"))
+    h.add(MigrationStarted(h.meta(18), "m2"))
+    h.add(MigrationSucceeded(h.meta(40), "m2", objects_migrated=7))
+    h.add(ApiserverLeaseExpired(h.meta(60), "id-a", T0, 3600))
+    return h
+
+
 def test_chromium_draws_the_apiserver_rows_and_the_migration_bars(tmp_path: Path) -> None:
-    picture = timeline.timeline("east", "apps", "deployments", upgrade_history().records)
+    picture = timeline.timeline("east", "apps", "deployments", three_apiservers().records)
+    assert [row.hostname for row in picture.apiservers] == ["a", "b", "c"]
+    assert [m.migration_id for m in picture.migrations] == ["m1", "m2"]
     image = screenshot(timeline.draw(picture), tmp_path)
     left, top = svg_origin(image)
     seconds = (picture.end - picture.start).total_seconds()
@@ -102,4 +131,4 @@ def test_chromium_draws_the_apiserver_rows_and_the_migration_bars(tmp_path: Path
         colour = rgb(timeline.PHASE_COLOURS[widest.label])
         assert at(middle(widest), row_index) == colour, (migration.migration_id, widest)
         checked += 1
-    assert checked == 4 + 2
+    assert checked == 3 * 2 + 2

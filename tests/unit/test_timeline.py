@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
@@ -138,3 +139,40 @@ def test_any_history_draws_a_well_formed_page(records: list[tuple[Event, Positio
     for group, resource in sorted(resources):
         page = timeline.render(cluster, group, resource, records)
         ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
+
+
+def test_every_drawn_element_has_a_title_with_event_position_and_time() -> None:
+    page = timeline.render("east", "apps", "deployments", upgrade_history().records)
+    svg = ET.fromstring(page[page.index("<svg") : page.index("</svg>") + 6])
+    drawn: dict[str, list[ET.Element]] = {}
+    for element in svg.iter():
+        for css in (element.get("class") or "").split():
+            drawn.setdefault(css, []).append(element)
+    rows = {g.get("data-apiserver"): g for g in drawn["apiserver-row"]}
+    segments = {
+        apiserver: [
+            s.get("data-version") for s in row.iter() if s.get("class") == "version-segment"
+        ]
+        for apiserver, row in rows.items()
+    }
+    assert segments == {"id-a": ["apps/v1", "apps/v2"], "id-b": ["apps/v1", "apps/v2"]}
+    assert [b.get("data-phase") for b in drawn["migration-bar"]] == [
+        "Pending", "Cancelled", "Pending", "Running", "Succeeded",
+    ]  # fmt: skip
+    assert len(drawn["lease-join"]) == 2
+    assert len(drawn["lease-end"]) == 1
+    assert len(drawn["agreement"]) == 2
+    for css in ("version-segment", "migration-bar", "lease-join", "lease-end", "agreement"):
+        for element in drawn[css]:
+            title = element.find(f"{SVG}title")
+            assert title is not None and title.text, (css, element.attrib)
+            # e.g. "MigrationStarted at 0:18, 2026-11-02 10:12:00 UTC"
+            assert re.search(r"\b[A-Z]\w+ at 0:\d+, 2026-11-02 \d\d:\d\d:\d\d UTC", title.text), (
+                css,
+                title.text,
+            )
+    # the migration's Running phase is caused by MigrationStarted, at its position
+    (running,) = (b for b in drawn["migration-bar"] if b.get("data-phase") == "Running")
+    assert "from MigrationStarted at 0:19, 2026-11-02 10:12:00 UTC" in (
+        running.findtext(f"{SVG}title") or ""
+    )
