@@ -23,10 +23,11 @@ def add_timeline(subparsers: Subparsers) -> None:
         _timeline,
         help="draw a resource's history as an HTML page",
         description=(
-            "Draw RESOURCE's history in --cluster on one time axis, as a self-contained HTML\n"
-            "page: when the apiservers agree, each apiserver's lease and the version it\n"
-            "encodes, and every migration by phase. Hovering over an element shows the event\n"
-            "that caused it and its log position. Reads the cluster's partition of the log\n"
+            "Draw RESOURCE's history in --cluster on one time axis (UTC), as a self-contained\n"
+            "HTML page: when the apiservers agree and when their versions differ, the version\n"
+            "each apiserver encodes and its lease (joins, restarts, releases, expiries), and\n"
+            "every migration by phase. Hovering over an element shows the event that caused\n"
+            "it, its log position and its time. Reads the cluster's partition of the log\n"
             "(not the SQL views). `svledger serve` serves the same page at\n"
             "/clusters/CLUSTER/timeline/RESOURCE."
         ),
@@ -47,7 +48,7 @@ def _timeline(args: argparse.Namespace) -> int:
         sys.stdout.write(page)
     else:
         try:
-            Path(args.html).write_text(page)
+            Path(args.html).write_text(page, encoding="utf-8")
         except OSError as error:
             raise UsageError(f"cannot write --html {args.html}: {error.strerror}") from error
         print(f"wrote {args.html}", file=sys.stderr)
