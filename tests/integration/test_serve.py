@@ -505,3 +505,20 @@ async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(
 
 def _content(state: State) -> tuple[object, ...]:
     return (state.leases, state.storage_versions, state.storage_states, state.migrations)
+
+
+def test_an_address_in_use_is_a_usage_error_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "svledger", "serve", "--address", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
