@@ -142,10 +142,13 @@ class Kind:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
 
-    def objects(self, view: View) -> list[JSON]:
-        """Every object of this kind in the view, sorted by name."""
-        objects = [self.object(row, view) for row in self.rows(view.state).values()]
-        return sorted(objects, key=lambda obj: str(obj["metadata"]["name"]))
+    def selected(self, view: View, selection: Selection | None = None) -> list[tuple[Any, JSON]]:
+        """The objects of this kind in the view that ``selection`` matches (all without
+        one), each with its fold row, sorted by name."""
+        pairs = [(row, self.object(row, view)) for row in self.rows(view.state).values()]
+        if selection is not None:
+            pairs = [pair for pair in pairs if selection.matches(pair[1])]
+        return sorted(pairs, key=lambda pair: str(pair[1]["metadata"]["name"]))
 
     def object(self, row: Any, view: View) -> JSON:
         return {
@@ -172,9 +175,6 @@ class Kind:
         if annotations := self.annotations(row):
             metadata["annotations"] = annotations
         return metadata
-
-    def key_of(self, row: Any) -> tuple[str, ...]:
-        return tuple(row.key[1:])
 
 
 def kube_time(time: datetime) -> str:

@@ -385,12 +385,10 @@ async def _member(request: web.Request) -> web.StreamResponse:
         return await _watch(request, kind, selection)
     view = await _view(request, _exact_resource_version(request))
     selection = Selection(namespace=request.match_info.get("namespace"), name=name)
-    for row in kind.rows(view.state).values():
-        obj = kind.object(row, view)
-        if selection.matches(obj):
-            if _wants_table(request):
-                return web.json_response(resources.table(kind, [(row, obj)], view))
-            return web.json_response(obj)
+    for row, obj in kind.selected(view, selection):
+        if _wants_table(request):
+            return web.json_response(resources.table(kind, [(row, obj)], view))
+        return web.json_response(obj)
     raise ApiError(
         404,
         "NotFound",
@@ -443,14 +441,7 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     if token:
         resource_version, after = resources.parse_continue(token)
     view = await _view(request, resource_version)
-    matching = [
-        (row, obj)
-        for row, obj in sorted(
-            ((row, kind.object(row, view)) for row in kind.rows(view.state).values()),
-            key=lambda pair: str(pair[1]["metadata"]["name"]),
-        )
-        if selection.matches(obj)
-    ]
+    matching = kind.selected(view, selection)
     chosen, last = resources.page([obj for _, obj in matching], after, limit)
     names = {obj["metadata"]["name"] for obj in chosen}
     next_token = resources.continue_token(view.offset, last) if last else ""
@@ -529,7 +520,7 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     with contextlib.suppress(ConnectionResetError):
         if start is None:
             view = fold.view(time=_now())
-            for row in sorted(kind.rows(view.state).values(), key=kind.name):
+            for row, _ in kind.selected(view, selection):
                 await stream.send("ADDED", row, view)
             cursor = fold.offset
         else:

@@ -36,7 +36,6 @@ from projections.fold import fold
 from projections.replay import cluster_log
 from projections.state import State
 from readapi.ledger import LedgerViews
-from readapi.resources import KINDS, View
 from simulation.run import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -467,10 +466,6 @@ def test_a_token_file_and_tls_guard_the_api(
 
 
 # --------------------------------------------------------------------------- the past
-
-
-def rows_of(view: View) -> dict[str, list[dict[str, object]]]:
-    return {kind.kind: kind.objects(view) for kind in KINDS}
 
 
 async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(

@@ -65,7 +65,7 @@ def view(state: State, *, at: datetime = T0 + timedelta(minutes=5)) -> View:
 
 def test_a_storage_version_has_upstreams_shape() -> None:
     state = State(storage_versions={("c", "apps", "deployments"): storage_version(None)})
-    (obj,) = STORAGE_VERSIONS.objects(view(state))
+    ((_, obj),) = STORAGE_VERSIONS.selected(view(state))
     assert obj["apiVersion"] == "internal.apiserver.k8s.io/v1alpha1"
     assert obj["metadata"]["name"] == "apps.deployments"
     assert obj["metadata"]["resourceVersion"] == "7"
@@ -82,15 +82,15 @@ def test_a_storage_version_has_upstreams_shape() -> None:
 
 def test_a_uid_is_stable_and_new_for_a_row_created_again() -> None:
     state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
-    first = STORAGE_VERSIONS.objects(view(state))[0]["metadata"]["uid"]
-    again = STORAGE_VERSIONS.objects(view(state))[0]["metadata"]["uid"]
+    first = STORAGE_VERSIONS.selected(view(state))[0][1]["metadata"]["uid"]
+    again = STORAGE_VERSIONS.selected(view(state))[0][1]["metadata"]["uid"]
     reborn = View("c", 42, T0, state, {("StorageVersion", ("apps", "deployments")): Created(T0, 9)})
-    assert first == again != STORAGE_VERSIONS.objects(reborn)[0]["metadata"]["uid"]
+    assert first == again != STORAGE_VERSIONS.selected(reborn)[0][1]["metadata"]["uid"]
 
 
 def test_a_lease_is_in_kube_system_with_upstreams_labels() -> None:
     lease = Lease("c", "apiserver-x", "apiserver-x_1", "host-1", 3600, T0, "v1.37.2", "0:1")
-    (obj,) = LEASES.objects(view(State(leases={lease.key: lease})))
+    ((_, obj),) = LEASES.selected(view(State(leases={lease.key: lease})))
     assert obj["metadata"]["namespace"] == "kube-system"
     assert obj["metadata"]["labels"] == {
         "apiserver.kubernetes.io/identity": "kube-apiserver",
@@ -124,7 +124,7 @@ def test_a_migration_phase_is_one_of_upstreams_conditions(
     phase: str, reason: str | None, conditions: list[tuple[str, str]]
 ) -> None:
     row = migration(phase, reason)
-    (obj,) = STORAGE_VERSION_MIGRATIONS.objects(view(State(migrations={row.key: row})))
+    ((_, obj),) = STORAGE_VERSION_MIGRATIONS.selected(view(State(migrations={row.key: row})))
     assert obj["spec"]["resource"] == {"group": "apps", "version": "v2", "resource": "deployments"}
     got = [(c["type"], c["reason"]) for c in obj["status"]["conditions"]]
     assert got == conditions
