@@ -31,7 +31,14 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeAlias
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -116,6 +123,10 @@ def _on_loop(
 
 
 # --------------------------------------------------------------------------- readers
+
+# A counter's creation time as a series of its own (``*_created``) doubles the series
+# for nothing a rate or an increase needs.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONSUMER_LAG: Final = Gauge(
     "svledger_consumer_lag_records",
