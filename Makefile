@@ -25,7 +25,7 @@ setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
 	@missing=$$(for tool in chromium curl jq; do command -v $$tool >/dev/null || echo $$tool; done); \
 	  [ -z "$$missing" ] || { echo "installing" $$missing "(Debian packages) ..." >&2; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ca-certificates $$missing >/dev/null; }
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml

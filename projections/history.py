@@ -114,8 +114,19 @@ class Facts:
 # ---------------------------------------------------------------- resolution
 
 
-def resolve(name: str, cluster: str | None, known: Iterable[ResourceKey]) -> ResourceKey:
-    """The one known resource ``name`` (and ``cluster``, if given) designates."""
+def resolve(
+    name: str,
+    cluster: str | None,
+    known: Iterable[ResourceKey],
+    *,
+    source: str = "the projection",
+    advice: str = "check the cluster and that the projector has caught up",
+) -> ResourceKey:
+    """The one known resource ``name`` (and ``cluster``, if given) designates.
+
+    ``source`` says where ``known`` comes from and ``advice`` what to do when nothing
+    there fits, for the error message.
+    """
     candidates = sorted(
         {
             key
@@ -127,9 +138,9 @@ def resolve(name: str, cluster: str | None, known: Iterable[ResourceKey]) -> Res
     where = "" if cluster is None else f" in cluster {cluster!r}"
     if not candidates:
         raise ResourceNameError(
-            f"no resource {name!r}{where} in the projection; name it as <group>.<resource>"
+            f"no resource {name!r}{where} in {source}; name it as <group>.<resource>"
             " (core.<resource> for the core group), <resource>.<group> or <resource>, and"
-            " check the cluster and that the projector has caught up"
+            f" {advice}"
         )
     if len(candidates) > 1:
         listed = ", ".join(

@@ -36,6 +36,7 @@ from ledger import metrics
 from ledger.errors import UsageError
 from ledger.events import Event, Position
 from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
+from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.history import resolve
@@ -372,12 +373,22 @@ async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str
     """
     state, records = await cluster_log(settings, cluster)
     if not records:
-        raise UnknownCluster(f"cluster {cluster!r} has no events in topic {settings.topic}")
+        raise UnknownCluster(
+            f"cluster {cluster!r} has no events in topic {settings.topic}; check the cluster's"
+            " name (as its reporters or collector give it) and the topic"
+        )
     known = (
         set(state.storage_versions)
         | set(state.storage_states)
         | {migration.resource_key for migration in state.migrations.values()}
     )
-    _, group, resource = resolve(name, cluster, known)
+    names = ", ".join(sorted(resource_name(group, resource) for _, group, resource in known))
+    _, group, resource = resolve(
+        name,
+        cluster,
+        known,
+        source=f"topic {settings.topic}",
+        advice=f"pick one the cluster has events of: {names or 'none yet'}",
+    )
     folded = [(record.event, record.position) for record in records]
-    return timeline.render(timeline.timeline(cluster, group, resource, folded))
+    return timeline.render(cluster, group, resource, folded)

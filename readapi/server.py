@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from ledger.errors import UsageError
 from projections.history import ResourceNameError
 from readapi import resources
 from readapi.ledger import (
@@ -137,7 +138,14 @@ async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) 
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
     site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise UsageError(
+            f"cannot listen on {options.host}:{options.port}: {error.strerror}; "
+            "choose another --address"
+        ) from error
     scheme = "https" if context else "http"
     log.info(
         "serving the ledger's views on %s://%s:%d/clusters/CLUSTER",

@@ -127,6 +127,11 @@ def binaries(version: str = DEFAULT_VERSION, *, rebuild: bool = False) -> Path:
     return target
 
 
+def kubectl(version: str = DEFAULT_VERSION) -> Path:
+    """Return the path of ``version``'s own ``kubectl``, building the release first if needed."""
+    return binaries(version) / "kubectl"
+
+
 @dataclass(frozen=True)
 class _ReleaseModule:
     """What the wrapper needs from one ``k8s.io/kubernetes`` release's go.mod."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from svledger.commands import log, operators, serve, services, simulate, tools
+from svledger.commands import log, operators, serve, services, simulate, timeline, tools
 from svledger.options import Subparsers
 
 COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
@@ -22,7 +22,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     log.add_replay,
     log.add_history,
     log.add_explain,
-    log.add_timeline,
+    timeline.add_timeline,
     serve.add_serve,
     tools.add_hash,
     tools.add_apiserver_id,

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
     add_command,
@@ -197,44 +194,6 @@ def add_explain(subparsers: Subparsers) -> None:
         ),
     )
     _add_resource_arguments(parser)
-
-
-def add_timeline(subparsers: Subparsers) -> None:
-    parser = add_command(
-        subparsers,
-        "timeline",
-        _timeline,
-        help="draw a resource's history as an HTML page",
-        description=(
-            "Draw RESOURCE's history in --cluster on one time axis, as a self-contained HTML\n"
-            "page: when the apiservers agree, each apiserver's lease and the version it\n"
-            "encodes, and every migration by phase. Hovering over an element shows the event\n"
-            "that caused it and its log position. Reads the cluster's partition of the log\n"
-            "(not the SQL views). `svledger serve` serves the same page at\n"
-            "/clusters/CLUSTER/timeline/RESOURCE."
-        ),
-    )
-    parser.add_argument("resource", metavar="RESOURCE", help="e.g. deployments.apps or core.pods")
-    parser.add_argument("--cluster", required=True, help="the cluster whose history to draw")
-    parser.add_argument(
-        "--html", required=True, metavar="FILE", help="where to write the page; - for stdout"
-    )
-    add_kafka_options(parser)
-
-
-def _timeline(args: argparse.Namespace) -> int:
-    from readapi.ledger import timeline_page
-
-    page = asyncio.run(timeline_page(kafka_settings(args), args.cluster, args.resource))
-    if args.html == "-":
-        sys.stdout.write(page)
-    else:
-        try:
-            Path(args.html).write_text(page)
-        except OSError as error:
-            raise UsageError(f"cannot write --html {args.html}: {error.strerror}") from error
-        print(f"wrote {args.html}", file=sys.stderr)
-    return 0
 
 
 def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:

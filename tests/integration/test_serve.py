@@ -134,18 +134,15 @@ def kubectls() -> list[pytest.param]:
     return [
         pytest.param("kubectl", id="kubectl-shipped"),
         pytest.param(
-            str(build.binary_dir(KUBECTL_RELEASE) / "kubectl"),
-            id=f"kubectl-{KUBECTL_RELEASE}",
-            marks=pytest.mark.kubernetes,
+            KUBECTL_RELEASE, id=f"kubectl-{KUBECTL_RELEASE}", marks=pytest.mark.kubernetes
         ),
     ]
 
 
 @pytest.fixture(params=kubectls())
 def kubectl(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
-    binary = request.param
-    if binary != "kubectl" and not Path(binary).exists():
-        build.binaries(KUBECTL_RELEASE)
+    # "kubectl" is the machine's; a release version means that release's, built if needed.
+    binary = "kubectl" if request.param == "kubectl" else str(build.kubectl(request.param))
     empty = tmp_path / "kubeconfig"
     empty.write_text("apiVersion: v1\nkind: Config\n")
     return [binary, "--kubeconfig", str(empty), "--cache-dir", str(tmp_path / "cache")]
@@ -508,3 +505,20 @@ async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(
 
 def _content(state: State) -> tuple[object, ...]:
     return (state.leases, state.storage_versions, state.storage_states, state.migrations)
+
+
+def test_an_address_in_use_is_a_usage_error_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "svledger", "serve", "--address", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
