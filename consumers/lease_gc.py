@@ -32,6 +32,10 @@ Why this never expires a renewed lease, nor expires one twice:
   GC included, before it decides again.
 * An expiry's ``event_id`` is a UUIDv5 of (cluster, apiserver, last renew time), so
   even a duplicate that slipped through every barrier would name itself as one.
+
+The metric ``svledger_heartbeat_age_seconds`` (:mod:`ledger.metrics`) is the age of
+every lease in the GC's folds, computed when scraped: it grows between heartbeats
+and between checks, and a lease leaves it when the fold drops it.
 """
 
 from __future__ import annotations
@@ -79,6 +83,14 @@ def expired(state: State, now: datetime) -> list[ApiserverLeaseExpired]:
     return expiries
 
 
+def heartbeat_ages(state: State, now: datetime) -> dict[tuple[str, str], float]:
+    """Seconds from each live lease's last renewal to ``now``, by (cluster, apiserver)."""
+    return {
+        (lease.cluster, lease.apiserver_id): (now - lease.renew_time).total_seconds()
+        for lease in state.leases.values()
+    }
+
+
 async def run_lease_gc(
     settings: KafkaSettings,
     *,
@@ -93,12 +105,20 @@ async def run_lease_gc(
     follower = PartitionFollower(
         settings, group_id=group_id, transactional_prefix=f"svledger-lease-gc-{settings.topic}"
     )
+
+    def ages() -> list[tuple[tuple[str, str], float]]:
+        # Partitions still being rebuilt would show renewals long since superseded.
+        logs = [log for log in follower.logs.values() if log.caught_up]
+        now = clock.now()
+        return [sample for log in logs for sample in heartbeat_ages(log.state, now).items()]
+
     async with follower:
         checks = asyncio.create_task(_check_periodically(follower, stop, clock, check_period))
         try:
-            async for _ in follower.batches(stop):
-                if checks.done():
-                    checks.result()  # a failed check loop fails the GC
+            with metrics.HEARTBEAT_AGE_SECONDS.sampling(ages):
+                async for _ in follower.batches(stop):
+                    if checks.done():
+                        checks.result()  # a failed check loop fails the GC
         finally:
             checks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -118,15 +138,6 @@ async def _check_periodically(
 async def _check(follower: PartitionFollower, partition_log: PartitionLog, clock: Clock) -> None:
     end = await follower.end_offset(partition_log.partition)
     await partition_log.wait_folded(end)
-    now = clock.now()
-    _export_ages(partition_log.state, now)
-    expiries = expired(partition_log.state, now)
+    expiries = expired(partition_log.state, clock.now())
     if expiries:
         await partition_log.commit(expiries)
-
-
-def _export_ages(state: State, now: datetime) -> None:
-    """Each live lease's heartbeat age in the Prometheus metrics (ledger.metrics)."""
-    for lease in state.leases.values():
-        age = (now - lease.renew_time).total_seconds()
-        metrics.HEARTBEAT_AGE_SECONDS.labels(lease.cluster, lease.apiserver_id).set(age)

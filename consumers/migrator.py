@@ -52,11 +52,18 @@ Output events carry the triggering event's time (time is an event) and its ID as
   same reason as on assignment.
 * A fenced or failed transaction drops the partition's state; it is rebuilt as on
   assignment.
+
+Metrics (:mod:`ledger.metrics`): the seconds from a MigrationRequested's cause to
+its commit, and the migrations of each cluster by phase, counted in the partitions'
+folds when scraped. The migrator, not the projector, counts them: each migrator owns
+its partitions alone, so the counts of several add up, while every projector reloads
+all clusters from the database it shares.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import uuid
@@ -69,7 +76,7 @@ from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, Migr
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.fold import active_migrations
-from projections.state import Changes, Migration, ResourceKey, State
+from projections.state import PHASES, Changes, Migration, ResourceKey, State
 
 SOURCE: Final = "svledger-migrator"
 GROUP_ID: Final = "svledger-migrator"
@@ -178,6 +185,13 @@ def _meta(cause: Meta, name: str) -> Meta:
     )
 
 
+def migrations_by_phase(state: State) -> dict[tuple[str, str], int]:
+    """How many migrations each cluster of ``state`` has in each phase (0 included)."""
+    counts = collections.Counter((m.cluster, m.phase) for m in state.migrations.values())
+    clusters = {cluster for cluster, _ in counts}
+    return {(cluster, phase): counts[cluster, phase] for cluster in clusters for phase in PHASES}
+
+
 def touched_resources(state: State, changes: Changes) -> set[ResourceKey]:
     """The resources whose decision an event's changes may have moved."""
     touched = set(changes.resources)
@@ -200,9 +214,16 @@ async def run_migrator(
         settings, group_id=group_id, transactional_prefix=f"svledger-migrator-{settings.topic}"
     )
     failed: dict[int, set[ResourceKey]] = {}  # per partition: resources backing off
+
+    def phases() -> list[tuple[tuple[str, str], int]]:
+        # Partitions still being rebuilt would show part of their history.
+        logs = [log for log in follower.logs.values() if log.caught_up]
+        return [sample for log in logs for sample in migrations_by_phase(log.state).items()]
+
     async with follower:
-        async for folded in follower.batches(stop):
-            await _react(folded, failed, backoff)
+        with metrics.MIGRATIONS.sampling(phases):
+            async for folded in follower.batches(stop):
+                await _react(folded, failed, backoff)
 
 
 async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:
@@ -226,11 +247,9 @@ async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: B
         return
     touched, log.touched = log.touched, {}
     events: list[Event] = []
-    causes: list[datetime] = []  # of each MigrationRequested: when its cause occurred
     for key in sorted(touched):
         decided = decide(log.state, key, touched[key], backoff)
         events.extend(decided)
-        causes += [touched[key].occurred_at for e in decided if isinstance(e, MigrationRequested)]
         if key in backing_off and (
             any(isinstance(e, MigrationRequested) for e in decided)
             or not any(m.phase == "Failed" for m in _latest(log.state, key))
@@ -241,8 +260,11 @@ async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: B
     with contextlib.suppress(PartitionLost):
         await log.commit(events)
         committed = datetime.now(UTC)
-        for cause in causes:
-            metrics.REACTION_SECONDS.observe(max(0.0, (committed - cause).total_seconds()))
+        for event in events:
+            if isinstance(event, MigrationRequested):
+                # Its time is its cause's (time is an event): the reaction is the rest.
+                reaction = (committed - event.meta.occurred_at).total_seconds()
+                metrics.REACTION_SECONDS.observe(max(0.0, reaction))
 
 
 def _latest(state: State, key: ResourceKey) -> list[Migration]:

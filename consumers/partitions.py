@@ -28,11 +28,16 @@ migration trigger, the migration worker) has the same needs, served here once:
 
 Records that do not decode are skipped with a warning (the projector sends them to
 the dead-letter topic); they never stop a consumer.
+
+The Prometheus metrics (:mod:`ledger.metrics`) show every follower under its group
+id: each followed partition's lag after every poll, the events folded (a rebuild
+folds the partition's history again) and the events appended, by type.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -41,7 +46,7 @@ from typing import Any, Self
 
 from ledger import metrics
 from ledger.codec import CodecError, decode
-from ledger.events import Event, Meta, Position
+from ledger.events import Event, Meta, Position, type_name
 from ledger.kafka import GroupMember, PartitionProducer, TransactionFailed
 from ledger.settings import KafkaSettings
 from projections.fold import apply
@@ -111,6 +116,8 @@ class PartitionLog:
                 raise PartitionLost(str(error)) from error
         if positions:
             self.barrier = max(self.barrier, max(p.offset for p in positions) + 1)
+        for event_type, count in collections.Counter(map(type_name, events)).items():
+            metrics.EVENTS_APPENDED.labels(self._follower.group_id, event_type).inc(count)
         return positions
 
     def lose(self) -> None:
@@ -149,6 +156,7 @@ class PartitionFollower:
         self._poll_ms = poll_ms
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._member: GroupMember | None = None
+        self._lag = metrics.ReaderLag(group_id)
 
     async def __aenter__(self) -> Self:
         self._member = await GroupMember(
@@ -165,6 +173,7 @@ class PartitionFollower:
         for partition_log in self.logs.values():
             await partition_log.close()
         self.logs.clear()
+        self._lag.clear()
         if self._member is not None:
             await self._member.__aexit__(None, None, None)
 
@@ -213,22 +222,15 @@ class PartitionFollower:
         while not stop.is_set():
             await self._sync_assignment()
             fetched = await member.fetch(timeout_ms=self._poll_ms)
+            self._lag.set(await member.lags())
             for partition, partition_log in list(self.logs.items()):
                 events = self._fold(partition_log, fetched.get(partition, []))
                 if partition_log.lost:
                     continue
-                position = await member.position(partition)
-                partition_log._advance(position)
-                self._export(partition, position, len(events))
+                if events:
+                    metrics.EVENTS_FOLDED.labels(self.group_id).inc(len(events))
+                partition_log._advance(await member.position(partition))
                 yield Folded(partition_log, events)
-
-    def _export(self, partition: int, position: int, folded: int) -> None:
-        """This reader's progress in the Prometheus metrics (ledger.metrics)."""
-        if folded:
-            metrics.EVENTS_FOLDED.labels(self.group_id).inc(folded)
-        mark = self.member.highwater(partition)
-        if mark is not None:
-            metrics.CONSUMER_LAG.labels(self.group_id, str(partition)).set(max(0, mark - position))
 
     @staticmethod
     def _fold(partition_log: PartitionLog, messages: list[Any]) -> list[tuple[Event, Changes]]:

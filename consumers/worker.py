@@ -4,7 +4,8 @@ Upstream semantics (kube-storage-version-migrator): list the resource in chunks 
 500 with continue tokens and rewrite each object unchanged (a no-op update makes the
 apiserver re-encode it in its storage version); a conflict means the object changed
 since it was read, so read it again and retry; not found means it is gone, which
-counts as done; 429 and timeouts are retried with backoff, honouring Retry-After.
+counts as done; 429 and timeouts are retried with backoff, honouring Retry-After
+(each retry is counted in ``svledger_worker_retries_total``, :mod:`ledger.metrics`).
 
 :func:`migrate` runs one migration against a :class:`~consumers.targets.Target` and
 reports through ``append``: ``MigrationStarted`` (when it was Pending), one
@@ -52,6 +53,7 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
+from ledger import metrics
 from ledger.clock import Clock
 from ledger.events import (
     Event,
@@ -116,6 +118,7 @@ async def _retrying(
                 reason, f"{what}: gave up after {attempt + 1} attempts: {last}"
             ) from last
         attempt += 1
+        metrics.WORKER_RETRIES.labels(reason).inc()
         await clock.sleep(delay)
 
 

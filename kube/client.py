@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -30,6 +31,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 
 from ledger import metrics
 from ledger.errors import Unavailable, UsageError
+from ledger.names import group_resource_string
 
 WATCH_SECONDS: Final = 290  # the server ends a watch after this; it is then resumed
 
@@ -137,35 +139,29 @@ class Kube:
         Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
         the server refuses, :class:`ClusterUnreachable` when it does not answer.
         """
-        with _counted(method.lower()):
-            return await self._request(method, path, body, query, timeout)
-
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, Any] | None,
-        query: Mapping[str, Any] | None,
-        timeout: float | None,
-    ) -> dict[str, Any]:
-        try:
-            response = await self._api.call_api(
-                path,
-                method,
-                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                response_types_map={200: "object", 201: "object", 202: "object"},
-                _return_http_data_only=True,
-                _request_timeout=timeout,
-            )
-        except ApiException as error:
-            raise _api_error(error, f"{method} {path}") from error
-        except aiohttp.ClientSSLError as error:
-            raise self._untrusted(error) from error
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise self._unreachable(error) from error
+        with _counted(*request_labels(method, path)) as outcome:
+            try:
+                response, status, _ = await self._api.call_api(
+                    path,
+                    method,
+                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                    header_params={
+                        "Accept": "application/json",
+                        "Content-Type": "application/json",
+                    },
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    response_types_map={200: "object", 201: "object", 202: "object"},
+                    _return_http_data_only=False,
+                    _request_timeout=timeout,
+                )
+            except ApiException as error:
+                raise _api_error(error, f"{method} {path}") from error
+            except aiohttp.ClientSSLError as error:
+                raise self._untrusted(error) from error
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise self._unreachable(error) from error
+            outcome.code = str(status)
         result: dict[str, Any] = response or {}
         return result
 
@@ -173,25 +169,21 @@ class Kube:
         self, group: str, version: str, plural: str, namespace: str | None, **query: Any
     ) -> dict[str, Any]:
         """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
-        with _counted("list"):
-            return await self._list(group, version, plural, namespace, **query)
-
-    async def _list(
-        self, group: str, version: str, plural: str, namespace: str | None, **query: Any
-    ) -> dict[str, Any]:
-        try:
-            if namespace is None:
-                page = await self._objects.list_cluster_custom_object(
-                    group, version, plural, **query
-                )
-            else:
-                page = await self._objects.list_namespaced_custom_object(
-                    group, version, namespace, plural, **query
-                )
-        except ApiException as error:
-            raise _api_error(error, f"{plural}.{group}") from error
-        except aiohttp.ClientError as error:
-            raise self._unreachable(error) from error
+        with _counted("list", group_resource_string(group, plural)) as outcome:
+            try:
+                if namespace is None:
+                    page = await self._objects.list_cluster_custom_object(
+                        group, version, plural, **query
+                    )
+                else:
+                    page = await self._objects.list_namespaced_custom_object(
+                        group, version, namespace, plural, **query
+                    )
+            except ApiException as error:
+                raise _api_error(error, f"{plural}.{group}") from error
+            except aiohttp.ClientError as error:
+                raise self._unreachable(error) from error
+            outcome.code = "200"
         result: dict[str, Any] = page
         return result
 
@@ -212,30 +204,27 @@ class Kube:
         else:
             method = self._objects.list_namespaced_custom_object
             args = (group, version, namespace, plural)
-        with _counted("watch"):
-            async for item in self._watch(method, args, resource_version, **query):
-                yield item
-
-    async def _watch(
-        self, method: Any, args: tuple[str, ...], resource_version: str, **query: Any
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        plural, group = args[-1], args[0]
         stream = watch.Watch()
-        try:
-            async with stream.stream(
-                method,
-                *args,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_SECONDS,
-                **query,
-            ) as events:
-                async for event in events:
-                    yield event["type"], event["raw_object"]
-        except ApiException as error:
-            raise _api_error(error, f"watch of {plural}.{group}") from error
-        except aiohttp.ClientError as error:
-            raise self._unreachable(error) from error
+        # Counted once, when it ends: by its error, else as answered (200) if the server
+        # sent anything or ended it; a watch its caller dropped before that is not.
+        with _counted("watch", group_resource_string(group, plural)) as outcome:
+            try:
+                async with stream.stream(
+                    method,
+                    *args,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=WATCH_SECONDS,
+                    **query,
+                ) as events:
+                    async for event in events:
+                        outcome.code = "200"
+                        yield event["type"], event["raw_object"]
+                outcome.code = "200"
+            except ApiException as error:
+                raise _api_error(error, f"watch of {plural}.{group}") from error
+            except aiohttp.ClientError as error:
+                raise self._unreachable(error) from error
 
     def _untrusted(self, error: Exception) -> CertificateError:
         return CertificateError(
@@ -250,18 +239,68 @@ class Kube:
         )
 
 
+@dataclasses.dataclass
+class _Outcome:
+    code: str | None = None  # the HTTP status, "0" for no answer, None if not known
+
+
 @contextlib.contextmanager
-def _counted(verb: str) -> Iterator[None]:
-    """Count one call in ``svledger_kube_requests_total``: its verb and HTTP code (0: none)."""
-    code = "0"
+def _counted(verb: str, resource: str) -> Iterator[_Outcome]:
+    """Count one request in ``svledger_kube_requests_total`` once its outcome is known.
+
+    The block sets ``code`` when the server answers; a refusal (:class:`ApiError`) is
+    counted with its status, no answer (:class:`ClusterUnreachable`, an untrusted
+    certificate) as ``0``. A request cancelled before either is not counted.
+    """
+    outcome = _Outcome()
     try:
-        yield
-        code = "2xx"
+        yield outcome
     except ApiError as error:
-        code = str(error.status)
+        outcome.code = str(error.status)
+        raise
+    except (ClusterUnreachable, CertificateError):
+        outcome.code = "0"
         raise
     finally:
-        metrics.KUBE_REQUESTS.labels(verb, code).inc()
+        if outcome.code is not None:
+            metrics.KUBE_REQUESTS.labels(verb, resource, outcome.code).inc()
+
+
+# The namespace's own subresources: /api/v1/namespaces/NAME/status is not a resource
+# "status" in namespace NAME (as the apiserver's RequestInfoFactory reads paths).
+_NAMESPACE_SUBRESOURCES: Final = frozenset({"status", "finalize"})
+_WRITE_VERBS: Final = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def request_labels(method: str, path: str) -> tuple[str, str]:
+    """The verb and resource of a request, named as the apiserver's own metrics name them.
+
+    ``GET /apis/apps/v1/namespaces/N/deployments`` is ``("list", "deployments.apps")``,
+    with a name after it ``get``; ``DELETE`` without a name is ``deletecollection``; a
+    subresource follows its resource (``("update", "deployments.apps/status")``).
+    Discovery (``/api``, ``/apis/apps/v1``) is ``get`` of resource ``""``.
+    """
+    parts = [part for part in path.partition("?")[0].split("/") if part]
+    rest: list[str] = []
+    group = ""
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        group, rest = (parts[1] if len(parts) > 1 else ""), parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in _NAMESPACE_SUBRESOURCES:
+        rest = rest[2:]
+    method = method.upper()
+    named = len(rest) > 1
+    if method == "GET":
+        verb = "get" if named or not rest else "list"
+    elif method == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    else:
+        verb = _WRITE_VERBS.get(method, method.lower())
+    if not rest:
+        return verb, ""
+    resource = group_resource_string(group, rest[0])
+    return verb, f"{resource}/{rest[2]}" if len(rest) > 2 else resource
 
 
 def _api_error(error: ApiException, what: str) -> ApiError:

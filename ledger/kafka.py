@@ -34,7 +34,7 @@ which names the bootstrap address and what to check. A missing topic is found by
 This module is the one place that speaks to aiokafka (settings aside, which build
 its TLS context): topics, the record format, the producers (plain, and transactional
 per partition for consume-transform-produce), the readers (decoding with a dead-letter
-topic, raw group members for per-partition folds) and end offsets. It is long for
+topic, raw group members for per-partition folds), end offsets and lags. It is long for
 that reason: everything that depends on the client library's behaviour is here.
 """
 
@@ -471,6 +471,29 @@ def ledger_consumer(
     )
 
 
+async def lags(consumer: AIOKafkaConsumer) -> dict[int, int]:
+    """Per assigned partition fetched at least once: its end minus the consumer's position.
+
+    The end is the last stable offset the last fetch response carried: the end a
+    ``read_committed`` reader reaches. The high watermark would not do: it counts the
+    records of a transaction still open, and the position passes the commit marker that
+    ends every transaction (the consumers append in transactions), so a partition whose
+    last record is a marker would show a lag of 1 to a reader that has read it all.
+    Asked between fetches, it costs no request: both numbers are the consumer's own.
+    """
+    ends = {tp: consumer.last_stable_offset(tp) for tp in consumer.assignment()}
+    found: dict[int, int] = {}
+    for tp, end in ends.items():
+        if end is None or end < 0:
+            continue
+        try:
+            position: int = await consumer.position(tp)
+        except IllegalStateError:  # revoked while an earlier position was awaited
+            continue
+        found[tp.partition] = max(0, end - position)
+    return found
+
+
 class GroupMember:
     """A member of a consumer group on the topic that reads raw records, partition by partition.
 
@@ -542,10 +565,9 @@ class GroupMember:
         position: int = await self._kafka.position(self._tp(partition))
         return position
 
-    def highwater(self, partition: int) -> int | None:
-        """The partition's high watermark as last fetched, if it has been fetched."""
-        mark: int | None = self._kafka.highwater(self._tp(partition))
-        return mark
+    async def lags(self) -> dict[int, int]:
+        """Records each assigned partition has yet to hand out (:func:`lags`)."""
+        return await lags(self._kafka)
 
     async def fetch(self, timeout_ms: int) -> dict[int, list[Any]]:
         """The records fetched within ``timeout_ms``, by partition."""
@@ -685,11 +707,9 @@ class EventConsumer:
         kafka = self._kafka
         return {tp.partition: await kafka.position(tp) for tp in kafka.assignment()}
 
-    def highwaters(self) -> dict[int, int]:
-        """The high watermark last fetched, per assigned partition that has been fetched."""
-        kafka = self._kafka
-        marks = {tp.partition: kafka.highwater(tp) for tp in kafka.assignment()}
-        return {partition: mark for partition, mark in marks.items() if mark is not None}
+    async def lags(self) -> dict[int, int]:
+        """Records each assigned partition has yet to hand out (:func:`lags`)."""
+        return await lags(self._kafka)
 
     async def _assign_all(self, consumer: AIOKafkaConsumer, partitions: list[int]) -> None:
         topic = self.settings.topic

@@ -43,12 +43,16 @@ Outages do not stop it: an unreachable broker or database is logged (naming whic
 one), and retried with exponential backoff; the batch in hand is dropped and read
 again from the checkpoint once the database is back. ``stop`` ends it cleanly: the
 batch in hand is committed first, then it leaves the consumer group.
+
+Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
+(:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
+and each partition's lag after every poll, the batch being written counted as read.
+While the broker or the database is out of reach the lag is unknown, and not shown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -73,6 +77,7 @@ from projections.writer import BatchWriter, WriterLost
 log = logging.getLogger(__name__)
 
 DEFAULT_PROJECTION: Final = "views"
+READER: Final = "projector"  # its label in the Prometheus metrics (ledger.metrics)
 MAX_BATCH: Final = 20_000
 POLL_MS: Final = 200
 LOG_INTERVAL_SECONDS: Final = 10.0
@@ -139,7 +144,9 @@ def fold_batch(projection: Projection, records: Sequence[Record]) -> FoldedBatch
 
 @dataclasses.dataclass
 class ProjectorMetrics:
-    """Counters since start; read them from outside (tests, a metrics endpoint)."""
+    """This projector's counters since start and its lag (summed over its partitions) as
+    last measured, for tests, benchmarks and the progress log; the Prometheus metrics
+    (:mod:`ledger.metrics`) show the same per process."""
 
     events_folded: int = 0
     batches: int = 0
@@ -195,6 +202,7 @@ class Projector:
         self.poll_ms = poll_ms
         self.log_interval = log_interval
         self.metrics = ProjectorMetrics()
+        self._lag = metrics.ReaderLag(READER)
         self._db: Engine | None = None
         self._state: Projection | None = None
         self._reassigned = False
@@ -232,14 +240,13 @@ class Projector:
                 self.group_id,
                 extra={"topic": self.settings.topic, "projection": self.projection},
             )
-            batches = aiter(consumer.batches(self.max_batch, self.poll_ms))
             fetch: asyncio.Future[list[Record]] | None = None
             stopped = asyncio.ensure_future(stop.wait())
             progress = _Progress(self.metrics, self.log_interval)
             try:
                 while True:
                     if fetch is None:
-                        fetch = asyncio.ensure_future(anext(batches))
+                        fetch = asyncio.ensure_future(consumer.fetch(self.max_batch, self.poll_ms))
                     # Waiting for records is the one place a stop may cut short.
                     waiting: set[asyncio.Future[Any]] = {fetch, stopped}
                     if self._writing is not None:
@@ -255,17 +262,22 @@ class Projector:
                         # fetched past it: drop them and read on from the checkpoints.
                         await _cancel(fetch)
                         fetch = None
-                        batches = aiter(consumer.batches(self.max_batch, self.poll_ms))
                         await self._recover(consumer, stop)
                         continue
                     records, fetch = fetch.result(), None
-                    await self._project(consumer, records, stop)
-                    self.metrics.lag = self._lag(consumer)
+                    if records:
+                        await self._project(consumer, records, stop)
+                    # Measured after every poll, empty ones too: a poll that only passes
+                    # a transaction's commit marker moves the position to the end.
+                    lags = await consumer.lags()
+                    self._lag.set(lags)
+                    self.metrics.lag = sum(lags.values())
                     progress.maybe_log()
                     if stop.is_set():
                         return
             finally:
                 stopped.cancel()
+                self._lag.clear()  # unknown until the next session polls
                 # Whatever ended the session, the batch being written is finished first;
                 # if it failed, the next session reloads from the database anyway.
                 await self._settle(stop)
@@ -370,7 +382,8 @@ class Projector:
             self.metrics.events_folded += result.folded
             self.metrics.rejected += result.rejected
             self.metrics.skipped += result.skipped
-            self._export(result)
+            metrics.EVENTS_FOLDED.labels(READER).inc(result.folded)
+            metrics.EVENTS_REJECTED.labels(READER).inc(result.rejected)
             self._backoff.reset()
             return True
         return False
@@ -384,26 +397,6 @@ class Projector:
         assert self._state is not None
         consumer.seek(self._state.next_offsets)
 
-    def _lag(self, consumer: EventConsumer) -> int:
-        assert self._state is not None
-        next_offsets = self._state.next_offsets
-        lags = {
-            partition: max(0, mark - next_offsets.get(partition, 0))
-            for partition, mark in consumer.highwaters().items()
-        }
-        for partition, lag in lags.items():
-            metrics.CONSUMER_LAG.labels("projector", str(partition)).set(lag)
-        return sum(lags.values())
-
-    def _export(self, result: BatchResult) -> None:
-        """The committed batch in the Prometheus metrics (ledger.metrics)."""
-        metrics.EVENTS_FOLDED.labels("projector").inc(result.folded)
-        metrics.EVENTS_REJECTED.labels("projector").inc(result.rejected)
-        assert self._state is not None
-        phases = collections.Counter(m.phase for m in self._state.state.migrations.values())
-        for phase in metrics.PHASES:
-            metrics.MIGRATIONS.labels(phase).set(phases[phase])
-
     async def _outage(
         self, what: str, address: str, error: BaseException, stop: asyncio.Event
     ) -> None:
@@ -416,12 +409,15 @@ class Projector:
             str(error).strip().splitlines()[0],
             extra={"unreachable": what, "address": _shown(address), "retry_in": delay},
         )
+        # Not polling meanwhile, its lag would stay as last measured (0, say) while
+        # the views fall behind: unknown, it leaves the metric until the next poll.
+        self._lag.clear()
         await _sleep_unless_stopped(stop, delay)
 
 
 async def _cancel(fetch: asyncio.Future[list[Record]]) -> None:
     fetch.cancel()
-    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+    with contextlib.suppress(asyncio.CancelledError):
         await fetch
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
 from ledger.names import resource_name, storage_state_name
 
@@ -28,6 +28,7 @@ MESSAGE_UNSET: Final = "Common encoding version unset"
 
 Phase: TypeAlias = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 ACTIVE_PHASES: Final[frozenset[str]] = frozenset({"Pending", "Running"})
+PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 
 LeaseKey: TypeAlias = tuple[str, str]  # (cluster, apiserver_id)
 ResourceKey: TypeAlias = tuple[str, str, str]  # (cluster, group, resource)

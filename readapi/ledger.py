@@ -54,6 +54,7 @@ CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
 CHECKPOINT_EVERY: Final = 20_000
 WATCH_WINDOW: Final = 2_000
 CACHED_VIEWS: Final = 64
+READER: Final = "serve"  # its label in the Prometheus metrics (ledger.metrics)
 
 
 class UnknownCluster(UsageError):
@@ -173,15 +174,6 @@ class Checkpoint:
     folds: dict[str, ClusterFold]
 
 
-def _export(folded: int, positions: Mapping[int, int], marks: Mapping[int, int]) -> None:
-    """The read API's progress in the Prometheus metrics (ledger.metrics)."""
-    if folded:
-        metrics.EVENTS_FOLDED.labels("serve").inc(folded)
-    for partition, mark in marks.items():
-        lag = max(0, mark - positions.get(partition, 0))
-        metrics.CONSUMER_LAG.labels("serve", str(partition)).set(lag)
-
-
 class LedgerViews:
     """Every cluster's fold, followed live from the topic; and views of the past."""
 
@@ -215,6 +207,7 @@ class LedgerViews:
         self._partitions = await topic_partitions(self.settings)
         async with EndOffsets(self.settings) as ends:
             targets = await ends()
+        lag = metrics.ReaderLag(READER)
         async with EventConsumer(
             self.settings, dead_letters=False, fetch_max_wait_ms=100
         ) as consumer:
@@ -223,10 +216,12 @@ class LedgerViews:
                 while not stop.is_set():
                     batch = await consumer.fetch(timeout_ms=200)
                     self._fold(batch)
-                    positions = await consumer.positions()
-                    await self._passed(positions, targets, bool(batch))
-                    _export(len(batch), positions, consumer.highwaters())
+                    if batch:
+                        metrics.EVENTS_FOLDED.labels(READER).inc(len(batch))
+                    await self._passed(await consumer.positions(), targets, bool(batch))
+                    lag.set(await consumer.lags())
             finally:
+                lag.clear()
                 self._wake()  # watches look at the stop signal
 
     def _fold(self, batch: list[Record]) -> None:

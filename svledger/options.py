@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -84,13 +83,27 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
 
 
 def add_metrics_option(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-address HOST:PORT`` for a long-running command; hand the parsed
+    ``args.metrics_address`` to :func:`run_until_signalled`."""
     parser.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",
+        type=metrics_address,
         default=os.environ.get("SVLEDGER_METRICS_ADDRESS"),
         help="expose Prometheus metrics on http://HOST:PORT/metrics (port 0: any free one;\n"
         "default: $SVLEDGER_METRICS_ADDRESS, else none); see docs/metrics.md",
     )
+
+
+def metrics_address(text: str) -> str:
+    """An argparse type: ``HOST:PORT`` as :func:`ledger.metrics.serve_metrics` takes it."""
+    from ledger.metrics import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
 
 
 def run_until_signalled(
@@ -98,14 +111,15 @@ def run_until_signalled(
 ) -> int:
     """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit.
 
-    With ``metrics_address`` its metrics are exposed there first (the bound address is
-    logged, so a port 0 can be found).
+    With ``metrics_address`` its metrics are exposed there first
+    (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
+    found).
     """
     if metrics_address:
         from ledger.metrics import serve_metrics
 
         try:
-            host, port = serve_metrics(metrics_address)
+            serve_metrics(metrics_address)
         except ValueError as error:
             raise UsageError(f"--metrics-address: {error}") from error
         except OSError as error:
@@ -113,12 +127,6 @@ def run_until_signalled(
                 f"--metrics-address {metrics_address}: cannot listen: {error.strerror}; "
                 "choose a free port"
             ) from error
-        logging.getLogger(__name__).info(
-            "metrics on http://%s:%d/metrics",
-            host,
-            port,
-            extra={"metrics_address": f"{host}:{port}"},
-        )
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
@@ -482,6 +483,45 @@ async def test_a_version_no_longer_served_is_rediscovered_not_taken_for_a_deleti
     assert [r.path for r in apiserver.requests if r.method == "PUT"] == [
         "/apis/apps/v1beta1/namespaces/ns/deployments/d"
     ]
+
+
+def kube_requests() -> dict[tuple[str, str, str], float]:
+    return {
+        (s.labels["verb"], s.labels["resource"], s.labels["code"]): s.value
+        for family in REGISTRY.collect()
+        if family.name == "svledger_kube_requests"
+        for s in family.samples
+        if s.name == "svledger_kube_requests_total"
+    }
+
+
+async def test_every_request_is_counted_by_verb_resource_and_code(
+    apiserver: FakeApiserver, target: KubernetesTarget, tmp_path: Path
+) -> None:
+    apiserver.create("apps", "deployments", "ns", "d")
+    before = kube_requests()
+    await target.list("apps", "deployments", None, 500)
+    await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
+    apiserver.forbid_updates = True
+    with pytest.raises(Forbidden):
+        await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}", {"token": TOKEN})
+    async with target_for(kubeconfig) as unreachable:
+        with pytest.raises(Transient):
+            await unreachable.list("", "pods", None, 500)
+    after = kube_requests()
+    counted = {key: after[key] - before.get(key, 0) for key in after}
+    assert {key: n for key, n in counted.items() if n} == {
+        ("get", "", "200"): 2,  # discovery: /apis/apps, /apis/apps/v1
+        ("list", "deployments.apps", "200"): 1,
+        ("get", "deployments.apps", "200"): 2,
+        ("update", "deployments.apps", "200"): 1,
+        ("update", "deployments.apps", "403"): 1,
+        ("get", "", "0"): 1,  # /api, unanswered
+    }
 
 
 async def test_an_unknown_resource_is_not_found_by_name(target: KubernetesTarget) -> None:

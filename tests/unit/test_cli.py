@@ -126,6 +126,7 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         (["history", "apps.deployments", "--db", "mysql://h/db"], "mysql"),
         (["simulate", "no-such-scenario.yaml"], "no-such-scenario.yaml"),
         (["lease-gc", "--check-period", "-5"], "'-5'"),
+        (["migrator", "--metrics-address", "9100"], "'9100' is not HOST:PORT"),
         (["storagestate", "reset", "apps", "deployments", "--cluster", "c"], "--reason"),
     ],
 )

@@ -10,7 +10,8 @@ An import hidden in a function counts too. The rules:
   identity, names, validation and the event types are functions of their arguments.
 * Each third-party client is fenced in its own module: aiokafka only in
   ``ledger/kafka.py`` (and ``ledger/settings.py``, which builds its TLS context),
-  psycopg only in ``projections/postgres.py``, the Kubernetes client only in ``kube/``.
+  psycopg only in ``projections/postgres.py``, the Kubernetes client only in ``kube/``,
+  prometheus_client only in ``ledger/metrics.py`` (which defines every metric).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ FENCES = {
     "aiokafka": {"ledger/kafka.py", "ledger/settings.py"},
     "psycopg": {"projections/postgres.py"},
     "kubernetes_asyncio": {"kube/"},
+    "prometheus_client": {"ledger/metrics.py"},
 }
 
 
