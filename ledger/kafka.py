@@ -111,7 +111,12 @@ def to_record(event: Event) -> OutgoingRecord:
 class _Client(Protocol):
     async def start(self) -> None: ...
 
-    async def stop(self) -> None: ...
+
+async def _shut(client: _Client) -> None:
+    """Stop a client: consumers and producers ``stop()``, the admin client ``close()``s."""
+    shut = getattr(client, "stop", None) or getattr(client, "close", None)
+    assert shut is not None, f"{type(client).__name__} has neither stop() nor close()"
+    await shut()
 
 
 _C = TypeVar("_C", bound=_Client)
@@ -134,7 +139,7 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
             await client.start()
             return client
         except KafkaConnectionError as error:
-            await client.stop()
+            await _shut(client)
             if loop.time() + delay > deadline:
                 raise BrokerUnavailable(
                     f"cannot reach Kafka at {settings.bootstrap_servers!r} "
@@ -146,7 +151,7 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         except BaseException:
-            await client.stop()
+            await _shut(client)
             raise
 
 

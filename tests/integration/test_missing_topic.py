@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ledger.settings import KafkaSettings
+
 # Far below the client's 40 s request timeout, far above a normal start: a run past it
 # waited for the topic instead of asking whether it exists.
 _WAITED_FOR_THE_TOPIC = 20.0
@@ -60,3 +62,21 @@ def test_a_missing_topic_is_one_clear_line(
         "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
     ]
     assert elapsed < _WAITED_FOR_THE_TOPIC
+
+
+@pytest.mark.parametrize("reader", ["topic_partitions", "create_topics"])
+async def test_an_unreachable_broker_is_broker_unavailable_naming_it(
+    reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing listens on port 1; connect's patience is cut to a second for the test.
+    from ledger import kafka
+
+    patient = kafka.connect
+
+    async def impatient(make, settings, *, timeout=30.0):  # type: ignore[no-untyped-def]
+        return await patient(make, settings, timeout=1.0)
+
+    monkeypatch.setattr(kafka, "connect", impatient)
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", topic="svledger.events")
+    with pytest.raises(kafka.BrokerUnavailable, match=r"cannot reach Kafka at '127\.0\.0\.1:1'"):
+        await getattr(kafka, reader)(settings)
