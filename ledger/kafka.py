@@ -47,7 +47,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as TopicPartition  # re-exported: a partition of any topic
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError, for_code
 from aiokafka.partitioner import DefaultPartitioner
@@ -158,29 +159,35 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
 # --------------------------------------------------------------------------- topics
 
 
-async def create_topics(settings: KafkaSettings) -> None:
-    """Create the event and dead-letter topics if they do not exist (idempotent)."""
+async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) -> None:
+    """Create the event and dead-letter topics if they do not exist (idempotent).
+
+    ``inboxes`` names clusters whose inbox topic (one partition: one order per
+    cluster) is created too, for a ledger guarded by ``svledger admit``.
+    """
+    wanted = {settings.topic: settings.partitions, settings.dlq_topic: settings.partitions}
+    wanted.update((settings.inbox_topic(cluster), 1) for cluster in inboxes)
     admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
     try:
         response = await admin.create_topics(
             [
                 NewTopic(
                     name,
-                    num_partitions=settings.partitions,
+                    num_partitions=partitions,
                     replication_factor=settings.replication_factor,
                     topic_configs=dict(TOPIC_CONFIG),
                 )
-                for name in (settings.topic, settings.dlq_topic)
+                for name, partitions in wanted.items()
             ]
         )
         for topic, code, *rest in response.topic_errors:
             if code and code != _TOPIC_ALREADY_EXISTS:
                 message = rest[0] if rest and rest[0] else for_code(code).description
                 raise KafkaError(
-                    f"cannot create topic {topic!r} ({settings.partitions} partitions, "
+                    f"cannot create topic {topic!r} ({wanted[topic]} partitions, "
                     f"replication factor {settings.replication_factor}): {message}"
                 )
-        await _await_leaders(admin, [settings.topic, settings.dlq_topic])
+        await _await_leaders(admin, list(wanted))
     finally:
         await admin.close()
 
@@ -300,7 +307,11 @@ async def end_offsets(settings: KafkaSettings) -> dict[int, int]:
 
 
 class EventProducer:
-    """Appends events to the ledger topic; ``async with EventProducer(settings) as p``."""
+    """Appends events to the ledger topic; ``async with EventProducer(settings) as p``.
+
+    With ``settings.inbox`` each event goes to its cluster's inbox topic instead, for
+    ``svledger admit`` to check and move into the ledger (:mod:`consumers.admission`).
+    """
 
     def __init__(
         self,
@@ -348,7 +359,7 @@ class EventProducer:
     async def _enqueue(self, event: Event) -> asyncio.Future[Any]:
         key, value, headers = to_record(event)
         future: asyncio.Future[Any] = await self.producer.send(
-            self.settings.topic, value=value, key=key, headers=headers
+            self.settings.write_topic(event.meta.cluster), value=value, key=key, headers=headers
         )
         return future
 
@@ -452,6 +463,96 @@ class PartitionProducer:
                 else:
                     future.cancel()
             raise TransactionFailed(f"partition {self.partition}: {error}") from error
+
+
+class Addressed(NamedTuple):
+    """A record and where it goes: a topic and a partition (None: by its key)."""
+
+    topic: str
+    partition: int | None
+    record: OutgoingRecord
+
+
+class TransactionalProducer:
+    """Records to any topics plus a group's consumed offsets, in one Kafka transaction.
+
+    Starting it fences every earlier producer with the same ``transactional_id`` (their
+    open transaction is aborted, their later ones refused).
+    """
+
+    def __init__(self, settings: KafkaSettings, transactional_id: str) -> None:
+        self.settings = settings
+        self.transactional_id = transactional_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = await connect(
+            lambda: AIOKafkaProducer(
+                **self.settings.client_kwargs(),
+                transactional_id=self.transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=0,
+                retry_backoff_ms=10,
+            ),
+            self.settings,
+        )
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), TRANSACTION_TIMEOUT_SECONDS)
+            except TimeoutError:
+                log.warning("transactional producer %s did not stop; left", self.transactional_id)
+
+    async def commit(
+        self,
+        records: Sequence[Addressed],
+        *,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+    ) -> list[Position]:
+        """Append ``records`` and commit ``group_id``'s ``offsets``, atomically.
+
+        Raises :class:`TransactionFailed` when the transaction does not commit (within
+        :data:`TRANSACTION_TIMEOUT_SECONDS`); nothing of it is then visible to
+        ``read_committed`` readers, and the producer must be stopped and replaced.
+        """
+        assert self._producer is not None, "start() the TransactionalProducer first"
+        producer = self._producer
+        futures: list[asyncio.Future[Any]] = []
+
+        async def transact() -> list[Position]:
+            async with producer.transaction():
+                for topic, partition, (key, value, headers) in records:
+                    futures.append(
+                        await producer.send(
+                            topic, value=value, key=key, headers=headers, partition=partition
+                        )
+                    )
+                await producer.send_offsets_to_transaction(dict(offsets), group_id)
+            return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+
+        task = asyncio.ensure_future(transact())
+        try:
+            # Shielded: a transaction that hangs is left behind, not awaited while it
+            # aborts (an abort can hang as long); the next producer's start fences it.
+            return await asyncio.wait_for(asyncio.shield(task), TRANSACTION_TIMEOUT_SECONDS)
+        except TimeoutError as error:
+            task.cancel()
+            raise TransactionFailed(
+                f"{self.transactional_id}: the transaction did not complete within"
+                f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check the broker's log"
+            ) from error
+        except KafkaError as error:
+            raise TransactionFailed(f"{self.transactional_id}: {error}") from error
+        finally:
+            for future in futures:  # their error is the one raised here
+                if future.done() and not future.cancelled():
+                    future.exception()
+                elif not future.done():
+                    future.cancel()
 
 
 # --------------------------------------------------------------------------- consuming
@@ -578,6 +679,75 @@ class GroupMember:
         """The records fetched within ``timeout_ms``, by partition."""
         fetched = await self._kafka.getmany(timeout_ms=timeout_ms)
         return {tp.partition: messages for tp, messages in fetched.items()}
+
+
+class PatternMember:
+    """A consumer group member of every topic whose name matches ``pattern``; raw records.
+
+    For consumers that move records from many topics in transactions of their own
+    (:mod:`consumers.admission`): before moving a newly assigned partition, the caller
+    fences its last owner and then :meth:`resume` s it from the group's committed offset.
+    Topics created later are found within ``metadata_max_age_ms``.
+    """
+
+    def __init__(
+        self, settings: KafkaSettings, group_id: str, pattern: str, *, metadata_max_age_ms: int
+    ) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self._pattern = pattern
+        self._metadata_max_age_ms = metadata_max_age_ms
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> Self:
+        self._consumer = await connect(
+            lambda: ledger_consumer(
+                self.settings, self.group_id, metadata_max_age_ms=self._metadata_max_age_ms
+            ),
+            self.settings,
+        )
+        self._consumer.subscribe(pattern=self._pattern)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    @property
+    def _kafka(self) -> AIOKafkaConsumer:
+        assert self._consumer is not None, "use 'async with PatternMember(...)'"
+        return self._consumer
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._kafka.assignment())
+
+    async def resume(self, tp: TopicPartition) -> int | None:
+        """Seek ``tp`` to the group's committed offset (else its beginning) and return it;
+        None if the partition was revoked meanwhile."""
+        committed: int | None = await self._kafka.committed(tp)
+        if tp not in self._kafka.assignment():
+            return None
+        if committed is None:
+            await self._kafka.seek_to_beginning(tp)
+            committed = await self._kafka.position(tp)
+        else:
+            self._kafka.seek(tp, committed)
+        return committed
+
+    async def fetch(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        """The records fetched within ``timeout_ms``, by topic partition."""
+        fetched: dict[TopicPartition, list[Any]] = await self._kafka.getmany(
+            timeout_ms=timeout_ms, max_records=max_records
+        )
+        return fetched
+
+    def lag(self, tp: TopicPartition, next_offset: int) -> int | None:
+        """The last stable offset of an assigned ``tp`` minus ``next_offset``; None if unknown."""
+        if tp not in self._kafka.assignment():
+            return None
+        end: int | None = self._kafka.last_stable_offset(tp)
+        return None if end is None or end < 0 else max(0, end - next_offset)
 
 
 class _ChangeListener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -820,19 +990,26 @@ class EventConsumer:
                     "reason": reason,
                 },
             )
-            headers = [
-                *message.headers,
-                (DLQ_REASON_HEADER, reason.encode()),
-                (DLQ_TOPIC_HEADER, message.topic.encode()),
-                (DLQ_PARTITION_HEADER, str(message.partition).encode()),
-                (DLQ_OFFSET_HEADER, str(message.offset).encode()),
-            ]
             futures.append(
                 await producer.send(
-                    self.settings.dlq_topic, value=message.value, key=message.key, headers=headers
+                    self.settings.dlq_topic,
+                    value=message.value,
+                    key=message.key,
+                    headers=dead_letter_headers(message, reason),
                 )
             )
         await asyncio.gather(*futures)
+
+
+def dead_letter_headers(message: Any, reason: str) -> Headers:
+    """A dead letter's headers: the original ones, then why and where it came from."""
+    return [
+        *message.headers,
+        (DLQ_REASON_HEADER, reason.encode()),
+        (DLQ_TOPIC_HEADER, message.topic.encode()),
+        (DLQ_PARTITION_HEADER, str(message.partition).encode()),
+        (DLQ_OFFSET_HEADER, str(message.offset).encode()),
+    ]
 
 
 def _decode(message: Any) -> Record | str:

@@ -147,6 +147,11 @@ RECORDS_DEAD_LETTERED: Final = Counter(
     "Undecodable records copied to the dead-letter topic.",
     ["topic"],
 )
+ADMISSION_REFUSED: Final = Counter(
+    "svledger_admission_refused_total",
+    "Inbox records admission refused (sent to the dead-letter topic), by the rule broken.",
+    ["rule"],
+)
 EVENTS_APPENDED: Final = Counter(
     "svledger_events_appended_total",
     "Events a consumer appended to the log (committed transactions), by event type.",

@@ -20,6 +20,10 @@ variable                            meaning (default)
 ``SVLEDGER_KAFKA_SSL_CAFILE``       CA bundle (PEM) to verify the broker
 ``SVLEDGER_KAFKA_SSL_CERTFILE``     client certificate (PEM) for mutual TLS
 ``SVLEDGER_KAFKA_SSL_KEYFILE``      its private key (PEM)
+``SVLEDGER_INBOX``                  ``true``: write events to their cluster's inbox topic
+                                    ``<topic>.inbox.<cluster>``, not to the topic
+                                    (reporters, when ``svledger admit`` guards the
+                                    ledger: docs/production.md); ``false`` (default)
 =================================== ==========================================
 
 Settings are checked when built, so a typo fails at start-up with the variable
@@ -55,8 +59,12 @@ _ENV: Final = {
     "ssl_cafile": "SVLEDGER_KAFKA_SSL_CAFILE",
     "ssl_certfile": "SVLEDGER_KAFKA_SSL_CERTFILE",
     "ssl_keyfile": "SVLEDGER_KAFKA_SSL_KEYFILE",
+    "inbox": "SVLEDGER_INBOX",
 }
 _INT_FIELDS: Final = frozenset({"partitions", "replication_factor"})
+_BOOL_FIELDS: Final = frozenset({"inbox"})
+_BOOLEANS: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+INBOX_INFIX: Final = ".inbox."
 
 
 class SettingsError(UsageError):
@@ -67,6 +75,13 @@ class SettingsError(UsageError):
         self.name = name
         self.value = value
         self.rule = rule
+
+
+def _check_topic(name: str, value: str, topic: str) -> None:
+    if not value or len(topic) > 249 or not all(c.isalnum() or c in "._-" for c in topic):
+        raise SettingsError(
+            name, value, f"a Kafka topic name ({topic!r}) is 1-249 characters of [a-zA-Z0-9._-]"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +99,7 @@ class KafkaSettings:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    inbox: bool = False
 
     def __post_init__(self) -> None:
         if not self.dlq_topic:
@@ -93,11 +109,7 @@ class KafkaSettings:
                 "bootstrap_servers", self.bootstrap_servers, "give at least one host:port"
             )
         for name in ("topic", "dlq_topic"):
-            value = getattr(self, name)
-            if not value or len(value) > 249 or not all(c.isalnum() or c in "._-" for c in value):
-                raise SettingsError(
-                    name, value, "a Kafka topic name is 1-249 characters of [a-zA-Z0-9._-]"
-                )
+            _check_topic(name, getattr(self, name), getattr(self, name))
         if self.dlq_topic == self.topic:
             raise SettingsError(
                 "dlq_topic", self.dlq_topic, "the dead-letter topic must differ from the topic"
@@ -141,6 +153,21 @@ class KafkaSettings:
     def uses_ssl(self) -> bool:
         return self.security_protocol.endswith("SSL")
 
+    @property
+    def inbox_prefix(self) -> str:
+        """Every inbox topic's name starts with this: ``<topic>.inbox.``."""
+        return f"{self.topic}{INBOX_INFIX}"
+
+    def inbox_topic(self, cluster: str) -> str:
+        """The topic a cluster's reporters write to when the ledger is guarded."""
+        topic = f"{self.inbox_prefix}{cluster}"
+        _check_topic("cluster", cluster, topic)
+        return topic
+
+    def write_topic(self, cluster: str) -> str:
+        """Where this process appends a cluster's events: its inbox or the ledger."""
+        return self.inbox_topic(cluster) if self.inbox else self.topic
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> KafkaSettings:
         """Settings from ``SVLEDGER_*`` variables; ``overrides`` (field=value) win over them."""
@@ -154,6 +181,10 @@ class KafkaSettings:
                     values[name] = int(raw)
                 except ValueError:
                     raise SettingsError(variable, raw, "must be a whole number") from None
+            elif name in _BOOL_FIELDS:
+                if raw.lower() not in _BOOLEANS:
+                    raise SettingsError(variable, raw, "must be true or false")
+                values[name] = _BOOLEANS[raw.lower()]
             else:
                 values[name] = raw
         values.update(overrides)

@@ -14,6 +14,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     log.add_db,
     log.add_project,
     services.add_collect,
+    services.add_admit,
     services.add_lease_gc,
     services.add_migrator,
     services.add_worker,

@@ -29,10 +29,19 @@ def add_topics(subparsers: Subparsers) -> None:
             "svledger topics create: create the events topic and its dead-letter topic\n"
             "(SVLEDGER_KAFKA_PARTITIONS partitions, SVLEDGER_KAFKA_REPLICATION_FACTOR\n"
             "replicas, kept for ever) unless they exist, and wait for their leaders\n"
-            "(idempotent). Run it once per deployment, before the other roles."
+            "(idempotent). Run it once per deployment, before the other roles, and with\n"
+            "--inbox for each cluster whose reporters write through 'svledger admit'."
         ),
     )
     parser.add_argument("action", choices=["create"], help="create: create missing topics")
+    parser.add_argument(
+        "--inbox",
+        action="append",
+        default=[],
+        metavar="CLUSTER",
+        help="also create CLUSTER's inbox topic <topic>.inbox.CLUSTER (one partition);\n"
+        "repeat for more clusters (see docs/production.md, 'Who may say what')",
+    )
     add_kafka_options(parser)
 
 
@@ -40,8 +49,10 @@ def _topics_create(args: argparse.Namespace) -> int:
     from ledger.kafka import create_topics
 
     settings = kafka_settings(args)
-    asyncio.run(create_topics(settings))
-    print(f"topics {settings.topic} and {settings.dlq_topic} exist")
+    inboxes = [settings.inbox_topic(cluster) for cluster in args.inbox]  # checked before any I/O
+    asyncio.run(create_topics(settings, args.inbox))
+    *others, last = [settings.topic, settings.dlq_topic, *inboxes]
+    print(f"topics {', '.join(others)} and {last} exist")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The long-running reactors: lease GC, the migration trigger, the migration worker."""
+"""The long-running reactors: admission, lease GC, the migration trigger, the migration worker."""
 
 from __future__ import annotations
 
@@ -14,6 +14,35 @@ from svledger.options import (
     positive,
     run_until_signalled,
 )
+
+
+def add_admit(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "admit",
+        _admit,
+        help="move what reporters may say from their clusters' inboxes into the ledger",
+        description=(
+            "Guard the ledger against forged events: read every inbox topic\n"
+            "<topic>.inbox.CLUSTER (reporters write there with SVLEDGER_INBOX=true) and copy\n"
+            "each record into the ledger if it is a heartbeat, lease release, storage version\n"
+            "report or withdrawal of that cluster; anything else goes to the dead-letter\n"
+            "topic with the reason. Exactly once and in each inbox's order (Kafka\n"
+            "transactions, one transactional id per inbox). New inboxes are picked up within\n"
+            "seconds. See docs/production.md, 'Who may say what'."
+        ),
+    )
+    add_kafka_options(parser)
+    add_metrics_option(parser)
+
+
+def _admit(args: argparse.Namespace) -> int:
+    from consumers.admission import run_admission
+
+    settings = kafka_settings(args)
+    return run_until_signalled(
+        lambda stop: run_admission(settings, stop=stop), args.metrics_address
+    )
 
 
 def add_lease_gc(subparsers: Subparsers) -> None:

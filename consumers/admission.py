@@ -1,0 +1,257 @@
+"""Who may say what: reporters write to their cluster's inbox; admission moves what they may say.
+
+**The threat.** Whoever may write the ledger topic may append any event: a
+``MigrationSucceeded`` that narrows a StorageState's persisted versions and so hides
+objects still stored in an old version, or a report in the name of another cluster's
+apiserver. Kafka's ACLs say who may write a *topic*; a consumer cannot tell who wrote
+a record. So the writers are told apart by topic.
+
+**The defence.** Reporters are many and run inside every API server; they get no
+access to the ledger. Each cluster has an inbox topic, ``<topic>.inbox.<cluster>``
+(one partition: one order), which only that cluster's reporter principal may write
+(the ACLs: docs/production.md, ``deploy/kafka``). :func:`run_admission` (``svledger
+admit``) reads every inbox and copies each record into the ledger, byte for byte,
+when :func:`judge` finds the reporter may say it:
+
+* the event decodes and the record's key is its cluster (as every ledger record);
+* its ``meta.cluster`` is the inbox's cluster: no report for another cluster;
+* it is one a reporter emits (:data:`REPORTER_EVENTS`): heartbeats, lease releases,
+  storage version reports and withdrawals. Lease expiry, storage state resets and
+  every migration event are decisions of svledger's own consumers or of an operator.
+
+A record refused goes to the dead-letter topic with the reason in its
+``svledger-dlq-reason`` header, is counted in ``svledger_admission_refused_total``
+by rule, and is logged; it never reaches the ledger, so no view changes.
+
+The consumers that decide (lease GC, migrator, worker, collector) and the operators'
+CLI keep writing the ledger directly, each under a principal of its own: they read the
+ledger to decide and wait for their own output to come back through it, and they are
+svledger's own services, not code inside every API server. Their events carry
+``meta.source``, and each principal's ACLs name what it may touch.
+
+**Exactly once, in order.** Each inbox partition has its own transactional producer
+(``svledger-admission-<inbox topic>-<partition>``): the admitted and refused records of
+a batch and the inbox offset after it are committed in one transaction. A new owner of
+the partition (a rebalance, a restart) starts its producer first, which fences the
+last owner, then reads the committed offset and goes on from there, so every inbox
+record reaches the ledger or the dead-letter topic once, in the inbox's order. New
+inboxes are found by the subscription's pattern within :data:`METADATA_MAX_AGE_MS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import re
+from typing import Any, Final
+
+from ledger import metrics
+from ledger.codec import CodecError, decode
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseReleased,
+    Event,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
+    type_name,
+)
+from ledger.kafka import (
+    TYPE_HEADER,
+    Addressed,
+    OutgoingRecord,
+    PatternMember,
+    TopicPartition,
+    TransactionalProducer,
+    TransactionFailed,
+    dead_letter_headers,
+    partition_of,
+    topic_partitions,
+)
+from ledger.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+GROUP_ID: Final = "svledger-admission"
+REPORTER_EVENTS: Final = frozenset(
+    {ApiserverHeartbeat, ApiserverLeaseReleased, StorageVersionReported, StorageVersionWithdrawn}
+)
+METADATA_MAX_AGE_MS: Final = 5_000
+MAX_RECORDS: Final = 5_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a record may not enter the ledger: the rule it breaks and a sentence."""
+
+    rule: str  # undecodable, key, cluster, type
+    reason: str
+
+
+def judge(inbox_cluster: str, key: bytes | None, value: bytes | None) -> Event | Refused:
+    """The event of an inbox record of ``inbox_cluster``, or why it is refused."""
+    if value is None:
+        return Refused("undecodable", "record has no value (a tombstone); the ledger never deletes")
+    try:
+        event = decode(value)
+    except CodecError as error:
+        return Refused("undecodable", str(error))
+    cluster = event.meta.cluster
+    if cluster != inbox_cluster:
+        return Refused(
+            "cluster",
+            f"{type_name(event)} {event.meta.event_id} is for cluster {cluster!r} but came"
+            f" through the inbox of cluster {inbox_cluster!r}: a reporter speaks only for"
+            " its own cluster",
+        )
+    if key != cluster.encode():
+        return Refused("key", f"record key {key!r} is not the event's meta.cluster {cluster!r}")
+    if type(event) not in REPORTER_EVENTS:
+        allowed = ", ".join(sorted(kind.__name__ for kind in REPORTER_EVENTS))
+        return Refused(
+            "type",
+            f"{type_name(event)} {event.meta.event_id} may not come from a reporter's inbox"
+            f" (a reporter may say only {allowed})",
+        )
+    return event
+
+
+def inbox_pattern(settings: KafkaSettings) -> str:
+    """The subscription pattern matching every inbox topic of the ledger."""
+    return f"^{re.escape(settings.inbox_prefix)}.+$"
+
+
+class _Inbox:
+    """One assigned inbox partition: its producer, the next offset to move, its lag."""
+
+    def __init__(
+        self, tp: TopicPartition, producer: TransactionalProducer, next_offset: int
+    ) -> None:
+        self.producer = producer
+        self.next_offset = next_offset
+        self.lag = metrics.ReaderLag(tp.topic)  # reader: the inbox topic
+
+    async def close(self) -> None:
+        self.lag.clear()
+        await self.producer.stop()
+
+
+class Admission:
+    """``async with Admission(settings) as admission: await admission.step()`` until done."""
+
+    def __init__(self, settings: KafkaSettings, group_id: str = GROUP_ID) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self._partitions: list[int] = []
+        self._member = PatternMember(
+            settings, group_id, inbox_pattern(settings), metadata_max_age_ms=METADATA_MAX_AGE_MS
+        )
+        self._inboxes: dict[TopicPartition, _Inbox] = {}
+
+    async def __aenter__(self) -> Admission:
+        self._partitions = await topic_partitions(self.settings)
+        await self._member.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for inbox in self._inboxes.values():
+            await inbox.close()
+        self._inboxes.clear()
+        await self._member.__aexit__()
+
+    async def step(self, timeout_ms: int = 200) -> int:
+        """Fetch once and move what was fetched; the number of records moved."""
+        await self._sync()
+        fetched = await self._member.fetch(timeout_ms, MAX_RECORDS)
+        moved = 0
+        for tp, messages in fetched.items():
+            inbox = self._inboxes.get(tp)
+            if inbox is None:
+                continue  # assigned since the sync: moved once its producer has fenced
+            messages = [m for m in messages if m.offset >= inbox.next_offset]
+            if messages:
+                moved += await self._move(tp, inbox, messages)
+        for tp, inbox in self._inboxes.items():
+            lag = self._member.lag(tp, inbox.next_offset)
+            if lag is not None:
+                inbox.lag.set({tp.partition: lag})
+        return moved
+
+    async def _sync(self) -> None:
+        """Producers for newly assigned inbox partitions, none for revoked ones."""
+        assigned = self._member.assignment()
+        for tp in [tp for tp in self._inboxes if tp not in assigned]:
+            await self._inboxes.pop(tp).close()
+        for tp in sorted(assigned - self._inboxes.keys()):
+            producer = TransactionalProducer(
+                self.settings, f"{self.group_id}-{tp.topic}-{tp.partition}"
+            )
+            await producer.start()  # fences the last owner: its offsets are final now
+            next_offset = await self._member.resume(tp)
+            if next_offset is None:  # revoked meanwhile
+                await producer.stop()
+                continue
+            self._inboxes[tp] = _Inbox(tp, producer, next_offset)
+
+    async def _move(self, tp: TopicPartition, inbox: _Inbox, messages: list[Any]) -> int:
+        inbox_cluster = tp.topic[len(self.settings.inbox_prefix) :]
+        records: list[Addressed] = []
+        admitted: collections.Counter[str] = collections.Counter()
+        refused: collections.Counter[str] = collections.Counter()
+        for message in messages:
+            verdict = judge(inbox_cluster, message.key, message.value)
+            if isinstance(verdict, Refused):
+                refused[verdict.rule] += 1
+                log.warning(
+                    "refused %s:%d@%d: %s",
+                    tp.topic,
+                    tp.partition,
+                    message.offset,
+                    verdict.reason,
+                    extra={"topic": tp.topic, "offset": message.offset, "rule": verdict.rule},
+                )
+                headers = dead_letter_headers(message, verdict.reason)
+                records.append(
+                    Addressed(
+                        self.settings.dlq_topic,
+                        None,
+                        OutgoingRecord(message.key, message.value, headers),
+                    )
+                )
+                continue
+            name = type_name(verdict)
+            admitted[name] += 1
+            records.append(
+                Addressed(
+                    self.settings.topic,
+                    partition_of(verdict.meta.cluster, self._partitions),
+                    OutgoingRecord(message.key, message.value, [(TYPE_HEADER, name.encode())]),
+                )
+            )
+        next_offset = messages[-1].offset + 1
+        try:
+            await inbox.producer.commit(records, group_id=self.group_id, offsets={tp: next_offset})
+        except TransactionFailed as error:
+            # Nothing of it is visible; a fresh producer fences this one and goes on
+            # from the committed offset.
+            log.warning("%s; moving %s again from its committed offset", error, tp.topic)
+            await self._inboxes.pop(tp).close()
+            return 0
+        inbox.next_offset = next_offset
+        for name, count in admitted.items():
+            metrics.EVENTS_APPENDED.labels(self.group_id, name).inc(count)
+        for rule, count in refused.items():
+            metrics.ADMISSION_REFUSED.labels(rule).inc(count)
+        if refused:
+            metrics.RECORDS_DEAD_LETTERED.labels(tp.topic).inc(sum(refused.values()))
+        return len(messages)
+
+
+async def run_admission(
+    settings: KafkaSettings, *, stop: asyncio.Event, group_id: str = GROUP_ID
+) -> None:
+    """Move inbox records into the ledger (or the dead-letter topic) until ``stop`` is set."""
+    async with Admission(settings, group_id) as admission:
+        while not stop.is_set():
+            await admission.step()

@@ -1,0 +1,83 @@
+"""Who may say what through a cluster's inbox: :func:`consumers.admission.judge`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consumers.admission import REPORTER_EVENTS, Refused, judge
+from ledger.codec import encode
+from ledger.events import Event
+from ledger.settings import KafkaSettings
+from tests.strategies import FEW, events
+
+
+def _in(event: Event, cluster: str) -> Event:
+    return dataclasses.replace(event, meta=dataclasses.replace(event.meta, cluster=cluster))
+
+
+@given(events(domains=FEW))
+def test_a_reporter_says_only_what_reporters_emit_and_for_its_own_cluster(event: Event) -> None:
+    cluster = event.meta.cluster
+    verdict = judge(cluster, cluster.encode(), encode(event))
+    if type(event) in REPORTER_EVENTS:
+        assert verdict == event
+    else:
+        assert isinstance(verdict, Refused)
+        assert verdict.rule == "type"
+        assert type(event).__name__ in verdict.reason
+        assert event.meta.event_id in verdict.reason
+
+
+@given(events(domains=FEW), st.sampled_from(["east", "west", "prod-eu-1"]))
+def test_an_event_for_another_cluster_is_refused_whatever_its_type(
+    event: Event, inbox: str
+) -> None:
+    forged = _in(event, "elsewhere")
+    verdict = judge(inbox, b"elsewhere", encode(forged))
+    assert isinstance(verdict, Refused)
+    assert verdict.rule == "cluster"
+    assert "'elsewhere'" in verdict.reason and repr(inbox) in verdict.reason
+
+
+@given(events(domains=FEW))
+def test_a_record_keyed_to_another_cluster_is_refused(event: Event) -> None:
+    cluster = event.meta.cluster
+    verdict = judge(cluster, b"not-" + cluster.encode(), encode(event))
+    assert isinstance(verdict, Refused) and verdict.rule == "key"
+
+
+@given(st.binary(max_size=64) | st.none())
+def test_bytes_that_are_no_event_are_refused_with_the_codec_s_reason(value: bytes | None) -> None:
+    verdict = judge("east", b"east", value)
+    assert isinstance(verdict, Refused) and verdict.rule == "undecodable"
+    assert verdict.reason
+
+
+def test_inbox_topics_are_named_after_the_ledger_and_the_cluster() -> None:
+    settings = KafkaSettings(topic="fleet.events", inbox=True)
+    assert settings.inbox_topic("east") == "fleet.events.inbox.east"
+    assert settings.write_topic("east") == "fleet.events.inbox.east"
+    assert KafkaSettings(topic="fleet.events").write_topic("east") == "fleet.events"
+
+
+def test_a_cluster_name_that_cannot_name_a_topic_is_a_usage_error() -> None:
+    try:
+        KafkaSettings(inbox=True).inbox_topic("east/1")
+    except ValueError as error:
+        assert "'east/1'" in str(error) and "[a-zA-Z0-9._-]" in str(error)
+    else:
+        raise AssertionError("a cluster name with '/' was accepted")
+
+
+def test_inbox_is_read_from_the_environment_and_checked() -> None:
+    assert KafkaSettings.from_env({"SVLEDGER_INBOX": "true"}).inbox
+    assert not KafkaSettings.from_env({"SVLEDGER_INBOX": "0"}).inbox
+    try:
+        KafkaSettings.from_env({"SVLEDGER_INBOX": "maybe"})
+    except ValueError as error:
+        assert "SVLEDGER_INBOX='maybe'" in str(error)
+    else:
+        raise AssertionError("SVLEDGER_INBOX=maybe was accepted")
