@@ -223,27 +223,28 @@ async def _await_leaders(
         await asyncio.sleep(0.1)
 
 
-async def topic_partitions(settings: KafkaSettings) -> list[int]:
-    """The partitions of the events topic; :class:`TopicMissing` at once if there is none.
+async def topic_partitions(settings: KafkaSettings, topic: str | None = None) -> list[int]:
+    """The partitions of the events topic (or ``topic``); :class:`TopicMissing` at once if
+    there is none.
 
     Asked of the admin client, whose metadata request neither creates the topic nor
     waits for it: a consumer or producer would retry for its whole request timeout,
     logging an error per attempt, before saying the topic is unknown.
     """
+    topic = settings.topic if topic is None else topic
     admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
     try:
-        (described,) = await admin.describe_topics([settings.topic])
+        (described,) = await admin.describe_topics([topic])
     finally:
         await admin.close()
     if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
         raise TopicMissing(
-            f"topic {settings.topic!r} does not exist on {settings.bootstrap_servers!r}: "
+            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: "
             "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
         )
     if described["error_code"]:
         raise KafkaError(
-            f"cannot describe topic {settings.topic!r}: "
-            f"{for_code(described['error_code']).description}"
+            f"cannot describe topic {topic!r}: {for_code(described['error_code']).description}"
         )
     return sorted(partition["partition"] for partition in described["partitions"])
 
@@ -510,10 +511,10 @@ class TransactionalProducer:
         self,
         records: Sequence[Addressed],
         *,
-        group_id: str,
-        offsets: Mapping[TopicPartition, int],
+        group_id: str | None = None,
+        offsets: Mapping[TopicPartition, int] | None = None,
     ) -> list[Position]:
-        """Append ``records`` and commit ``group_id``'s ``offsets``, atomically.
+        """Append ``records`` and commit ``group_id``'s ``offsets`` (if given), atomically.
 
         Raises :class:`TransactionFailed` when the transaction does not commit (within
         :data:`TRANSACTION_TIMEOUT_SECONDS`); nothing of it is then visible to
@@ -531,7 +532,8 @@ class TransactionalProducer:
                             topic, value=value, key=key, headers=headers, partition=partition
                         )
                     )
-                await producer.send_offsets_to_transaction(dict(offsets), group_id)
+                if group_id is not None and offsets:
+                    await producer.send_offsets_to_transaction(dict(offsets), group_id)
             return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
         task = asyncio.ensure_future(transact())
@@ -813,7 +815,7 @@ class EventConsumer:
         self._with_dead_letters = dead_letters
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._consumer: AIOKafkaConsumer | None = None
-        self._dead_letters: EventProducer | None = None
+        self._dead_letters: DeadLetters | None = None
         self._ends: dict[TopicPartition, int] = {}  # until-mode partitions not finished yet
 
     def _make(self) -> AIOKafkaConsumer:
@@ -826,10 +828,10 @@ class EventConsumer:
         )
 
     async def __aenter__(self) -> Self:
-        if self._with_dead_letters:
-            self._dead_letters = await EventProducer(self.settings).__aenter__()
         try:
             partitions = await topic_partitions(self.settings)
+            if self._with_dead_letters:
+                self._dead_letters = await DeadLetters(self.settings).__aenter__()
             if self._partitions is not None:
                 missing = sorted(set(self._partitions) - set(partitions))
                 if missing:
@@ -971,16 +973,12 @@ class EventConsumer:
 
     async def _send_dead_letters(self, dead: Sequence[tuple[Any, str]]) -> None:
         assert self._dead_letters is not None
-        metrics.RECORDS_DEAD_LETTERED.labels(self.settings.topic).inc(len(dead))
-        producer = self._dead_letters.producer
-        futures = []
         for message, reason in dead:
             log.warning(
-                "record %s:%d@%d sent to dead-letter topic %s: %s",
+                "record %s:%d@%d is a dead letter: %s",
                 message.topic,
                 message.partition,
                 message.offset,
-                self.settings.dlq_topic,
                 reason,
                 extra={
                     "topic": message.topic,
@@ -990,15 +988,126 @@ class EventConsumer:
                     "reason": reason,
                 },
             )
-            futures.append(
-                await producer.send(
+        sent = await self._dead_letters.send(dead)
+        metrics.RECORDS_DEAD_LETTERED.labels(self.settings.topic).inc(sent)
+
+
+class DeadLetters:
+    """Copies the log's undecodable records to the dead-letter topic, each once, whoever reads them.
+
+    Every reader of the ledger meets a bad record again: the projector after a crash or
+    a rebalance, every replay. So before a record is sent, the dead-letter topic itself
+    is asked whether it has it: a source partition's dead letters go to one partition
+    of the dead-letter topic (the same number, modulo its partitions) in Kafka
+    transactions, with one transactional ID per source partition
+    (``svledger-dead-letters-<topic>-<partition>``). A sender starts its producer
+    (which fences any other sender of the partition and ends its open transaction),
+    then reads the dead-letter partition once to learn the highest source offset sent,
+    and from then on sends only records past it. If another sender fenced it meanwhile,
+    its transaction fails; it starts again, reads again and sends what is still missing.
+    The dead-letter topic is small (bad records are rare), so reading a partition of it
+    is cheap, and nothing else has to remember what was sent.
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._dlq_partitions: list[int] = []
+        self._senders: dict[int, tuple[TransactionalProducer, int]] = {}  # producer, sent until
+
+    async def __aenter__(self) -> Self:
+        self._dlq_partitions = await topic_partitions(self.settings, self.settings.dlq_topic)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        senders, self._senders = self._senders, {}
+        for producer, _ in senders.values():
+            await producer.stop()
+
+    def _dlq_partition(self, partition: int) -> int:
+        return self._dlq_partitions[partition % len(self._dlq_partitions)]
+
+    async def send(self, dead: Sequence[tuple[Any, str]]) -> int:
+        """Send ``(message, reason)`` pairs not sent before; the number sent."""
+        by_partition: dict[int, list[tuple[Any, str]]] = {}
+        for message, reason in dead:
+            by_partition.setdefault(message.partition, []).append((message, reason))
+        sent = 0
+        for partition, letters in sorted(by_partition.items()):
+            sent += await self._send_partition(partition, letters)
+        return sent
+
+    async def _send_partition(self, partition: int, letters: list[tuple[Any, str]]) -> int:
+        for attempt in range(3):
+            producer, sent_until = await self._sender(partition)
+            todo = [(m, r) for m, r in letters if m.offset >= sent_until]
+            if not todo:
+                return 0
+            records = [
+                Addressed(
                     self.settings.dlq_topic,
-                    value=message.value,
-                    key=message.key,
-                    headers=dead_letter_headers(message, reason),
+                    self._dlq_partition(partition),
+                    OutgoingRecord(
+                        message.key, message.value, dead_letter_headers(message, reason)
+                    ),
                 )
+                for message, reason in todo
+            ]
+            try:
+                await producer.commit(records)
+            except TransactionFailed as error:
+                log.warning("dead letters of partition %d: %s; checking again", partition, error)
+                await producer.stop()
+                del self._senders[partition]
+                if attempt == 2:
+                    raise
+                continue
+            self._senders[partition] = (producer, todo[-1][0].offset + 1)
+            return len(todo)
+        raise AssertionError("unreachable")
+
+    async def _sender(self, partition: int) -> tuple[TransactionalProducer, int]:
+        if partition not in self._senders:
+            producer = TransactionalProducer(
+                self.settings, f"svledger-dead-letters-{self.settings.topic}-{partition}"
             )
-        await asyncio.gather(*futures)
+            await producer.start()
+            try:
+                sent_until = await self._sent_until(partition)
+            except BaseException:
+                await producer.stop()
+                raise
+            self._senders[partition] = (producer, sent_until)
+        return self._senders[partition]
+
+    async def _sent_until(self, partition: int) -> int:
+        """One past the highest offset of ``partition`` in the dead-letter topic, else 0."""
+        tp = TopicPartition(self.settings.dlq_topic, self._dlq_partition(partition))
+        topic, source = self.settings.topic.encode(), str(partition).encode()
+        consumer = await connect(
+            lambda: AIOKafkaConsumer(
+                **self.settings.client_kwargs(),
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+            ),
+            self.settings,
+        )
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            sent_until = 0
+            while await consumer.position(tp) < end:
+                for message in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    headers = dict(message.headers)
+                    if (
+                        headers.get(DLQ_TOPIC_HEADER) == topic
+                        and headers.get(DLQ_PARTITION_HEADER) == source
+                    ):
+                        offset = int(headers[DLQ_OFFSET_HEADER])
+                        sent_until = max(sent_until, offset + 1)
+            return sent_until
+        finally:
+            await consumer.stop()
 
 
 def dead_letter_headers(message: Any, reason: str) -> Headers:

@@ -373,6 +373,8 @@ async def test_undecodable_and_mislabelled_records_go_to_the_dlq_and_the_stream_
 
     consumed = [r.event for r in await _read_all(settings)]
     assert consumed == [before, after]
+    # A second reader (a replay, a restarted projector) meets them again: sent once.
+    assert [r.event for r in await _read_all(settings)] == consumed
 
     dead = sorted(await _raw_messages(kafka_bootstrap, settings.dlq_topic), key=lambda m: m.offset)
     assert [(m.key, m.value) for m in dead] == [

@@ -1,10 +1,12 @@
-"""Exactly-once under ``kill -9``: the projector killed at random points, on real PostgreSQL.
+"""Exactly-once under ``kill -9``: projectors killed at random points, on real PostgreSQL.
 
-The projector runs in its own process (:mod:`tests.integration.projector_proc`)
-and is killed with SIGKILL at random moments while it ingests a pre-filled topic,
-then restarted, many times. After the last restart has caught up, the views must
-equal a fresh replay of the log row for row, and ``ledger_events`` must hold every
-offset of every decodable record exactly once.
+Projectors run in their own processes (:mod:`tests.integration.projector_proc`) and
+are killed with SIGKILL at random moments while they ingest a pre-filled topic with
+a few undecodable records in it, then restarted, many times: one projector alone, and
+two in one consumer group, where each kill and restart moves partitions between them.
+After the last restart has caught up, the views must equal a fresh replay of the log
+row for row, ``ledger_events`` must hold every offset of every decodable record
+exactly once, and the dead-letter topic every undecodable record exactly once.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sqlalchemy import Engine, func, select
 
 from ledger.events import Position
-from ledger.kafka import EventProducer, create_topics
+from ledger.kafka import DLQ_OFFSET_HEADER, DLQ_PARTITION_HEADER, EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.replay import replay
@@ -34,14 +36,18 @@ from tests.workloads import mixed_events
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 100_000
 KILLS = 20
+GROUP_KILLS = 8
 GARBAGE = 5
 # Guards against a hung process, not measurements.
 DEADLINE_SECONDS = 300.0
 
 
-def start_projector(bootstrap: str, topic: str, db_url: str) -> subprocess.Popen[bytes]:
+def start_projector(
+    bootstrap: str, topic: str, db_url: str, *, group: bool = False
+) -> subprocess.Popen[bytes]:
+    mode = ["group"] if group else []
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.projector_proc", bootstrap, topic, db_url],
+        [sys.executable, "-m", "tests.integration.projector_proc", bootstrap, topic, db_url, *mode],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -53,13 +59,15 @@ def checkpoints(db: Engine, topic: str) -> dict[int, int]:
         return store.load_checkpoints(connection, topic, "views")
 
 
-async def fill(settings: KafkaSettings) -> tuple[dict[int, int], set[Position]]:
+async def fill(
+    settings: KafkaSettings, count: int = EVENTS
+) -> tuple[dict[int, int], set[Position]]:
     """Append the events with a few garbage records among them (never last in a partition).
 
     Returns the end offset of every partition and the positions of the garbage.
     """
     await create_topics(settings)
-    events = list(mixed_events(EVENTS, clusters=40, seed=7))
+    events = list(mixed_events(count, clusters=40, seed=7))
     positions: list[Position] = []
     garbage: set[Position] = set()
     raw = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
@@ -120,20 +128,104 @@ def test_killed_projectors_leave_the_views_a_replay_gives(
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=60) == 0
 
-        records = sum(ends.values())
-        with db.connect() as connection:
-            positions = connection.execute(
-                select(ledger_events.c.log_partition, ledger_events.c.log_offset)
-            ).all()
-            count = connection.scalar(select(func.count()).select_from(ledger_events))
-        expected = {(p, o) for p, end in ends.items() for o in range(end)} - garbage
-        assert count == len(positions) == len(set(positions)) == records - len(garbage)
-        assert set(positions) == expected
-
-        projected = snapshot(db)
-        clear(db)
-        db.dispose()
-        asyncio.run(replay(settings, postgres_url, progress=False))
-        assert snapshot(db) == projected
+        assert_applied_once(settings, db, ends, garbage, postgres_url)
     finally:
         db.dispose()
+
+
+@pytest.mark.slow
+def test_two_projectors_sharing_the_partitions_killed_by_turns_apply_every_offset_once(
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=4)
+    ends, garbage = asyncio.run(fill(settings, EVENTS // 2))
+    database.upgrade(postgres_url)
+    db = database.engine(postgres_url)
+    rng = random.Random(13)
+    processes = [
+        start_projector(kafka_bootstrap, unique_topic, postgres_url, group=True) for _ in range(2)
+    ]
+    try:
+        for _ in range(GROUP_KILLS):  # each kill and each restart is a rebalance
+            time.sleep(rng.uniform(1.0, 4.0))
+            victim = rng.randrange(len(processes))
+            assert processes[victim].poll() is None, "a projector exited by itself"
+            processes[victim].send_signal(signal.SIGKILL)
+            processes[victim].wait()
+            processes[victim] = start_projector(
+                kafka_bootstrap, unique_topic, postgres_url, group=True
+            )
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while checkpoints(db, unique_topic) != ends:
+            assert all(p.poll() is None for p in processes), "a projector exited by itself"
+            assert time.monotonic() < deadline, f"stuck at {checkpoints(db, unique_topic)}"
+            time.sleep(0.5)
+        for process in processes:
+            assert process.stdout is not None
+            assert process.stdout.readline() == b"ready\n"
+            process.send_signal(signal.SIGTERM)
+        assert [process.wait(timeout=60) for process in processes] == [0, 0]
+        assert_applied_once(settings, db, ends, garbage, postgres_url)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        db.dispose()
+
+
+def assert_applied_once(
+    settings: KafkaSettings,
+    db: Engine,
+    ends: dict[int, int],
+    garbage: set[Position],
+    postgres_url: str,
+) -> None:
+    """Every decodable record in ``ledger_events`` once, every undecodable one in the
+    dead-letter topic once, and the views those of a fresh replay."""
+    records = sum(ends.values())
+    with db.connect() as connection:
+        positions = connection.execute(
+            select(ledger_events.c.log_partition, ledger_events.c.log_offset)
+        ).all()
+        count = connection.scalar(select(func.count()).select_from(ledger_events))
+    expected = {(p, o) for p, end in ends.items() for o in range(end)} - garbage
+    assert count == len(positions) == len(set(positions)) == records - len(garbage)
+    assert set(positions) == expected
+    dead = asyncio.run(dead_letters(settings))
+    assert sorted(dead) == sorted(garbage), "a dead letter is missing or sent twice"
+
+    projected = snapshot(db)
+    clear(db)
+    db.dispose()
+    asyncio.run(replay(settings, postgres_url, progress=False))
+    assert snapshot(db) == projected
+    assert sorted(asyncio.run(dead_letters(settings))) == sorted(garbage), "the replay sent again"
+
+
+async def dead_letters(settings: KafkaSettings) -> list[Position]:
+    """The source position of every record in the dead-letter topic (committed ones)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(settings.dlq_topic, p) for p in range(settings.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: list[Position] = []
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                for message in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    headers = dict(message.headers)
+                    found.append(
+                        Position(
+                            int(headers[DLQ_PARTITION_HEADER]), int(headers[DLQ_OFFSET_HEADER])
+                        )
+                    )
+        return found
+    finally:
+        await consumer.stop()
