@@ -9,6 +9,9 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 * ``project_postgresql`` / ``project_sqlite``: the projector catching up from an
   empty database to the end of the topic;
 * ``replay_postgresql``: ``svledger replay`` of the whole topic into a fresh database;
+* ``processes_postgresql``: ``svledger project`` as 1 and as 2 processes in one consumer
+  group (they share the partitions), from their start to the last checkpoint: the
+  aggregate rate, start-up and the group's joining included;
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
@@ -34,6 +37,8 @@ import contextlib
 import json
 import os
 import resource
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -185,6 +190,53 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     }
 
 
+async def _project_processes(
+    settings: KafkaSettings, db_url: str, end: dict[int, int], processes: int
+) -> dict[str, Any]:
+    """``processes`` copies of ``svledger project`` in one group, until the views reach ``end``."""
+    upgrade(db_url)
+    db = engine(db_url)
+    environment = {
+        **os.environ,
+        "SVLEDGER_KAFKA_BOOTSTRAP": settings.bootstrap_servers,
+        "SVLEDGER_TOPIC": settings.topic,
+        "SVLEDGER_DATABASE_URL": db_url,
+    }
+    started = time.perf_counter()
+    running = [
+        subprocess.Popen(
+            [sys.executable, "-m", "svledger", "project"],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        while True:
+            await asyncio.sleep(0.2)
+            with db.connect() as connection:
+                reached = load_checkpoints(connection, settings.topic, "views")
+            if reached == end:
+                break
+            if any(process.poll() is not None for process in running):
+                raise RuntimeError(f"svledger project exited: {[p.poll() for p in running]}")
+        seconds = time.perf_counter() - started
+    finally:
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        for process in running:
+            process.wait(60)
+        db.dispose()
+    events = sum(end.values())
+    return {
+        "processes": processes,
+        "records": events,
+        "seconds": round(seconds, 2),
+        "events_per_second": round(events / seconds),
+    }
+
+
 async def _replay(settings: KafkaSettings, db_url: str) -> dict[str, Any]:
     rss = _rss_mib()
     result = await replay(settings, db_url, progress=False)
@@ -246,6 +298,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
         report["project_sqlite"] = await _project(settings, f"sqlite:///{tmp}/bench.db", end)
         report["replay_postgresql"] = await _replay(settings, _fresh_postgres(server))
+        report["processes_postgresql"] = [
+            await _project_processes(settings, _fresh_postgres(server), end, n) for n in (1, 2)
+        ]
         limit = report["fetch_only"]["events_per_second"]
         report["ratio_to_fetch_only"] = {
             name: round(report[name]["events_per_second"] / limit, 3)
