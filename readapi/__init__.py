@@ -3,3 +3,10 @@ views (``svledger serve``), now and at any past log position, and the timeline p
 
 Above the projections and below the command line; it never appends to the log.
 """
+
+from typing import Final
+
+# Defaults of ``svledger serve``, here so the command line can show them without
+# importing the server (:mod:`readapi.ledger` uses them).
+CHECKPOINT_EVERY: Final = 20_000  # records of a partition between two kept folds
+WATCH_WINDOW: Final = 2_000  # changes per cluster kept for watches

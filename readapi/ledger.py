@@ -42,7 +42,7 @@ from projections.fold import apply
 from projections.history import resolve
 from projections.replay import cluster_log
 from projections.state import Changes, State
-from readapi import timeline
+from readapi import CHECKPOINT_EVERY, WATCH_WINDOW, timeline
 from readapi.resources import Created, Row, View
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ Point: TypeAlias = int | datetime
 ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
 CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
 
-CHECKPOINT_EVERY: Final = 20_000
-WATCH_WINDOW: Final = 2_000
 CACHED_VIEWS: Final = 64
 READER: Final = "serve"  # its label in the Prometheus metrics (ledger.metrics)
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ledger.errors import UsageError
+from readapi import CHECKPOINT_EVERY, WATCH_WINDOW
 from svledger.options import (
     Subparsers,
     add_command,
@@ -63,18 +64,18 @@ def add_serve(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--checkpoint-every",
         type=positive(int, "number of records"),
-        default=20_000,
+        default=CHECKPOINT_EVERY,
         metavar="RECORDS",
         help="keep a copy of the fold every RECORDS records of a partition, so a view of\n"
-        "the past refolds at most that many (default: 20000)",
+        "the past refolds at most that many (default: %(default)s)",
     )
     parser.add_argument(
         "--watch-window",
         type=positive(int, "number of changes"),
-        default=2_000,
+        default=WATCH_WINDOW,
         metavar="CHANGES",
         help="changes kept per cluster for watches; an older resourceVersion gets 410 Gone\n"
-        "(default: 2000)",
+        "(default: %(default)s)",
     )
 
 
