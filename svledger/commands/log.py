@@ -33,7 +33,7 @@ def add_topics(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument("action", choices=["create"], help="create: create missing topics")
-    add_kafka_options(parser)
+    add_kafka_options(parser, "setup")
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def add_project(subparsers: Subparsers) -> None:
             "SIGTERM finishes the batch, commits and exits."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "projector")
     add_metrics_option(parser)
     add_db_option(parser)
 
@@ -117,7 +117,7 @@ def add_replay(subparsers: Subparsers) -> None:
             "an existing projection database is continued from its checkpoint."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "projector")
     add_db_option(parser)
     parser.add_argument(
         "--until",
