@@ -494,17 +494,22 @@ async def end_offsets(settings: KafkaSettings) -> dict[int, int]:
 
 
 class EventProducer:
-    """Appends events to the ledger topic; ``async with EventProducer(settings) as p``."""
+    """Appends events to the ledger topic; ``async with EventProducer(settings) as p``.
+
+    ``topic`` is the topic it appends to, if not the events topic (the dead-letter one).
+    """
 
     def __init__(
         self,
         settings: KafkaSettings,
         *,
+        topic: str | None = None,
         linger_ms: int = 10,
         max_batch_size: int = 512 * 1024,
         connect_timeout: float = 30.0,
     ) -> None:
         self.settings = settings
+        self.topic = topic or settings.topic
         self._linger_ms = linger_ms
         self._max_batch_size = max_batch_size
         self._connect_timeout = connect_timeout
@@ -520,7 +525,10 @@ class EventProducer:
         )
 
     async def __aenter__(self) -> Self:
-        self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+        # An idempotent producer asks for its producer ID as it starts: Kafka grants one
+        # to a principal that may write some topic (or IdempotentWrite the cluster).
+        with self._refusals():
+            self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
         return self
 
     async def __aexit__(
@@ -540,13 +548,13 @@ class EventProducer:
         return self._producer
 
     def _refusals(self) -> contextlib.AbstractContextManager[None]:
-        return _refusals(self.settings, topic=("Write", self.settings.topic))
+        return _refusals(self.settings, topic=("Write", self.topic))
 
     async def _enqueue(self, event: Event) -> asyncio.Future[Any]:
         key, value, headers = to_record(event)
         with self._refusals():
             future: asyncio.Future[Any] = await self.producer.send(
-                self.settings.topic, value=value, key=key, headers=headers
+                self.topic, value=value, key=key, headers=headers
             )
         return future
 
@@ -877,7 +885,9 @@ class EventConsumer:
 
     async def __aenter__(self) -> Self:
         if self._with_dead_letters:
-            self._dead_letters = await EventProducer(self.settings).__aenter__()
+            self._dead_letters = await EventProducer(
+                self.settings, topic=self.settings.dlq_topic
+            ).__aenter__()
         try:
             partitions = await topic_partitions(self.settings)
             if self._partitions is not None:
