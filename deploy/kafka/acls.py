@@ -13,7 +13,8 @@ the code describes a topic, for whoever reads the ACLs.
 The ACLs are applied by ``kafka-acls`` (``org.apache.kafka.tools.AclCommand``), so
 the broker's authorizer sees exactly what Kafka's own tooling would send. The tool is
 ``--kafka-acls`` if given, else ``kafka-acls.sh`` or ``kafka-acls`` on ``PATH``, else
-the jars ``broker.py fetch`` put beside this file, run with ``java``. The admin's
+the jars ``broker.py fetch`` put beside this file, run with ``java``. The topics
+default to svledger's own settings, ``SVLEDGER_TOPIC`` and ``SVLEDGER_DLQ_TOPIC``. The admin's
 connection settings are a Java client properties file (``--command-config``); the
 principal running it must be allowed to alter ACLs (a super user, or Alter on the
 cluster). Adding an ACL that exists changes nothing, so a second run is harmless.
@@ -33,6 +34,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import itertools
+import os
 import shlex
 import shutil
 import subprocess
@@ -62,7 +64,7 @@ ROLES: Final = {
     "worker": "svledger worker (--cluster: that cluster's worker only)",
     "collector": "svledger collect (--cluster: that cluster's collector only)",
     "operator": "svledger migrations request, storagestate reset",
-    "reader": "svledger serve, history, explain, timeline: read T",
+    "reader": "svledger serve and timeline: read T",
     "setup": "svledger topics create: creates T and T.dlq",
 }
 _PER_CLUSTER: Final = frozenset({"reporter", "worker", "collector"})
@@ -248,9 +250,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cluster", help="the cluster of a reporter, worker or collector")
     parser.add_argument(
-        "--topic", default=DEFAULT_TOPIC, help=f"the events topic ({DEFAULT_TOPIC})"
+        "--topic",
+        default=os.environ.get("SVLEDGER_TOPIC") or DEFAULT_TOPIC,
+        help=f"the events topic (default: $SVLEDGER_TOPIC or {DEFAULT_TOPIC})",
     )
-    parser.add_argument("--dlq-topic", default="", help="the dead-letter topic (<topic>.dlq)")
+    parser.add_argument(
+        "--dlq-topic",
+        default=os.environ.get("SVLEDGER_DLQ_TOPIC", ""),
+        help="the dead-letter topic (default: $SVLEDGER_DLQ_TOPIC or <topic>.dlq)",
+    )
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT", help="the Kafka cluster")
     parser.add_argument(
         "--command-config", metavar="FILE", help="Java client properties of the admin's login"
