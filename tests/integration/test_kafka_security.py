@@ -464,6 +464,14 @@ def test_the_pipeline_runs_with_each_role_under_its_own_principal(
     with create_engine(f"sqlite:///{replayed}").connect() as connection:
         assert migrated(connection)
 
+    # A reader draws the history from the log.
+    page = tmp_path / "pods.html"
+    done = svledger(
+        kafka, "reader", "timeline", "core.pods", "--cluster", "east", "--html", str(page)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "MigrationSucceeded" in page.read_text()
+
 
 if __name__ == "__main__":
     assert sys.argv[1] == "worker"
