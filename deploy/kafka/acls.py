@@ -7,8 +7,9 @@ groups and transactional IDs it needs. The names follow the code: the events top
 inbox topic ``T.inbox.<cluster>`` per cluster, and the groups and transactional IDs
 each command uses (docs/production.md has the table). Kafka lets any principal with
 Write on a topic produce idempotently (since 2.8), so no role needs IdempotentWrite
-on the cluster; Read, Write and Create imply Describe, which is still listed where
-the code describes a topic, for whoever reads the ACLs.
+on the cluster. Read and Write imply Describe, which is still listed where the code
+describes a topic, for whoever reads the ACLs; Create does not, and ``topics create``
+describes the topics it created.
 
 The ACLs are applied by ``kafka-acls`` (``org.apache.kafka.tools.AclCommand``), so
 the broker's authorizer sees exactly what Kafka's own tooling would send. The tool is
