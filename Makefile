@@ -3,7 +3,8 @@
 #
 #   make setup    .venv with svledger and its test tools, the Kafka broker jars, and
 #                 Debian's chromium (the timeline page's screenshot test), curl and jq
-#                 (commands in docs/, which tests/integration/test_docs.py runs)
+#                 (commands in docs/, which tests/integration/test_docs.py runs) and
+#                 openssl (the secured test broker's certificates)
 #   make kube     setup, plus etcd, kube-apiserver, kube-controller-manager and kubectl of both
 #                 releases the tests use, built from the Go module proxy (cached)
 #   make test     setup and kube, then ruff, mypy and the whole pytest suite (real Kafka,
@@ -23,7 +24,7 @@ KUBE_VERSIONS := v1.37.2 v1.36.3
 
 setup: $(VENV)/.installed
 	@$(PY) deploy/kafka/broker.py fetch
-	@missing=$$(for tool in chromium curl jq; do command -v $$tool >/dev/null || echo $$tool; done); \
+	@missing=$$(for tool in chromium curl jq openssl; do command -v $$tool >/dev/null || echo $$tool; done); \
 	  [ -z "$$missing" ] || { echo "installing" $$missing "(Debian packages) ..." >&2; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ca-certificates $$missing >/dev/null; }
 

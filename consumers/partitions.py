@@ -107,7 +107,7 @@ class PartitionLog:
             if self.lost:
                 raise PartitionLost(f"partition {self.partition} was lost")
             try:
-                positions = await self._producer.commit(
+                positions = await self._producer.append(
                     events, group_id=self._follower.group_id, consumed=self.position
                 )
             except TransactionFailed as error:

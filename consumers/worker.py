@@ -55,6 +55,7 @@ from consumers.targets import (
 )
 from ledger import metrics
 from ledger.clock import Clock
+from ledger.errors import AccessDenied
 from ledger.events import (
     Event,
     Meta,
@@ -341,5 +342,7 @@ async def _finish(task: asyncio.Task[None]) -> None:
         await task
     except (asyncio.CancelledError, PartitionLost):
         pass
+    except AccessDenied:
+        raise  # a missing ACL: serving the partition again would be refused again
     except Exception:
         log.exception("migration runner failed; its partition is served again")

@@ -9,6 +9,10 @@ exit code):
 * :class:`Unavailable`: a service the work needs cannot be used right now (the Kafka
   broker, a topic, the database, a Kubernetes API server). The message names the
   address and what to check; the same input may work once the service is back.
+* :class:`AccessDenied`, a kind of :class:`Unavailable`: the service is there but turns
+  this client away: it refused the credentials, or they lack a permission. The
+  message names who was refused what and how to grant it; retrying cannot help until
+  someone does, so services that ride out an outage stop on it instead.
 
 Everything else is a defect or a condition handled where it arises.
 """
@@ -26,3 +30,7 @@ class UsageError(SvledgerError, ValueError):
 
 class Unavailable(SvledgerError, ConnectionError):
     """A service is unreachable or not set up; the message names it and what to check."""
+
+
+class AccessDenied(Unavailable):
+    """A service refused these credentials or this operation; the message says how to grant it."""

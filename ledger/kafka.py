@@ -31,6 +31,14 @@ Connecting retries for a bounded time and then fails with :class:`BrokerUnavaila
 which names the bootstrap address and what to check. A missing topic is found by
 :func:`topic_partitions` before any client waits for it (:class:`TopicMissing`).
 
+A broker that enforces security is told apart from one that is down. A client it
+turns away at the door (a refused SASL login, a certificate the client cannot verify,
+a listener that speaks another security protocol) fails at once with
+:class:`NotAuthenticated`, not after the connect timeout; a request its ACLs refuse
+fails with :class:`NotAuthorized`, naming the principal, the operation and the
+resource. Both are :class:`~ledger.errors.AccessDenied`: not an outage, so the
+services that ride out outages stop on them instead of retrying for ever.
+
 This module is the one place that speaks to aiokafka (settings aside, which build
 its TLS context): topics, the record format, the producers (plain, and transactional
 per partition for consume-transform-produce), the readers (decoding with a dead-letter
@@ -41,21 +49,36 @@ that reason: everything that depends on the client library's behaviour is here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as TopicPartition  # re-exported: a partition of any topic
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError, for_code
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
+    for_code,
+)
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.protocol.metadata import MetadataRequest
 
 from ledger import metrics
 from ledger.codec import CodecError, decode, encode
-from ledger.errors import Unavailable
+from ledger.errors import AccessDenied, Unavailable
 from ledger.events import Event, Position, type_name
 from ledger.settings import KafkaSettings
 
@@ -72,7 +95,9 @@ TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
 
 _TOPIC_ALREADY_EXISTS: Final = 36
 _UNKNOWN_TOPIC: Final = 3
+_TOPIC_AUTHORIZATION_FAILED: Final = TopicAuthorizationFailedError.errno
 TRANSACTION_TIMEOUT_SECONDS: Final = 60.0
+DEAD_LETTER_SENDERS: Final = "svledger-dead-letters"  # prefix of their transactional IDs
 
 
 Headers: TypeAlias = list[tuple[str, bytes]]
@@ -84,6 +109,32 @@ class BrokerUnavailable(Unavailable):
 
 class TopicMissing(Unavailable):
     """The topic to consume does not exist on the broker."""
+
+
+GRANT_HINT: Final = "grant its role's ACLs with deploy/kafka/acls.py (docs/production.md)"
+
+
+class NotAuthenticated(AccessDenied):
+    """The broker turned the client away before any request: credentials or protocol."""
+
+
+class NotAuthorized(AccessDenied):
+    """The broker's ACLs refused the client's principal an operation on a resource.
+
+    ``refused`` says who may not do what (``principal User:bob may not Write topic
+    'svledger.events' (Kafka: TopicAuthorizationFailed)``); the message adds how to
+    grant it. ``principal`` is None where Kafka names the client from its certificate;
+    ``topic`` is the events topic the client was set up for.
+    """
+
+    def __init__(self, settings: KafkaSettings, operation: str, resource: str, kafka: str) -> None:
+        self.principal = settings.principal
+        self.topic = settings.topic
+        self.operation = operation
+        self.resource = resource
+        who = f"principal {self.principal}" if self.principal else "this client's principal"
+        self.refused = f"{who} may not {operation} {resource} (Kafka: {kafka})"
+        super().__init__(f"{self.refused}; {GRANT_HINT}")
 
 
 # What a broker outage raises from any client call; callers that ride out an outage
@@ -127,7 +178,8 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
     """Start a fresh aiokafka client from ``make`` until it connects or ``timeout`` passes.
 
     A client whose ``start`` failed is stopped, and replaced if the broker was not
-    reachable: aiokafka clients are not meant to be started twice.
+    reachable: aiokafka clients are not meant to be started twice. A client the
+    broker turns away is :class:`NotAuthenticated` at once (:func:`_turned_away`).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -141,6 +193,9 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
             return client
         except KafkaConnectionError as error:
             await _shut(client)
+            refusal = await _turned_away(settings)
+            if refusal is not None:
+                raise refusal from error
             if loop.time() + delay > deadline:
                 raise BrokerUnavailable(
                     f"cannot reach Kafka at {settings.bootstrap_servers!r} "
@@ -154,6 +209,127 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
         except BaseException:
             await _shut(client)
             raise
+
+
+# A listener that expects TLS or SASL closes the connection of a client that speaks
+# anything else, at once; a broker shutting down or over its connection quota may
+# close one now and then. Closed every time, so many times in a row, is a mismatch.
+_CLOSED_IN_A_ROW: Final = 5
+
+
+async def _turned_away(settings: KafkaSettings) -> NotAuthenticated | None:
+    """Why the first bootstrap server does not let this client in, if it is up and does not.
+
+    aiokafka logs why a bootstrap failed and raises only "Unable to bootstrap", the
+    same as when nothing listens; so ask again on a connection of our own, as the
+    client's bootstrap does (connect, log in, ask for metadata), and read the error.
+    None when the broker is unreachable, or lets the client in now.
+    """
+    where = settings.bootstrap_servers.split(",")[0].strip()
+    host, _, port = where.rpartition(":")
+    options = settings.client_kwargs()
+    del options["bootstrap_servers"]
+    for _ in range(_CLOSED_IN_A_ROW):
+        try:
+            connection = await create_conn(host, int(port), request_timeout_ms=10_000, **options)
+            try:
+                await connection.send(MetadataRequest([]))
+            finally:
+                connection.close()
+        except SaslAuthenticationFailed as error:
+            return NotAuthenticated(
+                f"Kafka at {where!r} refused the {settings.sasl_mechanism} login of user "
+                f"{settings.sasl_username!r} ({error.args[0] if error.args else error}); "
+                "check SVLEDGER_KAFKA_SASL_USERNAME and SVLEDGER_KAFKA_SASL_PASSWORD against "
+                "the users the cluster knows, and SVLEDGER_KAFKA_SASL_MECHANISM"
+            )
+        except UnsupportedSaslMechanismError:
+            return NotAuthenticated(
+                f"Kafka at {where!r} does not offer the SASL mechanism "
+                f"{settings.sasl_mechanism} on this listener; check SVLEDGER_KAFKA_SASL_MECHANISM"
+            )
+        except ssl.SSLCertVerificationError as error:
+            return NotAuthenticated(
+                f"cannot verify the certificate of Kafka at {where!r} "
+                f"({error.verify_message}); give the CA that signed it in "
+                "SVLEDGER_KAFKA_SSL_CAFILE, and a bootstrap address the certificate names"
+            )
+        except KafkaConnectionError as error:
+            if "closed" not in str(error):
+                return None
+            await asyncio.sleep(0.1)
+            continue
+        except (OSError, KafkaError, TimeoutError):
+            return None
+        return None
+    return NotAuthenticated(
+        f"Kafka at {where!r} closed the connection unanswered {_CLOSED_IN_A_ROW} times in a "
+        f"row: its listener there expects another security protocol than "
+        f"{settings.security_protocol} (SASL_SSL, say); check "
+        "SVLEDGER_KAFKA_SECURITY_PROTOCOL against the listener, and the broker's log"
+    )
+
+
+_REFUSALS: Final = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    ClusterAuthorizationFailedError,
+)
+
+
+def _refusal(
+    error: BaseException,
+    settings: KafkaSettings,
+    *,
+    topic: tuple[str, str] | None = None,
+    group: str | None = None,
+    transactional_id: str | None = None,
+) -> NotAuthorized | None:
+    """``error`` as :class:`NotAuthorized` if it is an ACL's refusal, else None.
+
+    The caller says what it was doing: ``topic`` is the operation it needs on a topic
+    (``("Write", name)``), ``group`` the consumer group it reads as, and
+    ``transactional_id`` the ID its transactions run under.
+    """
+    kafka = type(error).__name__.removesuffix("Error")
+    named = str(error.args[0]) if error.args else "?"
+    match error:
+        case TopicAuthorizationFailedError():
+            operation, name = topic or ("Describe", named)
+            return NotAuthorized(settings, operation, f"topic {name!r}", kafka)
+        case GroupAuthorizationFailedError():
+            return NotAuthorized(settings, "Read", f"group {group or named!r}", kafka)
+        case TransactionalIdAuthorizationFailed():
+            return NotAuthorized(
+                settings, "Write", f"transactional ID {transactional_id or named!r}", kafka
+            )
+        case ClusterAuthorizationFailedError() if topic is not None and topic[0] == "Write":
+            # A producer's first request asks for an idempotent producer ID, which Kafka
+            # grants to a principal that may write some topic (or IdempotentWrite the cluster).
+            return NotAuthorized(settings, "Write", f"topic {topic[1]!r}", kafka)
+        case ClusterAuthorizationFailedError():
+            return NotAuthorized(settings, "act on", "the cluster", kafka)
+    return None
+
+
+@contextlib.contextmanager
+def _refusals(
+    settings: KafkaSettings,
+    *,
+    topic: tuple[str, str] | None = None,
+    group: str | None = None,
+    transactional_id: str | None = None,
+) -> Iterator[None]:
+    """Raise an ACL's refusal inside the block as :class:`NotAuthorized` (see :func:`_refusal`)."""
+    try:
+        yield
+    except _REFUSALS as error:
+        refusal = _refusal(
+            error, settings, topic=topic, group=group, transactional_id=transactional_id
+        )
+        assert refusal is not None
+        raise refusal from error
 
 
 # --------------------------------------------------------------------------- topics
@@ -181,19 +357,23 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
             ]
         )
         for topic, code, *rest in response.topic_errors:
+            if code == _TOPIC_AUTHORIZATION_FAILED:
+                raise NotAuthorized(
+                    settings, "Create", f"topic {topic!r}", "TopicAuthorizationFailed"
+                )
             if code and code != _TOPIC_ALREADY_EXISTS:
                 message = rest[0] if rest and rest[0] else for_code(code).description
                 raise KafkaError(
                     f"cannot create topic {topic!r} ({wanted[topic]} partitions, "
                     f"replication factor {settings.replication_factor}): {message}"
                 )
-        await _await_leaders(admin, list(wanted))
+        await _await_leaders(admin, settings, list(wanted))
     finally:
         await admin.close()
 
 
 async def _await_leaders(
-    admin: AIOKafkaAdminClient, topics: list[str], timeout: float = 30.0
+    admin: AIOKafkaAdminClient, settings: KafkaSettings, topics: list[str], timeout: float = 30.0
 ) -> None:
     """Wait until every partition of ``topics`` has a leader.
 
@@ -204,6 +384,8 @@ async def _await_leaders(
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         described = await admin.describe_topics(topics)
+        for topic in described:
+            _check_described(settings, topic)
         leaderless = [
             f"{topic['topic']}/{partition['partition']}"
             for topic in described
@@ -237,6 +419,7 @@ async def topic_partitions(settings: KafkaSettings, topic: str | None = None) ->
         (described,) = await admin.describe_topics([topic])
     finally:
         await admin.close()
+    _check_described(settings, described)
     if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
         raise TopicMissing(
             f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: "
@@ -247,6 +430,17 @@ async def topic_partitions(settings: KafkaSettings, topic: str | None = None) ->
             f"cannot describe topic {topic!r}: {for_code(described['error_code']).description}"
         )
     return sorted(partition["partition"] for partition in described["partitions"])
+
+
+def _check_described(settings: KafkaSettings, described: Mapping[str, Any]) -> None:
+    """Raise :class:`NotAuthorized` for a topic the admin client was not allowed to describe.
+
+    Kafka answers so for a topic that does not exist as well, so as not to tell who
+    may not see it that it exists.
+    """
+    if described["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
+        topic = described["topic"]
+        raise NotAuthorized(settings, "Describe", f"topic {topic!r}", "TopicAuthorizationFailed")
 
 
 def partition_of(cluster: str, partitions: Sequence[int]) -> int:
@@ -294,7 +488,8 @@ class EndOffsets:
         assert self._consumer is not None, "use 'async with EndOffsets(...)'"
         topic = self.settings.topic
         wanted = self.partitions if partitions is None else partitions
-        ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in wanted])
+        with _refusals(self.settings, topic=("Describe", topic)):
+            ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in wanted])
         return {tp.partition: offset for tp, offset in ends.items()}
 
 
@@ -338,7 +533,11 @@ class EventProducer:
         )
 
     async def __aenter__(self) -> Self:
-        self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+        # An idempotent producer asks for its producer ID as it starts: Kafka grants one
+        # to a principal that may write some topic (or IdempotentWrite the cluster).
+        writes = self.settings.write_topic("<cluster>") if self.settings.inbox else None
+        with self._refusals(writes or self.settings.topic):
+            self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
         return self
 
     async def __aexit__(
@@ -357,113 +556,36 @@ class EventProducer:
             raise RuntimeError("EventProducer is not started: use 'async with EventProducer(...)'")
         return self._producer
 
-    async def _enqueue(self, event: Event) -> asyncio.Future[Any]:
+    def _refusals(self, topic: str) -> contextlib.AbstractContextManager[None]:
+        return _refusals(self.settings, topic=("Write", topic))
+
+    async def _enqueue(self, event: Event) -> tuple[str, asyncio.Future[Any]]:
         key, value, headers = to_record(event)
-        future: asyncio.Future[Any] = await self.producer.send(
-            self.settings.write_topic(event.meta.cluster), value=value, key=key, headers=headers
-        )
-        return future
+        topic = self.settings.write_topic(event.meta.cluster)
+        with self._refusals(topic):
+            future: asyncio.Future[Any] = await self.producer.send(
+                topic, value=value, key=key, headers=headers
+            )
+        return topic, future
 
     async def send(self, event: Event) -> Position:
         """Append one event and wait until the broker has it on every in-sync replica."""
-        metadata = await (await self._enqueue(event))
+        topic, future = await self._enqueue(event)
+        with self._refusals(topic):
+            metadata = await future
         return Position(metadata.partition, metadata.offset)
 
     async def send_many(self, events: Iterable[Event]) -> list[Position]:
         """Append events (order kept per cluster) and wait for all acknowledgements."""
-        futures = [await self._enqueue(event) for event in events]
-        return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+        enqueued = [await self._enqueue(event) for event in events]
+        topics = ", ".join(sorted({topic for topic, _ in enqueued}))
+        with self._refusals(topics):
+            acknowledged = await asyncio.gather(*(future for _, future in enqueued))
+        return [Position(m.partition, m.offset) for m in acknowledged]
 
 
 class TransactionFailed(Exception):
     """A transaction did not commit (the producer was fenced, or the broker refused it)."""
-
-
-class PartitionProducer:
-    """Appends to one partition in transactions that also commit a group's consumed offset.
-
-    Its transactional ID fences: starting it aborts any open transaction of an earlier
-    producer with the same ID and refuses that producer's later ones, so a consumer
-    that lost its partition (or crashed mid-transaction) can no longer commit for it.
-    """
-
-    def __init__(self, settings: KafkaSettings, partition: int, transactional_id: str) -> None:
-        self.settings = settings
-        self.partition = partition
-        self.transactional_id = transactional_id
-        self._producer: AIOKafkaProducer | None = None
-
-    async def start(self) -> None:
-        self._producer = await connect(
-            lambda: AIOKafkaProducer(
-                **self.settings.client_kwargs(),
-                transactional_id=self.transactional_id,
-                enable_idempotence=True,
-                acks="all",
-                linger_ms=0,
-                # A transaction begun right after the last one ended is refused
-                # (CONCURRENT_TRANSACTIONS) until its markers are written; retry soon.
-                retry_backoff_ms=10,
-            ),
-            self.settings,
-        )
-
-    async def stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                await asyncio.wait_for(producer.stop(), TRANSACTION_TIMEOUT_SECONDS)
-            except TimeoutError:
-                log.warning("transactional producer %s did not stop; left", self.transactional_id)
-
-    async def commit(
-        self, events: Sequence[Event], *, group_id: str, consumed: int
-    ) -> list[Position]:
-        """Append ``events`` and commit ``group_id``'s next offset ``consumed``, atomically.
-
-        Raises :class:`TransactionFailed` when the transaction is aborted; nothing of
-        it is then visible to ``read_committed`` readers.
-        """
-        assert self._producer is not None, "start() the PartitionProducer first"
-        try:
-            return await asyncio.wait_for(
-                self._commit(events, group_id, consumed), TRANSACTION_TIMEOUT_SECONDS
-            )
-        except TimeoutError as error:
-            # An idempotent producer retries a refused batch for ever (a transaction
-            # coordinator that keeps answering "not enough replicas", say): give up on
-            # this producer; the caller rebuilds the partition with a new one.
-            raise TransactionFailed(
-                f"partition {self.partition}: the transaction did not complete within"
-                f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check the broker's log"
-            ) from error
-
-    async def _commit(
-        self, events: Sequence[Event], group_id: str, consumed: int
-    ) -> list[Position]:
-        assert self._producer is not None
-        topic = self.settings.topic
-        futures: list[asyncio.Future[Any]] = []
-        try:
-            async with self._producer.transaction():
-                for event in events:
-                    key, value, headers = to_record(event)
-                    futures.append(
-                        await self._producer.send(
-                            topic, value=value, key=key, headers=headers, partition=self.partition
-                        )
-                    )
-                await self._producer.send_offsets_to_transaction(
-                    {TopicPartition(topic, self.partition): consumed}, group_id
-                )
-            return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
-        except KafkaError as error:
-            for future in futures:  # their error is the one raised here
-                if future.done():
-                    future.exception()
-                else:
-                    future.cancel()
-            raise TransactionFailed(f"partition {self.partition}: {error}") from error
 
 
 class Addressed(NamedTuple):
@@ -487,17 +609,20 @@ class TransactionalProducer:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        self._producer = await connect(
-            lambda: AIOKafkaProducer(
-                **self.settings.client_kwargs(),
-                transactional_id=self.transactional_id,
-                enable_idempotence=True,
-                acks="all",
-                linger_ms=0,
-                retry_backoff_ms=10,
-            ),
-            self.settings,
-        )
+        with _refusals(self.settings, transactional_id=self.transactional_id):
+            self._producer = await connect(
+                lambda: AIOKafkaProducer(
+                    **self.settings.client_kwargs(),
+                    transactional_id=self.transactional_id,
+                    enable_idempotence=True,
+                    acks="all",
+                    linger_ms=0,
+                    # A transaction begun right after the last one ended is refused
+                    # (CONCURRENT_TRANSACTIONS) until its markers are written; retry soon.
+                    retry_backoff_ms=10,
+                ),
+                self.settings,
+            )
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -519,6 +644,7 @@ class TransactionalProducer:
         Raises :class:`TransactionFailed` when the transaction does not commit (within
         :data:`TRANSACTION_TIMEOUT_SECONDS`); nothing of it is then visible to
         ``read_committed`` readers, and the producer must be stopped and replaced.
+        :class:`NotAuthorized` when an ACL refused it: a new producer would not help.
         """
         assert self._producer is not None, "start() the TransactionalProducer first"
         producer = self._producer
@@ -548,6 +674,16 @@ class TransactionalProducer:
                 f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check the broker's log"
             ) from error
         except KafkaError as error:
+            topics = ", ".join(sorted({record.topic for record in records}))
+            refusal = _refusal(
+                error,
+                self.settings,
+                topic=("Write", topics),
+                group=group_id,
+                transactional_id=self.transactional_id,
+            )
+            if refusal is not None:
+                raise refusal from error
             raise TransactionFailed(f"{self.transactional_id}: {error}") from error
         finally:
             for future in futures:  # their error is the one raised here
@@ -555,6 +691,31 @@ class TransactionalProducer:
                     future.exception()
                 elif not future.done():
                     future.cancel()
+
+
+class PartitionProducer(TransactionalProducer):
+    """Appends events to one partition of the ledger in transactions that also commit a
+    group's consumed offset of that partition (consume-transform-produce).
+
+    Its transactional ID fences: starting it aborts any open transaction of an earlier
+    producer with the same ID and refuses that producer's later ones, so a consumer
+    that lost its partition (or crashed mid-transaction) can no longer commit for it.
+    """
+
+    def __init__(self, settings: KafkaSettings, partition: int, transactional_id: str) -> None:
+        super().__init__(settings, transactional_id)
+        self.partition = partition
+
+    async def append(
+        self, events: Sequence[Event], *, group_id: str, consumed: int
+    ) -> list[Position]:
+        """Append ``events`` and commit ``group_id``'s next offset ``consumed``, atomically."""
+        topic = self.settings.topic
+        return await self.commit(
+            [Addressed(topic, self.partition, to_record(event)) for event in events],
+            group_id=group_id,
+            offsets={TopicPartition(topic, self.partition): consumed},
+        )
 
 
 # --------------------------------------------------------------------------- consuming
@@ -649,13 +810,17 @@ class GroupMember:
     def _tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.settings.topic, partition)
 
+    def _refusals(self) -> contextlib.AbstractContextManager[None]:
+        return _refusals(self.settings, topic=("Read", self.settings.topic), group=self.group_id)
+
     def assignment(self) -> set[int]:
         return {tp.partition for tp in self._kafka.assignment()}
 
     async def end_offset(self, partition: int) -> int:
         """The partition's last stable offset now (read_committed end)."""
         tp = self._tp(partition)
-        ends: dict[TopicPartition, int] = await self._kafka.end_offsets([tp])
+        with self._refusals():
+            ends: dict[TopicPartition, int] = await self._kafka.end_offsets([tp])
         return ends[tp]
 
     async def seek_to_beginning(self, partition: int) -> bool:
@@ -664,13 +829,15 @@ class GroupMember:
         if tp not in self._kafka.assignment():
             return False
         try:
-            await self._kafka.seek_to_beginning(tp)
+            with self._refusals():
+                await self._kafka.seek_to_beginning(tp)
         except IllegalStateError:  # revoked between the check and the seek
             return False
         return True
 
     async def position(self, partition: int) -> int:
-        position: int = await self._kafka.position(self._tp(partition))
+        with self._refusals():
+            position: int = await self._kafka.position(self._tp(partition))
         return position
 
     async def lags(self) -> dict[int, int]:
@@ -679,7 +846,8 @@ class GroupMember:
 
     async def fetch(self, timeout_ms: int) -> dict[int, list[Any]]:
         """The records fetched within ``timeout_ms``, by partition."""
-        fetched = await self._kafka.getmany(timeout_ms=timeout_ms)
+        with self._refusals():
+            fetched = await self._kafka.getmany(timeout_ms=timeout_ms)
         return {tp.partition: messages for tp, messages in fetched.items()}
 
 
@@ -840,7 +1008,8 @@ class EventConsumer:
             consumer = await connect(self._make, self.settings)
             self._consumer = consumer
             if self.group_id is None:
-                await self._assign_all(consumer, partitions)
+                with self._refusals():
+                    await self._assign_all(consumer, partitions)
             else:
                 consumer.subscribe([self.settings.topic], listener=_Listener(self))
         except BaseException:
@@ -869,6 +1038,9 @@ class EventConsumer:
             raise RuntimeError("EventConsumer is not started: use 'async with EventConsumer(...)'")
         return self._consumer
 
+    def _refusals(self) -> contextlib.AbstractContextManager[None]:
+        return _refusals(self.settings, topic=("Read", self.settings.topic), group=self.group_id)
+
     def assignment(self) -> set[int]:
         """The partitions this consumer reads now."""
         return {tp.partition for tp in self._kafka.assignment()}
@@ -882,7 +1054,8 @@ class EventConsumer:
     async def positions(self) -> dict[int, int]:
         """The next offset this consumer reads, per assigned partition."""
         kafka = self._kafka
-        return {tp.partition: await kafka.position(tp) for tp in kafka.assignment()}
+        with self._refusals():
+            return {tp.partition: await kafka.position(tp) for tp in kafka.assignment()}
 
     async def lags(self) -> dict[int, int]:
         """Records each assigned partition has yet to hand out (:func:`lags`)."""
@@ -938,7 +1111,8 @@ class EventConsumer:
         cancelling it loses nothing, as no record is handed out before it returns.
         """
         consumer = self._kafka
-        fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        with self._refusals():
+            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         batch: list[Record] = []
         dead: list[tuple[Any, str]] = []
         for tp, messages in fetched.items():
@@ -963,7 +1137,8 @@ class EventConsumer:
         elif dead:
             await self._send_dead_letters(dead)
         if self._until is not None:
-            await self._pause_finished(consumer)
+            with self._refusals():
+                await self._pause_finished(consumer)
         return batch
 
     async def __aiter__(self) -> AsyncIterator[Record]:
@@ -1068,7 +1243,7 @@ class DeadLetters:
     async def _sender(self, partition: int) -> tuple[TransactionalProducer, int]:
         if partition not in self._senders:
             producer = TransactionalProducer(
-                self.settings, f"svledger-dead-letters-{self.settings.topic}-{partition}"
+                self.settings, f"{DEAD_LETTER_SENDERS}-{self.settings.topic}-{partition}"
             )
             await producer.start()
             try:

@@ -168,6 +168,15 @@ class KafkaSettings:
         """Where this process appends a cluster's events: its inbox or the ledger."""
         return self.inbox_topic(cluster) if self.inbox else self.topic
 
+    @property
+    def principal(self) -> str | None:
+        """Who Kafka's ACLs know this client as: ``User:<name>`` for a SASL login.
+
+        None otherwise: a TLS client is named after its certificate's subject, as the
+        broker's principal mapping rules say, and a PLAINTEXT one is anonymous.
+        """
+        return f"User:{self.sasl_username}" if self.uses_sasl else None
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> KafkaSettings:
         """Settings from ``SVLEDGER_*`` variables; ``overrides`` (field=value) win over them."""

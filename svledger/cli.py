@@ -5,7 +5,9 @@ its views, the reactors, operator actions, the simulation, pure look-ups); what 
 share is in :mod:`svledger.options`. Errors map to exit codes by their base class
 (:mod:`ledger.errors`): a :class:`~ledger.errors.UsageError` prints the command's
 usage and the message and exits 2, an :class:`~ledger.errors.Unavailable` prints the
-message (what could not be reached and what to check) and exits 69.
+message (what could not be reached and what to check) and exits 69. So does an
+:class:`~ledger.errors.AccessDenied`, a kind of it; when Kafka's ACLs refused the
+command, the message ends with how to grant the command's role (:func:`acl_remedy`).
 
 Results go to stdout. Logs go to stderr, as JSON lines by default (one object per
 record: time, level, logger, message and any ``extra`` fields), because most
@@ -24,9 +26,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from ledger.errors import Unavailable, UsageError
+from ledger.errors import AccessDenied, Unavailable, UsageError
 from svledger.commands import COMMANDS
-from svledger.options import Handler
+from svledger.options import Handler, acl_remedy
 
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS: Final = ("json", "text")
@@ -143,5 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except Unavailable as error:
         # The message says what could not be reached and what to check; no traceback.
-        print(f"svledger: error: {error}", file=sys.stderr)
+        print(f"svledger: error: {_explained(error, args)}", file=sys.stderr)
         return UNAVAILABLE
+
+
+def _explained(error: Unavailable, args: argparse.Namespace) -> str:
+    """The message of ``error``; for an ACL's refusal, how to grant the command's role."""
+    if not isinstance(error, AccessDenied) or getattr(args, "kafka_role", None) is None:
+        return str(error)
+    from ledger.kafka import NotAuthorized  # loaded already: the command talked to Kafka
+
+    if not isinstance(error, NotAuthorized):
+        return str(error)
+    return f"{error.refused}; {acl_remedy(args, error)}"

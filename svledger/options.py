@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
@@ -21,6 +22,7 @@ from ledger.errors import UsageError
 from ledger.names import parse_group
 
 if TYPE_CHECKING:
+    from ledger.kafka import NotAuthorized
     from ledger.settings import KafkaSettings
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
@@ -43,7 +45,13 @@ def add_command(
     return parser
 
 
-def add_kafka_options(parser: argparse.ArgumentParser) -> None:
+def add_kafka_options(parser: argparse.ArgumentParser, role: str | None) -> None:
+    """``--bootstrap`` and ``--topic``; ``role`` is the command's role in Kafka's ACLs.
+
+    The roles are those of ``deploy/kafka/acls.py`` (None: a development command
+    with no role of its own); a command refused by an ACL names the role to grant.
+    """
+    parser.set_defaults(kafka_role=role)
     group = parser.add_argument_group(
         "Kafka", "also from SVLEDGER_KAFKA_* variables (security: SASL/SSL, see docs/production.md)"
     )
@@ -54,6 +62,20 @@ def add_kafka_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--topic", help="the events topic (default: $SVLEDGER_TOPIC or svledger.events)"
+    )
+
+
+def acl_remedy(args: argparse.Namespace, refused: NotAuthorized) -> str:
+    """How to grant what ``refused`` lacks: the ACL script for the command's role."""
+    role: str = args.kafka_role
+    command = ["python", "deploy/kafka/acls.py", "--role", role]
+    command += ["--principal", refused.principal or "PRINCIPAL", "--topic", refused.topic]
+    if getattr(args, "cluster", None) and role in ("worker", "collector"):
+        command += ["--cluster", args.cluster]
+    prog: str = args.command_parser.prog
+    return (
+        f"`{prog}` runs as role {role}: grant it with {shlex.join(command)} "
+        "(see docs/production.md, Security)"
     )
 
 

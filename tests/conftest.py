@@ -4,6 +4,8 @@ Kafka: ``kafka_bootstrap`` is the address of a real broker for the whole session
 named by ``SVLEDGER_KAFKA_BOOTSTRAP`` or else a single-node KRaft broker that
 ``deploy/kafka/broker.py`` starts on free local ports (and stops at the end). Tests never
 share topics: each takes a fresh name from ``unique_topic`` and creates its topics itself.
+``secured_kafka`` is a broker of its own for one test module that enforces TLS, SCRAM
+logins and ACLs, with a user per role (:mod:`tests.secured_kafka`); it is always local.
 
 Kubernetes: ``kube_cluster`` is a real control plane for one test module, etcd and three
 kube-apiservers built from the Go module proxy (``deploy/kube``), each under its own
@@ -43,6 +45,7 @@ from sqlalchemy.engine import URL, make_url
 from deploy.kafka import broker
 from deploy.kube.cluster import LocalCluster
 from projections import database
+from tests.secured_kafka import SecuredKafka
 
 # Speed is measured in bench/, never asserted: no per-example time limit, which would
 # fail a correct property on a busy machine.
@@ -51,7 +54,7 @@ settings.load_profile("svledger")
 
 _KUBERNETES_FIXTURES = frozenset({"kubeconfig", "kube_cluster"})
 _INTEGRATION_FIXTURES = frozenset(
-    {"kafka_bootstrap", "postgres_server", "kubeconfig", "kube_cluster"}
+    {"kafka_bootstrap", "secured_kafka", "postgres_server", "kubeconfig", "kube_cluster"}
 )
 
 
@@ -71,6 +74,16 @@ def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
     with broker.kafka_bootstrap() as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(scope="module")
+def secured_kafka() -> Iterator[SecuredKafka]:
+    """A broker for the test module with SASL_SSL, SCRAM users and ACLs enforced."""
+    kafka = SecuredKafka().start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
 
 
 @pytest.fixture

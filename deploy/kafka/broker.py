@@ -14,6 +14,17 @@ node: internal topics (consumer offsets, transaction state) have one replica and
 in-sync replica, so consumer groups and transactions work, and topics are never created
 implicitly, so code under test must create the topics it uses.
 
+By default the broker has one PLAINTEXT listener and no authorizer: anyone may do
+anything. ``LocalKafka(security=Security.for_users(...))`` runs it as a production
+cluster should be run, to test clients against: its one client listener is ``SASL_SSL``
+(TLS with a certificate from a throwaway CA made with the ``openssl`` command, then
+SCRAM-SHA-512 or SCRAM-SHA-256 logins of the users created when the storage is
+formatted), and KRaft's ``StandardAuthorizer`` refuses every request no ACL allows,
+except those of the super user, which grants the ACLs. The KRaft controller listener
+stays PLAINTEXT on 127.0.0.1: its unauthenticated principal ``User:ANONYMOUS`` must
+be a super user for the broker to register with its own controller, which is
+acceptable for a broker on the loopback address and nowhere else.
+
 ``kafka_bootstrap()`` is what tests and benchmarks use: the broker named by
 ``SVLEDGER_KAFKA_BOOTSTRAP`` if set, else a ``LocalKafka`` for the duration of the block.
 
@@ -21,6 +32,7 @@ Stdlib only, so it runs before any virtualenv exists::
 
     python deploy/kafka/broker.py fetch   # resolve the jars into lib/ only
     python deploy/kafka/broker.py run     # print the bootstrap address, serve until SIGINT/SIGTERM
+    python deploy/kafka/broker.py run --user projector  # the same, secured, with a user
 """
 
 from __future__ import annotations
@@ -29,8 +41,10 @@ import argparse
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -40,7 +54,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -64,6 +78,47 @@ class BrokerError(RuntimeError):
     """The broker's jars could not be resolved or the broker could not be run."""
 
 
+SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+# The principal of every connection to the PLAINTEXT controller listener.
+_CONTROLLER_PRINCIPAL = "User:ANONYMOUS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Security:
+    """Who may log in to a secured :class:`LocalKafka`, and who is its super user.
+
+    ``users`` maps each SCRAM user to its password; every user can log in with either
+    mechanism of :data:`SCRAM_MECHANISMS`. ``super_user`` (one of them) is allowed
+    everything, grants the ACLs, and is the broker's own identity on its listener.
+    """
+
+    users: Mapping[str, str]
+    super_user: str = "admin"
+
+    def __post_init__(self) -> None:
+        if self.super_user not in self.users:
+            raise BrokerError(f"the super user {self.super_user!r} is not among the users")
+        for name in self.users:
+            # StorageTool's --add-scram syntax ends a value at ',' or ']'.
+            if not name or not all(c.isalnum() or c in "._-" for c in name):
+                raise BrokerError(f"SCRAM user {name!r}: use letters, digits and '._-' only")
+
+    @classmethod
+    def for_users(cls, *names: str, super_user: str = "admin") -> Security:
+        """The super user and ``names``, each with a fresh random password."""
+        return cls(
+            {name: secrets.token_hex(16) for name in (super_user, *names)}, super_user=super_user
+        )
+
+    def password(self, user: str) -> str:
+        try:
+            return self.users[user]
+        except KeyError:
+            raise BrokerError(
+                f"no SCRAM user {user!r}; the users are {sorted(self.users)}"
+            ) from None
+
+
 def fetch_jars() -> Path:
     """Copy the broker jars into ``lib/`` unless they match ``pom.xml`` already; return ``lib/``."""
     digest = hashlib.sha256(POM.read_bytes()).hexdigest()
@@ -84,9 +139,16 @@ def fetch_jars() -> Path:
 class LocalKafka:
     """One KRaft broker+controller on free 127.0.0.1 ports, alive between start() and stop()."""
 
-    def __init__(self, *, heap: str = "512m", startup_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        *,
+        heap: str = "512m",
+        startup_timeout: float = 120.0,
+        security: Security | None = None,
+    ) -> None:
         self._heap = heap
         self._startup_timeout = startup_timeout
+        self.security = security
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._port = 0
@@ -104,6 +166,41 @@ class LocalKafka:
         if self._workdir is None:
             raise BrokerError("the broker is not running: call start() first")
         return self._workdir / "data"
+
+    @property
+    def ca_file(self) -> Path:
+        """The PEM certificate of the CA that signed the broker's, for clients to verify it."""
+        return self._tls_dir / "ca.pem"
+
+    def client_properties(self, user: str) -> Path:
+        """A Java client configuration file logging in as ``user`` (``--command-config``).
+
+        For Kafka's own tools (``kafka-acls.sh`` and the like): SASL_SSL with
+        SCRAM-SHA-512, verifying the broker against :attr:`ca_file`.
+        """
+        security = self._require_security()
+        assert self._workdir is not None
+        path = self._workdir / f"client-{user}.properties"
+        path.write_text(
+            "security.protocol=SASL_SSL\n"
+            f"sasl.mechanism={SCRAM_MECHANISMS[0]}\n"
+            f"sasl.jaas.config={_scram_login(user, security.password(user))}\n"
+            "ssl.truststore.type=PEM\n"
+            f"ssl.truststore.location={self.ca_file}\n"
+        )
+        return path
+
+    @property
+    def _tls_dir(self) -> Path:
+        self._require_security()
+        if self._workdir is None:
+            raise BrokerError("the broker is not running: call start() first")
+        return self._workdir / "tls"
+
+    def _require_security(self) -> Security:
+        if self.security is None:
+            raise BrokerError("this broker is not secured: give LocalKafka(security=...)")
+        return self.security
 
     def __enter__(self) -> LocalKafka:
         return self.start()
@@ -123,6 +220,8 @@ class LocalKafka:
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
             self._port, controller_port = _free_port(), _free_port()
+            if self.security is not None:
+                _make_certificates(self._tls_dir)
             config = self._write_config(controller_port)
             self._format_storage(self._java_command(), config)
             self._launch(config)
@@ -198,15 +297,17 @@ class LocalKafka:
 
     def _write_config(self, controller_port: int) -> Path:
         assert self._workdir is not None
+        listener = "PLAINTEXT" if self.security is None else "SASL_SSL"
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self._port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self._port}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listeners": f"{listener}://127.0.0.1:{self._port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{self._port}",
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            **self._security_config(),
             "log.dirs": str(self.data_dir),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
@@ -224,6 +325,31 @@ class LocalKafka:
         path = self._workdir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         return path
+
+    def _security_config(self) -> dict[str, str]:
+        """SASL_SSL with SCRAM on the client listener, and the authorizer; none by default."""
+        if self.security is None:
+            return {}
+        tls, admin = self._tls_dir, self.security.super_user
+        config = {
+            "sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+            # The broker talks to itself (transaction markers, for one) as the super user.
+            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISMS[0],
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(tls / "broker.pem"),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(tls / "ca.pem"),
+            "ssl.client.auth": "none",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{admin};{_CONTROLLER_PRINCIPAL}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+        for mechanism in SCRAM_MECHANISMS:
+            # The server side of a SCRAM login needs a JAAS entry per mechanism; the
+            # credentials in it are the ones the broker presents as a client.
+            key = f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config"
+            config[key] = _scram_login(admin, self.security.password(admin))
+        return config
 
     def _write_log_config(self) -> Path:
         assert self._workdir is not None
@@ -245,6 +371,13 @@ class LocalKafka:
         cluster_id = "-"
         while cluster_id.startswith("-"):
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # SCRAM credentials live in the cluster metadata: written with the first record.
+        scram = [
+            argument
+            for user, password in (self.security.users.items() if self.security else ())
+            for mechanism in SCRAM_MECHANISMS
+            for argument in ("--add-scram", f"{mechanism}=[name={user},password={password}]")
+        ]
         _run(
             [
                 *java_command,
@@ -254,6 +387,7 @@ class LocalKafka:
                 cluster_id,
                 "-c",
                 str(config),
+                *scram,
             ],
             f"formatting the Kafka storage in {self._workdir} failed",
         )
@@ -286,6 +420,93 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     with LocalKafka() as kafka:
         yield kafka.bootstrap
+
+
+def _scram_login(user: str, password: str) -> str:
+    """A JAAS entry logging in as ``user`` with SCRAM (Java client and broker syntax)."""
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
+
+
+# The CA and the broker's certificate live as long as the broker: a day is plenty.
+_CERTIFICATE_DAYS = "2"
+
+
+def _make_certificates(tls: Path) -> None:
+    """A throwaway CA (``ca.pem``) and a broker certificate it signed, for 127.0.0.1.
+
+    ``broker.pem`` holds the broker's unencrypted PKCS#8 key and certificate: a PEM
+    keystore as Kafka reads it. The certificate names ``localhost`` and ``127.0.0.1``,
+    so clients verify the host as well as the signature.
+    """
+    openssl = _require_tool("openssl", "the openssl command (`apt-get install openssl`)")
+    tls.mkdir(parents=True)
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            *key,
+            "-keyout",
+            str(tls / "ca.key"),
+            "-out",
+            str(tls / "ca.pem"),
+            "-days",
+            _CERTIFICATE_DAYS,
+            "-subj",
+            "/CN=svledger test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        "openssl could not make the test CA",
+    )
+    _run(
+        [
+            openssl,
+            "req",
+            *key,
+            "-keyout",
+            str(tls / "broker.key"),
+            "-out",
+            str(tls / "broker.csr"),
+            "-subj",
+            "/CN=localhost",
+        ],
+        "openssl could not make the broker's key",
+    )
+    extensions = tls / "broker.ext"
+    extensions.write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    _run(
+        [
+            openssl,
+            "x509",
+            "-req",
+            "-in",
+            str(tls / "broker.csr"),
+            "-CA",
+            str(tls / "ca.pem"),
+            "-CAkey",
+            str(tls / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            _CERTIFICATE_DAYS,
+            "-extfile",
+            str(extensions),
+            "-out",
+            str(tls / "broker.crt"),
+        ],
+        "openssl could not sign the broker's certificate",
+    )
+    (tls / "broker.pem").write_text(
+        (tls / "broker.key").read_text() + (tls / "broker.crt").read_text()
+    )
 
 
 def _run(command: list[str], failure: str, hint: str = "") -> None:
@@ -331,8 +552,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("fetch", help="resolve the broker jars into deploy/kafka/lib/ and exit")
-    commands.add_parser(
+    run = commands.add_parser(
         "run", help="start a broker, print its bootstrap address, serve until SIGINT/SIGTERM"
+    )
+    run.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="secure the broker (SASL_SSL, ACLs) with this SCRAM user besides 'admin', the "
+        "super user; repeat for more. Prints the CA file, the admin's client properties "
+        "and every user's password after the address",
     )
     args = parser.parse_args(argv)
     try:
@@ -342,8 +572,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_requested = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda _signum, _frame: stop_requested.set())
-        with LocalKafka() as kafka:
+        security = Security.for_users(*args.user) if args.user else None
+        with LocalKafka(security=security) as kafka:
             print(kafka.bootstrap, flush=True)
+            if security is not None:
+                print(f"ca-file {kafka.ca_file}")
+                print(f"admin-properties {kafka.client_properties(security.super_user)}")
+                for user, password in security.users.items():
+                    print(f"user {user} {password}", flush=True)
             while not stop_requested.wait(1.0):
                 kafka.check_alive()
         return 0

@@ -401,7 +401,7 @@ async def warm_up(bootstrap: str) -> None:
     producer = PartitionProducer(settings, 0, "svledger.warm-up")
     await producer.start()
     try:
-        await producer.commit([], group_id="svledger.warm-up", consumed=0)
+        await producer.append([], group_id="svledger.warm-up", consumed=0)
     finally:
         await producer.stop()
 

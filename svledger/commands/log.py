@@ -42,7 +42,7 @@ def add_topics(subparsers: Subparsers) -> None:
         help="also create CLUSTER's inbox topic <topic>.inbox.CLUSTER (one partition);\n"
         "repeat for more clusters (see docs/production.md, 'Who may say what')",
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "setup")
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -100,7 +100,7 @@ def add_project(subparsers: Subparsers) -> None:
             "SIGTERM finishes the batch, commits and exits."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "projector")
     add_metrics_option(parser)
     add_db_option(parser)
 
@@ -128,7 +128,7 @@ def add_replay(subparsers: Subparsers) -> None:
             "an existing projection database is continued from its checkpoint."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "projector")
     add_db_option(parser)
     parser.add_argument(
         "--until",

@@ -84,4 +84,4 @@ def _add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("USER", "operator"),
         help="who is acting, recorded as the event's source (default: $USER)",
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "operator")

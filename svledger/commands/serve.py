@@ -41,7 +41,7 @@ def add_serve(subparsers: Subparsers) -> None:
             "the end it had at start."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "reader")
     add_metrics_option(parser)
     parser.add_argument(
         "--address",

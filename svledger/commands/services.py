@@ -32,7 +32,7 @@ def add_admit(subparsers: Subparsers) -> None:
             "seconds. See docs/production.md, 'Who may say what'."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "admission")
     add_metrics_option(parser)
 
 
@@ -57,7 +57,7 @@ def add_lease_gc(subparsers: Subparsers) -> None:
             "was renewed; safe to run twice at once."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "lease-gc")
     add_metrics_option(parser)
     parser.add_argument(
         "--check-period",
@@ -96,7 +96,7 @@ def add_migrator(subparsers: Subparsers) -> None:
             "id per input partition."
         ),
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "migrator")
     add_metrics_option(parser)
     parser.add_argument(
         "--retry-backoff",
@@ -154,7 +154,7 @@ def add_worker(subparsers: Subparsers) -> None:
         required=True,
         help="the cluster whose migrations to run (the name its apiservers report under)",
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "worker")
     add_metrics_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(
@@ -234,7 +234,7 @@ def add_collect(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--cluster", required=True, help="the cluster's name in the ledger (every event's key)"
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "collector")
     add_metrics_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(

@@ -31,7 +31,7 @@ def add_simulate(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
-    add_kafka_options(parser)
+    add_kafka_options(parser, None)
     add_db_option(parser)
     parser.add_argument(
         "--trigger",

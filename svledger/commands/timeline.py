@@ -37,7 +37,7 @@ def add_timeline(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--html", required=True, metavar="FILE", help="where to write the page; - for stdout"
     )
-    add_kafka_options(parser)
+    add_kafka_options(parser, "reader")
 
 
 def _timeline(args: argparse.Namespace) -> int:

@@ -114,7 +114,7 @@ async def end_in_transactions(settings: KafkaSettings, name: str) -> int:
         producer = PartitionProducer(settings, partition, f"{settings.topic}.test-{partition}")
         await producer.start()
         try:
-            await producer.commit([heartbeat], group_id=f"{settings.topic}.test", consumed=0)
+            await producer.append([heartbeat], group_id=f"{settings.topic}.test", consumed=0)
         finally:
             await producer.stop()
         appended += 1
