@@ -535,7 +535,7 @@ class EventProducer:
     async def __aenter__(self) -> Self:
         # An idempotent producer asks for its producer ID as it starts: Kafka grants one
         # to a principal that may write some topic (or IdempotentWrite the cluster).
-        writes = self.settings.write_topic("<cluster>") if self.settings.inbox else None
+        writes = f"{self.settings.inbox_prefix}<cluster>" if self.settings.inbox else None
         with self._refusals(writes or self.settings.topic):
             self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
         return self

@@ -98,7 +98,7 @@ async def admitted_all(settings: KafkaSettings, clusters: list[str]) -> None:
             while True:
                 ends = await consumer.end_offsets(inboxes)
                 committed = {tp: await consumer.committed(tp) for tp in inboxes}
-                if all(committed[tp] == ends[tp] for tp in inboxes):
+                if all((committed[tp] or 0) == ends[tp] for tp in inboxes):
                     return
                 await asyncio.sleep(0.2)
     finally:

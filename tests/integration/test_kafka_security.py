@@ -42,9 +42,17 @@ from consumers.worker import GROUP_ID as WORKER_GROUP
 from consumers.worker import Rewriter, run_worker
 from deploy.kafka.acls import grants
 from ledger.clock import SystemClock
-from ledger.events import ApiserverHeartbeat, Event, Meta, StorageVersionReported
+from ledger.codec import decode
+from ledger.events import (
+    ApiserverHeartbeat,
+    Event,
+    Meta,
+    MigrationSucceeded,
+    StorageVersionReported,
+)
 from ledger.hashing import storage_version_hash
 from ledger.kafka import (
+    DLQ_REASON_HEADER,
     EventProducer,
     NotAuthenticated,
     NotAuthorized,
@@ -52,6 +60,7 @@ from ledger.kafka import (
     create_topics,
     topic_partitions,
 )
+from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections.schema import (
     apiserver_leases,
@@ -59,6 +68,8 @@ from projections.schema import (
     storage_states,
     storage_version_migrations,
 )
+from tests.integration.test_admission import admitted_all, read_topic
+from tests.integration.test_migrator import read_records
 from tests.secured_kafka import ROOT, SecuredKafka
 
 TOPIC = "svledger.secured"
@@ -476,3 +487,48 @@ def test_the_pipeline_runs_with_each_role_under_its_own_principal(
 if __name__ == "__main__":
     assert sys.argv[1] == "worker"
     asyncio.run(_work(sys.argv[2]))
+
+
+def test_a_reporter_speaks_only_through_its_inbox_and_admission_refuses_forgeries(
+    kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """The reporter → inbox → admission path with each role under its own principal."""
+    kafka.grant(TOPIC, {"admission": ("admission", None), "reporter-west": ("reporter", "west")})
+    admin = kafka.settings("admin", TOPIC)
+    asyncio.run(create_topics(admin, ["east", "west"]))
+    east = kafka.settings("reporter-east", TOPIC, inbox=True)
+    with processes(kafka, tmp_path) as running:
+        running.start("admission", "-m", "svledger", "--log-format", "text", "admit")
+        asyncio.run(_report_and_forge(kafka, east, admin))
+        codes = running.stop()
+    assert codes == {"admission": 0}, running.log("admission")
+    assert "NotAuthorized" not in running.log("admission")
+
+
+async def _report_and_forge(kafka: SecuredKafka, east: KafkaSettings, admin: KafkaSettings) -> None:
+    async with EventProducer(east) as producer:
+        pods_v1 = ResourceReport("", "pods", "Pod", "v1", ("v1",), ("v1",))
+        reporter = Reporter("east", "e1", [pods_v1], producer, heartbeat_interval=60.0)
+        await reporter.start()  # the gate opens once the inbox has its registration
+        await admitted_all(admin, ["east", "west"])
+        before = await read_records(admin)
+        assert {type(e).__name__ for e, _ in before} >= {
+            "ApiserverHeartbeat",
+            "StorageVersionReported",
+        }
+        # The east reporter's principal forges an outcome in its own inbox: refused.
+        forged = MigrationSucceeded(meta("east", "e1"), "m-1", 10)
+        await producer.send(forged)
+        await admitted_all(admin, ["east", "west"])
+        # It may not write west's inbox at all, nor the events topic.
+        for_west = heartbeat("west", "w1", _now(), 60)
+        with pytest.raises(NotAuthorized, match=rf"Write topic '{TOPIC}.inbox.west'"):
+            await producer.send(for_west)
+        after = await read_records(admin)
+        assert [e.meta.event_id for e, _ in after] == [e.meta.event_id for e, _ in before]
+        dead = {
+            decode(value).meta.event_id: dict(headers)[DLQ_REASON_HEADER].decode()
+            for value, headers in await read_topic(admin, admin.dlq_topic)
+        }
+        assert "may not come from a reporter's inbox" in dead[forged.meta.event_id]
+        await reporter.stop()

@@ -114,6 +114,10 @@ def test_a_wrong_role_or_cluster_is_refused(role: str, cluster: str | None, mess
         grants(role, TOPIC, cluster=cluster)
 
 
+def _operations(*names: str) -> list[str]:
+    return [word for name in names for word in ("--operation", name)]
+
+
 def test_one_kafka_acls_run_per_pattern_and_operations() -> None:
     commands = acls.acl_commands(
         ["kafka-acls.sh"], "kafka:9093", "admin.properties", "User:p", grants("projector", "t")
@@ -134,10 +138,13 @@ def test_one_kafka_acls_run_per_pattern_and_operations() -> None:
         for operands in (
             ["literal", "--group", "svledger-projector.t.views", "--operation", "Read"],
             ["literal", "--topic", "t", "--operation", "Read", "--operation", "Describe"],
-            ["literal", "--topic", "t.dlq", "--operation", "Read", "--operation", "Write"]
-            + ["--operation", "Describe"],
-            ["prefixed", "--transactional-id", "svledger-dead-letters-t-", "--operation", "Write"]
-            + ["--operation", "Describe"],
+            ["literal", "--topic", "t.dlq", *_operations("Read", "Write", "Describe")],
+            [
+                "prefixed",
+                "--transactional-id",
+                "svledger-dead-letters-t-",
+                *_operations("Write", "Describe"),
+            ],
         )
     ]
 
