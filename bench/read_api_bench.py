@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,19 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.projector_bench import fill
-from deploy.kafka.broker import kafka_bootstrap
+from deploy.kafka.broker import free_port, kafka_bootstrap
 from ledger.kafka import EventConsumer, end_offsets, partition_of
 from ledger.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = "apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> float:
@@ -103,7 +95,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         report["produce"] = await fill(settings, args.events, args.clusters)
         cluster = "cluster-000"
         points = await _points(settings, cluster, args.points)
-        port = _free_port()
+        port = free_port()
         started = time.perf_counter()
         server = subprocess.Popen(
             [

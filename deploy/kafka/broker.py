@@ -219,7 +219,7 @@ class LocalKafka:
             raise BrokerError(f"the broker is already running at {self.bootstrap}")
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
-            self._port, controller_port = _free_port(), _free_port()
+            self._port, controller_port = free_port(), free_port()
             if self.security is not None:
                 _make_certificates(self._tls_dir)
             config = self._write_config(controller_port)
@@ -527,7 +527,8 @@ def _require_tool(name: str, what: str) -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (tests and benchmarks too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]

@@ -57,7 +57,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -71,6 +70,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
+from deploy.kafka.broker import free_port
 from ledger.settings import KafkaSettings
 from projections.replay import replay
 from simulation import scenario
@@ -169,13 +169,6 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- running pages
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclasses.dataclass

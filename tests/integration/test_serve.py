@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as kube_client
 
+from deploy.kafka.broker import free_port
 from deploy.kube import build
 from ledger.events import ApiserverHeartbeat, Meta, Position
 from ledger.kafka import EventProducer
@@ -42,13 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 WALKTHROUGH = ROOT / "examples" / "kep-walkthrough.yaml"
 CLUSTER = "kep-walkthrough"
 KUBECTL_RELEASE = "v1.37.2"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
