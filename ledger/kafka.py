@@ -763,7 +763,23 @@ async def lags(consumer: AIOKafkaConsumer) -> dict[int, int]:
     return found
 
 
-class GroupMember:
+class _Member:
+    """What the group members below share: one consumer, stopped on leaving the block."""
+
+    _consumer: AIOKafkaConsumer | None = None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    @property
+    def _kafka(self) -> AIOKafkaConsumer:
+        assert self._consumer is not None, f"use 'async with {type(self).__name__}(...)'"
+        return self._consumer
+
+
+class GroupMember(_Member):
     """A member of a consumer group on the topic that reads raw records, partition by partition.
 
     For consumers that keep a fold per assigned partition (:mod:`consumers.partitions`):
@@ -796,16 +812,6 @@ class GroupMember:
         )
         self._consumer.subscribe([self.settings.topic], listener=_ChangeListener(self._on_change))
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
-
-    @property
-    def _kafka(self) -> AIOKafkaConsumer:
-        assert self._consumer is not None, "use 'async with GroupMember(...)'"
-        return self._consumer
 
     def _tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.settings.topic, partition)
@@ -851,7 +857,7 @@ class GroupMember:
         return {tp.partition: messages for tp, messages in fetched.items()}
 
 
-class PatternMember:
+class PatternMember(_Member):
     """A consumer group member of every topic whose name matches ``pattern``; raw records.
 
     For consumers that move records from many topics in transactions of their own
@@ -878,16 +884,6 @@ class PatternMember:
         )
         self._consumer.subscribe(pattern=self._pattern)
         return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
-
-    @property
-    def _kafka(self) -> AIOKafkaConsumer:
-        assert self._consumer is not None, "use 'async with PatternMember(...)'"
-        return self._consumer
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._kafka.assignment())
