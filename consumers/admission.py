@@ -58,7 +58,6 @@ from ledger.events import (
     type_name,
 )
 from ledger.kafka import (
-    TYPE_HEADER,
     Addressed,
     OutgoingRecord,
     PatternMember,
@@ -67,6 +66,7 @@ from ledger.kafka import (
     TransactionFailed,
     dead_letter_headers,
     partition_of,
+    to_record,
     topic_partitions,
 )
 from ledger.settings import KafkaSettings
@@ -226,7 +226,7 @@ class Admission:
                 Addressed(
                     self.settings.topic,
                     partition_of(verdict.meta.cluster, self._partitions),
-                    OutgoingRecord(message.key, message.value, [(TYPE_HEADER, name.encode())]),
+                    to_record(verdict, message.value),
                 )
             )
         next_offset = messages[-1].offset + 1

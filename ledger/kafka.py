@@ -148,11 +148,15 @@ class OutgoingRecord(NamedTuple):
     headers: Headers
 
 
-def to_record(event: Event) -> OutgoingRecord:
-    """The Kafka record for an event; every writer of the ledger uses this."""
+def to_record(event: Event, value: bytes | None = None) -> OutgoingRecord:
+    """The Kafka record for an event; every writer of the ledger uses this.
+
+    ``value``: the event's encoding as it was logged elsewhere (admission copies an
+    inbox record byte for byte), instead of encoding it again.
+    """
     return OutgoingRecord(
         key=event.meta.cluster.encode(),
-        value=encode(event),
+        value=encode(event) if value is None else value,
         headers=[(TYPE_HEADER, type_name(event).encode())],
     )
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from sqlalchemy import Engine, func, select
 
 from ledger.events import Position
@@ -30,6 +30,7 @@ from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.replay import replay
 from projections.schema import ledger_events
+from tests.integration.test_admission import read_topic
 from tests.integration.test_projector import clear, snapshot
 from tests.workloads import mixed_events
 
@@ -205,27 +206,11 @@ def assert_applied_once(
 
 async def dead_letters(settings: KafkaSettings) -> list[Position]:
     """The source position of every record in the dead-letter topic (committed ones)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(settings.dlq_topic, p) for p in range(settings.partitions)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        found: list[Position] = []
-        for tp in partitions:
-            while await consumer.position(tp) < ends[tp]:
-                for message in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                    headers = dict(message.headers)
-                    found.append(
-                        Position(
-                            int(headers[DLQ_PARTITION_HEADER]), int(headers[DLQ_OFFSET_HEADER])
-                        )
-                    )
-        return found
-    finally:
-        await consumer.stop()
+    found = []
+    for _, headers in await read_topic(settings, settings.dlq_topic):
+        found.append(
+            Position(
+                int(dict(headers)[DLQ_PARTITION_HEADER]), int(dict(headers)[DLQ_OFFSET_HEADER])
+            )
+        )
+    return found
