@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from datetime import datetime, timedelta
 from typing import Final
@@ -50,8 +51,11 @@ from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
 from ledger import metrics
 from ledger.clock import Clock
 from ledger.events import ApiserverLeaseExpired, Meta
+from ledger.kafka import BROKER_ERRORS
 from ledger.settings import KafkaSettings
 from projections.state import State
+
+log = logging.getLogger(__name__)
 
 SOURCE: Final = "svledger-lease-gc"
 GROUP_ID: Final = "svledger-lease-gc"
@@ -131,8 +135,17 @@ async def _check_periodically(
     while not stop.is_set():
         await clock.sleep(check_period)
         for partition_log in list(follower.logs.values()):
-            with contextlib.suppress(PartitionLost):
+            try:
                 await _check(follower, partition_log, clock)
+            except PartitionLost:
+                pass  # checked again once rebuilt
+            except BROKER_ERRORS as error:
+                log.warning(
+                    "partition %d: lease check failed, tried again in %g s: %s",
+                    partition_log.partition,
+                    check_period,
+                    error,
+                )
 
 
 async def _check(follower: PartitionFollower, partition_log: PartitionLog, clock: Clock) -> None:

@@ -24,7 +24,15 @@ migration trigger, the migration worker) has the same needs, served here once:
   next decision waits until the output has come back through the log and been
   folded like any other event.
 * Anything going wrong with a partition (fenced, transaction failed, revoked) marks
-  its log lost; the next poll rebuilds it from scratch as on assignment.
+  its log lost; the next poll rebuilds it from scratch as on assignment. So does
+  output of its own that a transaction timeout after its commit is still not
+  readable, with the partition's last stable offset stopped at it: the broker
+  acknowledged the commit but never wrote its markers (see
+  :class:`~ledger.kafka.PartitionProducer`), and the new producer's start aborts it.
+  The fold rebuilt without it, the consumer decides again, exactly once.
+* A broker that cannot be reached (down, restarting) stops nothing: joining the
+  group, and building a partition's log, are tried again on later polls until the
+  broker answers or ``stop`` is set.
 
 Records that do not decode are skipped with a warning (the projector sends them to
 the dead-letter topic); they never stop a consumer.
@@ -38,21 +46,32 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from ledger import metrics
 from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position, type_name
-from ledger.kafka import GroupMember, PartitionProducer, TransactionFailed
+from ledger.kafka import (
+    BROKER_ERRORS,
+    TRANSACTION_TIMEOUT_SECONDS,
+    BrokerUnavailable,
+    GroupMember,
+    PartitionProducer,
+    TransactionFailed,
+    partition_of,
+)
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import Changes, ResourceKey, State
 
 log = logging.getLogger(__name__)
+
+REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 
 
 class PartitionLost(Exception):
@@ -77,6 +96,10 @@ class PartitionLog:
         self._producer = producer
         self._lock = asyncio.Lock()
         self._moved = asyncio.Event()
+        # The first offset of each commit of its own the fold has not read yet, and the
+        # offset the partition's last stable offset has stood at since when.
+        self._unread: collections.deque[int] = collections.deque()
+        self._stuck: tuple[int, float] | None = None
 
     @property
     def caught_up(self) -> bool:
@@ -86,6 +109,18 @@ class PartitionLog:
         self.position = position
         self._moved.set()
         self._moved = asyncio.Event()
+
+    def _output_unreadable(self, last_stable: int | None, now: float) -> bool:
+        """Whether the partition's last stable offset has stood at the first record of a
+        commit of this log's own for a transaction timeout: the commit's markers are lost."""
+        while self._unread and self._unread[0] < self.position:
+            self._unread.popleft()
+        if not self._unread or last_stable != self._unread[0]:
+            self._stuck = None
+            return False
+        if self._stuck is None or self._stuck[0] != last_stable:
+            self._stuck = (last_stable, now)
+        return now - self._stuck[1] >= TRANSACTION_TIMEOUT_SECONDS
 
     async def wait_folded(self, offset: int = 0) -> None:
         """Wait until the fold is caught up and has read every offset before ``offset``.
@@ -107,15 +142,14 @@ class PartitionLog:
             if self.lost:
                 raise PartitionLost(f"partition {self.partition} was lost")
             try:
-                positions = await self._producer.append(
-                    events, group_id=self._follower.group_id, consumed=self.position
-                )
+                positions = await self._producer.append(events, consumed=self.position)
             except TransactionFailed as error:
                 log.warning("%s; rebuilding", error)
                 self.lose()
                 raise PartitionLost(str(error)) from error
         if positions:
             self.barrier = max(self.barrier, max(p.offset for p in positions) + 1)
+            self._unread.append(min(p.offset for p in positions))
         for event_type, count in collections.Counter(map(type_name, events)).items():
             metrics.EVENTS_APPENDED.labels(self._follower.group_id, event_type).inc(count)
         return positions
@@ -159,9 +193,6 @@ class PartitionFollower:
         self._lag = metrics.ReaderLag(group_id)
 
     async def __aenter__(self) -> Self:
-        self._member = await GroupMember(
-            self.settings, self.group_id, self._lose, fetch_max_wait_ms=self._fetch_max_wait_ms
-        ).__aenter__()
         return self
 
     async def __aexit__(
@@ -179,8 +210,28 @@ class PartitionFollower:
 
     @property
     def member(self) -> GroupMember:
-        assert self._member is not None, "use 'async with PartitionFollower(...)'"
+        assert self._member is not None, "the follower joins its group in batches()"
         return self._member
+
+    def partition_of(self, cluster: str) -> int:
+        """The partition ``cluster``'s events land in."""
+        return partition_of(cluster, self.member.partitions)
+
+    async def _join(self, stop: asyncio.Event) -> GroupMember | None:
+        """Join the group, trying again while the broker cannot be reached; None if stopped."""
+        while not stop.is_set():
+            try:
+                return await GroupMember(
+                    self.settings,
+                    self.group_id,
+                    self._lose,
+                    fetch_max_wait_ms=self._fetch_max_wait_ms,
+                ).__aenter__()
+            except BrokerUnavailable as error:
+                log.warning("%s cannot join its group yet: %s", self.group_id, error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REJOIN_SECONDS)
+        return None
 
     def _lose(self, partitions: set[int]) -> None:
         """Revoked and newly assigned partitions are rebuilt from scratch."""
@@ -203,22 +254,42 @@ class PartitionFollower:
             if current is not None and not current.lost:
                 continue
             if current is not None:
-                await current.close()
-            producer = PartitionProducer(
-                self.settings, partition, f"{self.transactional_prefix}-{partition}"
-            )
-            await producer.start()
+                await self.logs.pop(partition).close()
+            try:
+                built = await self._build(partition)
+            except (*BROKER_ERRORS, TransactionFailed) as error:
+                # Tried again at the next poll.
+                log.warning(
+                    "%s: partition %d cannot be rebuilt yet: %s", self.group_id, partition, error
+                )
+                continue
+            if built is not None:
+                self.logs[partition] = built
+
+    async def _build(self, partition: int) -> PartitionLog | None:
+        """A fresh log of ``partition``, or None if a rebalance took it meanwhile."""
+        producer = PartitionProducer(
+            self.settings, partition, f"{self.transactional_prefix}-{partition}", self.group_id
+        )
+        await producer.start()
+        try:
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
-            if not await member.seek_to_beginning(partition):
-                # A rebalance took the partition while the producer started.
-                await producer.stop()
-                continue
-            self.logs[partition] = PartitionLog(self, partition, producer, barrier)
+            if await self.member.seek_to_beginning(partition):
+                return PartitionLog(self, partition, producer, barrier)
+        except BaseException:
+            await producer.stop()
+            raise
+        await producer.stop()  # a rebalance took the partition while the producer started
+        return None
 
     async def batches(self, stop: asyncio.Event) -> AsyncIterator[Folded]:
-        """Poll until ``stop`` is set; yield each followed partition after every poll."""
-        member = self.member
+        """Join the group, then poll until ``stop`` is set; yield each followed partition
+        after every poll."""
+        member = self._member = await self._join(stop)
+        if member is None:
+            return
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             await self._sync_assignment()
             fetched = await member.fetch(timeout_ms=self._poll_ms)
@@ -230,6 +301,19 @@ class PartitionFollower:
                 if events:
                     metrics.EVENTS_FOLDED.labels(self.group_id).inc(len(events))
                 partition_log._advance(await member.position(partition))
+                last_stable = member.last_stable_offset(partition)
+                if partition_log._output_unreadable(last_stable, loop.time()):
+                    log.warning(
+                        "%s: partition %d: what this member committed at offset %s is still"
+                        " not readable %.0f s later (the broker did not write the"
+                        " transaction's markers); rebuilding the partition, which aborts it",
+                        self.group_id,
+                        partition,
+                        last_stable,
+                        TRANSACTION_TIMEOUT_SECONDS,
+                    )
+                    partition_log.lose()
+                    continue
                 yield Folded(partition_log, events)
 
     @staticmethod

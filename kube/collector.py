@@ -59,7 +59,6 @@ from kube.upstream import (
     reconcile,
 )
 from ledger.clock import Clock
-from ledger.kafka import partition_of, topic_partitions
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 
@@ -290,7 +289,6 @@ async def run_collector(
     ``apiservers`` (apiserver ID -> a client that reaches that apiserver itself, not
     through a load balancer) adds custom resources, from each one's discovery.
     """
-    partition = partition_of(cluster, await topic_partitions(settings))
     watcher = ClusterWatch(kube, apiservers or {})
     discovery = Discovery(kube, clock)
     told: set[str] = set()  # problems logged once each
@@ -303,7 +301,9 @@ async def run_collector(
         async with follower:
             async for folded in follower.batches(stop):
                 partition_log = folded.log
-                if partition_log.partition != partition or not partition_log.caught_up:
+                if not partition_log.caught_up:
+                    continue
+                if partition_log.partition != follower.partition_of(cluster):
                     continue
                 if not watcher.synced or not (watcher.changed.is_set() or folded.events):
                     continue

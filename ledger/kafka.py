@@ -7,6 +7,12 @@ The record format is the contract every writer shares (:func:`to_record`):
 * value: the codec's Avro single-object encoding;
 * header ``svledger-type``: the event type name, for humans reading with console tools.
 
+One other record is written, never read: a transactional producer that starts while a
+transaction is open on its partition appends an empty record with header
+``svledger-fence`` (its transactional ID) in a transaction it aborts
+(:class:`PartitionProducer`), so ``read_committed`` readers, as every reader of the
+ledger is, never see it.
+
 :class:`EventProducer` is idempotent with ``acks=all`` and lets aiokafka batch:
 ``send`` awaits one acknowledgement, ``send_many`` hands every record to the
 accumulator first and then awaits all acknowledgements, so a burst costs a few round
@@ -89,6 +95,7 @@ DLQ_REASON_HEADER: Final = "svledger-dlq-reason"
 DLQ_TOPIC_HEADER: Final = "svledger-dlq-topic"
 DLQ_PARTITION_HEADER: Final = "svledger-dlq-partition"
 DLQ_OFFSET_HEADER: Final = "svledger-dlq-offset"
+FENCE_HEADER: Final = "svledger-fence"
 
 # Retention forever and no compaction: the history is the product.
 TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
@@ -96,7 +103,9 @@ TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
 _TOPIC_ALREADY_EXISTS: Final = 36
 _UNKNOWN_TOPIC: Final = 3
 _TOPIC_AUTHORIZATION_FAILED: Final = TopicAuthorizationFailedError.errno
+# A transaction (or a producer's stop) that has not completed by then is given up.
 TRANSACTION_TIMEOUT_SECONDS: Final = 60.0
+STOP_TIMEOUT_SECONDS: Final = 10.0
 DEAD_LETTER_SENDERS: Final = "svledger-dead-letters"  # prefix of their transactional IDs
 
 
@@ -143,7 +152,7 @@ BROKER_ERRORS: Final = (BrokerUnavailable, KafkaError)
 
 
 class OutgoingRecord(NamedTuple):
-    key: bytes
+    key: bytes | None  # None only for a fencing record (PartitionProducer)
     value: bytes
     headers: Headers
 
@@ -589,7 +598,9 @@ class EventProducer:
 
 
 class TransactionFailed(Exception):
-    """A transaction did not commit (the producer was fenced, or the broker refused it)."""
+    """A transaction did not commit, or did not answer in time (then it may have): the
+    producer was fenced, the broker refused the transaction, or the broker is away. The
+    producer is not used again; its owner rebuilds what it knows from the log."""
 
 
 class Addressed(NamedTuple):
@@ -598,6 +609,10 @@ class Addressed(NamedTuple):
     topic: str
     partition: int | None
     record: OutgoingRecord
+
+
+class _Aborted(Exception):
+    """Raised inside a transaction that is meant to be aborted."""
 
 
 class TransactionalProducer:
@@ -629,12 +644,20 @@ class TransactionalProducer:
             )
 
     async def stop(self) -> None:
+        """Stop the producer, or abandon it if it has not stopped within
+        :data:`STOP_TIMEOUT_SECONDS`."""
         producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                await asyncio.wait_for(producer.stop(), TRANSACTION_TIMEOUT_SECONDS)
-            except TimeoutError:
-                log.warning("transactional producer %s did not stop; left", self.transactional_id)
+        if producer is None:
+            return
+        if not await _finish_within(asyncio.create_task(producer.stop()), STOP_TIMEOUT_SECONDS):
+            # Stopping flushes what is pending, which waits for the broker: for ever if a
+            # transaction can no longer complete. The next producer of the ID fences this
+            # one, and the broker aborts what it has open.
+            log.warning(
+                "transactional producer %s did not stop within %.0f s; abandoned",
+                self.transactional_id,
+                STOP_TIMEOUT_SECONDS,
+            )
 
     async def commit(
         self,
@@ -645,38 +668,68 @@ class TransactionalProducer:
     ) -> list[Position]:
         """Append ``records`` and commit ``group_id``'s ``offsets`` (if given), atomically.
 
-        Raises :class:`TransactionFailed` when the transaction does not commit (within
-        :data:`TRANSACTION_TIMEOUT_SECONDS`); nothing of it is then visible to
+        Raises :class:`TransactionFailed` when the transaction does not commit, or does
+        not complete within :data:`TRANSACTION_TIMEOUT_SECONDS` (the next producer of the
+        ID aborts it if it is still open); nothing of it is then visible to
         ``read_committed`` readers, and the producer must be stopped and replaced.
         :class:`NotAuthorized` when an ACL refused it: a new producer would not help.
         """
+        return await self._transact(records, group_id, offsets, commit=True)
+
+    async def abort(
+        self,
+        records: Sequence[Addressed],
+        *,
+        group_id: str | None = None,
+        offsets: Mapping[TopicPartition, int] | None = None,
+    ) -> None:
+        """Send ``records`` and ``group_id``'s ``offsets`` in a transaction, then abort it:
+        nothing of it is visible, but each partition it touched gets this producer's abort
+        marker. Raises as :meth:`commit`."""
+        await self._transact(records, group_id, offsets, commit=False)
+
+    async def _transact(
+        self,
+        records: Sequence[Addressed],
+        group_id: str | None,
+        offsets: Mapping[TopicPartition, int] | None,
+        *,
+        commit: bool,
+    ) -> list[Position]:
         assert self._producer is not None, "start() the TransactionalProducer first"
         producer = self._producer
         futures: list[asyncio.Future[Any]] = []
 
         async def transact() -> list[Position]:
-            async with producer.transaction():
-                for topic, partition, (key, value, headers) in records:
-                    futures.append(
-                        await producer.send(
-                            topic, value=value, key=key, headers=headers, partition=partition
+            with contextlib.suppress(_Aborted):
+                async with producer.transaction():
+                    for topic, partition, (key, value, headers) in records:
+                        futures.append(
+                            await producer.send(
+                                topic, value=value, key=key, headers=headers, partition=partition
+                            )
                         )
-                    )
-                if group_id is not None and offsets:
-                    await producer.send_offsets_to_transaction(dict(offsets), group_id)
+                    if group_id is not None and offsets:
+                        await producer.send_offsets_to_transaction(dict(offsets), group_id)
+                    if not commit:
+                        raise _Aborted
+            if not commit:
+                return []
             return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
-        task = asyncio.ensure_future(transact())
+        task = asyncio.create_task(transact())
         try:
-            # Shielded: a transaction that hangs is left behind, not awaited while it
-            # aborts (an abort can hang as long); the next producer's start fences it.
-            return await asyncio.wait_for(asyncio.shield(task), TRANSACTION_TIMEOUT_SECONDS)
-        except TimeoutError as error:
-            task.cancel()
-            raise TransactionFailed(
-                f"{self.transactional_id}: the transaction did not complete within"
-                f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check the broker's log"
-            ) from error
+            if not await _finish_within(task, TRANSACTION_TIMEOUT_SECONDS):
+                # An idempotent producer retries a refused batch for ever (a coordinator
+                # that keeps answering "not enough replicas", a broker that is gone), and
+                # the abort a cancellation starts waits for the same broker: give up on
+                # this producer without waiting for it; the caller builds a new one.
+                raise TransactionFailed(
+                    f"{self.transactional_id}: the transaction did not complete within"
+                    f" {TRANSACTION_TIMEOUT_SECONDS:.0f} s; check that the broker is up and"
+                    " its log"
+                )
+            return task.result()
         except KafkaError as error:
             topics = ", ".join(sorted({record.topic for record in records}))
             refusal = _refusal(
@@ -698,28 +751,106 @@ class TransactionalProducer:
 
 
 class PartitionProducer(TransactionalProducer):
-    """Appends events to one partition of the ledger in transactions that also commit a
-    group's consumed offset of that partition (consume-transform-produce).
+    """Appends events to one partition of the ledger in transactions that also commit
+    ``group_id``'s consumed offset of that partition (consume-transform-produce).
 
     Its transactional ID fences: starting it aborts any open transaction of an earlier
     producer with the same ID and refuses that producer's later ones, so a consumer
     that lost its partition (or crashed mid-transaction) can no longer commit for it.
+
+    Starting it also ends a transaction that no coordinator knows to be open. When the
+    coordinator writes the markers of a transaction it has prepared to commit (the
+    producer has been told it committed), a partition of the transaction may have no
+    leader for a moment, as when the only broker restarts; the coordinator then skips
+    that partition as if it had been deleted and records the transaction complete. The
+    partition keeps it open for ever: its last stable offset stays at the transaction's
+    first record and no ``read_committed`` reader gets past it. Only a marker of the same
+    producer ID ends it, and the init that fences writes none (the coordinator knows of
+    nothing open). So when the partition's last stable offset is below its end (some
+    transaction is open on it), the new producer appends one record (empty, header
+    ``svledger-fence``) to its partition, and the group's offset, in a transaction it
+    aborts: the abort marker ends whatever the ID left open there, as aborted. No reader
+    has seen such a record; the consumer that appended it rebuilds from the log
+    (:mod:`consumers.partitions`) and appends it again if it still decides to.
     """
 
-    def __init__(self, settings: KafkaSettings, partition: int, transactional_id: str) -> None:
+    def __init__(
+        self, settings: KafkaSettings, partition: int, transactional_id: str, group_id: str
+    ) -> None:
         super().__init__(settings, transactional_id)
         self.partition = partition
+        self.group_id = group_id
 
-    async def append(
-        self, events: Sequence[Event], *, group_id: str, consumed: int
-    ) -> list[Position]:
-        """Append ``events`` and commit ``group_id``'s next offset ``consumed``, atomically."""
+    async def start(self) -> None:
+        """Connect, fence earlier producers of the ID and abort what they left open.
+
+        Raises what :func:`connect` raises, :class:`~aiokafka.errors.KafkaError`,
+        :class:`NotAuthorized` or :class:`TransactionFailed`.
+        """
+        await super().start()
+        try:
+            if await self._transaction_open():
+                tp = TopicPartition(self.settings.topic, self.partition)
+                fence = OutgoingRecord(None, b"", [(FENCE_HEADER, self.transactional_id.encode())])
+                await self.abort(
+                    [Addressed(tp.topic, tp.partition, fence)],
+                    group_id=self.group_id,
+                    offsets={tp: 0},
+                )
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def append(self, events: Sequence[Event], *, consumed: int) -> list[Position]:
+        """Append ``events`` and commit the group's next offset ``consumed``, atomically."""
         topic = self.settings.topic
         return await self.commit(
             [Addressed(topic, self.partition, to_record(event)) for event in events],
-            group_id=group_id,
+            group_id=self.group_id,
             offsets={TopicPartition(topic, self.partition): consumed},
         )
+
+    async def _transaction_open(self) -> bool:
+        """Whether a transaction is open on the partition: its last stable offset is below
+        its end (the end is read first, so that records appended meanwhile do not count)."""
+        async with EndOffsets(self.settings, committed=False) as high:
+            end = (await high([self.partition]))[self.partition]
+        async with EndOffsets(self.settings) as stable:
+            return (await stable([self.partition]))[self.partition] < end
+
+
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+async def _finish_within(task: asyncio.Task[Any], seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``task``; if it has not finished, cancel it and leave it.
+
+    Unlike :func:`asyncio.wait_for`, this does not wait for the cancelled task to end:
+    a cancellation inside aiokafka's transaction aborts the transaction, and the abort
+    waits for the broker like the transaction did. A cancelled caller cancels the task.
+    """
+    try:
+        await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if task.done():
+        return True
+    _abandon(task)
+    return False
+
+
+def _abandon(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    # Held until it ends (the event loop holds tasks weakly); its outcome is not wanted.
+    _abandoned.add(task)
+    task.add_done_callback(_forget)
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 # --------------------------------------------------------------------------- consuming
@@ -802,12 +933,14 @@ class GroupMember(_Member):
     ) -> None:
         self.settings = settings
         self.group_id = group_id
+        self.partitions: list[int] = []
         self._on_change = on_change
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> Self:
-        await topic_partitions(self.settings)  # a missing topic is an error, not a wait
+        # A missing topic is an error, not a wait.
+        self.partitions = await topic_partitions(self.settings)
         self._consumer = await connect(
             lambda: ledger_consumer(
                 self.settings, self.group_id, fetch_max_wait_ms=self._fetch_max_wait_ms
@@ -832,6 +965,11 @@ class GroupMember(_Member):
         with self._refusals():
             ends: dict[TopicPartition, int] = await self._kafka.end_offsets([tp])
         return ends[tp]
+
+    def last_stable_offset(self, partition: int) -> int | None:
+        """The partition's last stable offset as the last fetch response gave it, if any."""
+        end: int | None = self._kafka.last_stable_offset(self._tp(partition))
+        return None if end is None or end < 0 else end
 
     async def seek_to_beginning(self, partition: int) -> bool:
         """Read ``partition`` from its start; False if a rebalance has taken it meanwhile."""

@@ -398,10 +398,10 @@ async def warm_up(bootstrap: str) -> None:
     start (they otherwise all wait for the transaction coordinator at once)."""
     settings = KafkaSettings(bootstrap_servers=bootstrap, topic="svledger.warm-up", partitions=1)
     await create_topics(settings)
-    producer = PartitionProducer(settings, 0, "svledger.warm-up")
+    producer = PartitionProducer(settings, 0, "svledger.warm-up", "svledger.warm-up")
     await producer.start()
     try:
-        await producer.append([], group_id="svledger.warm-up", consumed=0)
+        await producer.append([], consumed=0)
     finally:
         await producer.stop()
 

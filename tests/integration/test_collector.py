@@ -27,6 +27,7 @@ import pytest
 from deploy.kube.cluster import LocalCluster
 from kube.client import Kube, connect
 from kube.collector import run_collector
+from kube.upstream import SOURCE
 from ledger.clock import SystemClock
 from ledger.events import ApiserverHeartbeat, StorageVersionReported
 from ledger.hashing import storage_version_hash
@@ -75,17 +76,29 @@ async def collecting(settings: KafkaSettings, kube: Kube) -> AsyncIterator[None]
         await asyncio.wait_for(task, 60)
 
 
-async def agree(settings: KafkaSettings, kube: Kube, dead: frozenset[str] = frozenset()) -> None:
-    """Wait until the ledger equals upstream, less the entries of ``dead`` apiservers."""
+async def agree(
+    settings: KafkaSettings,
+    kube: Kube,
+    dead: frozenset[str] = frozenset(),
+    *,
+    renewals: bool = True,
+) -> None:
+    """Wait until the ledger equals upstream, less the entries of ``dead`` apiservers;
+    without ``renewals``, a lease's last renewal is not compared (a log busy with other
+    clusters is read more slowly than the leases are renewed)."""
 
     async def wrong() -> str | None:
         before = await upstream_leases(kube)
         state, _ = await cluster_log(settings, CLUSTER)
         after = await upstream_leases(kube)
-        if before != after:
+        if renewals and before != after:
             return "a lease was renewed while comparing"
-        if ledger_leases(state, CLUSTER) != after:
-            return f"leases {ledger_leases(state, CLUSTER)} != upstream {after}"
+        ledger_has = ledger_leases(state, CLUSTER)
+        if not renewals:
+            ledger_has = {a: lease[:3] for a, lease in ledger_has.items()}
+            after = {a: lease[:3] for a, lease in after.items()}
+        if ledger_has != after:
+            return f"leases {ledger_has} != upstream {after}"
         upstream = await upstream_views(kube)
         for name, (entries, _, _) in list(upstream.items()):
             live = {a: e for a, e in entries.items() if a not in dead}
@@ -118,7 +131,8 @@ async def agree(settings: KafkaSettings, kube: Kube, dead: frozenset[str] = froz
 
 
 def assert_nothing_twice(records: list[Record]) -> None:
-    """Each renewal is one heartbeat; every report changed the fold; the fold refused nothing."""
+    """Each renewal is one heartbeat; every report changed the fold; the fold refused none
+    of the collector's events (lease GC's, where it runs, may be stale)."""
     renewals = collections.Counter(
         (r.event.apiserver_id, r.event.holder_identity, r.event.renew_time)
         for r in records
@@ -128,7 +142,8 @@ def assert_nothing_twice(records: list[Record]) -> None:
     state = State()
     for record in records:
         changes = apply(state, record.event, record.position)
-        assert changes.rejections == [], changes.rejections
+        if record.event.meta.source == SOURCE:
+            assert changes.rejections == [], changes.rejections
         if isinstance(record.event, StorageVersionReported):
             assert changes.storage_versions, f"{record.position}: a report that changed nothing"
 
@@ -197,14 +212,24 @@ async def test_a_killed_collector_restarts_without_duplicates_or_gaps(
             await asyncio.to_thread(kube_cluster.restart_apiserver, 1)
         collector.send_signal(signal.SIGKILL)
         collector.wait()
+    # The last one has a log of its own: the ledger may agree before it has even started,
+    # and it must own the partition (so it runs, and handles SIGTERM) before it is stopped.
+    log = tmp_path / "last-collector.log"
     collector = start_collector(settings, kubeconfig, log)
     try:
         await agree(settings, kube)
+        await eventually(lambda: joined(log), "the last collector joins its group")
     finally:
         collector.send_signal(signal.SIGTERM)
         assert collector.wait(60) == 0, log.read_text()[-3000:]
     _, records = await cluster_log(settings, CLUSTER)
     assert_nothing_twice(records)
+
+
+async def joined(log: Path) -> str | None:
+    if "Setting newly assigned partitions" in log.read_text():
+        return None
+    return "not yet: " + log.read_text()[-500:]
 
 
 async def test_two_collectors_for_one_cluster_append_nothing_twice(

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -76,11 +77,14 @@ async def _serve(role: str, bootstrap: str, topic: str) -> None:
         await run_worker(settings, rewriter, stop=stop, group_id=f"{topic}.worker")
 
 
-def _spawn(role: str, bootstrap: str, topic: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    role: str, bootstrap: str, topic: str, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Run ``role`` as a process of its own; its warnings go to ``log`` if given."""
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration.test_consumer_crash", role, bootstrap, topic],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if log is None else log.open("ab"),
     )
 
 

@@ -14,7 +14,10 @@ created by the ``setup`` role and every role is granted its ACLs by the shipped
   projector, the lease GC and the migrator as ``svledger`` commands, the worker (whose
   Kubernetes target is a stand-in) as a process of this module, all configured by
   ``SVLEDGER_KAFKA_*`` variables; an operator's producer appends the apiservers'
-  events.
+  events;
+* ``svledger collect`` as ``collector`` turns a real cluster's (etcd and three
+  kube-apiservers) identity Leases and StorageVersions into the ledger, and
+  ``svledger serve`` as ``reader`` serves them.
 
 This module is also the worker's entry point (``python -m
 tests.integration.test_kafka_security worker CLUSTER``).
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,6 +46,8 @@ from consumers.targets import ObjectRef, Page
 from consumers.worker import GROUP_ID as WORKER_GROUP
 from consumers.worker import Rewriter, run_worker
 from deploy.kafka.acls import grants
+from deploy.kafka.broker import free_port
+from kube.client import connect
 from ledger.clock import SystemClock
 from ledger.codec import decode
 from ledger.events import (
@@ -69,10 +76,13 @@ from projections.schema import (
     storage_version_migrations,
 )
 from tests.integration.test_admission import admitted_all, read_topic
+from tests.integration.test_collector import CLUSTER, agree
 from tests.integration.test_migrator import read_records
+from tests.kube import upstream_leases
 from tests.secured_kafka import ROOT, SecuredKafka
 
 TOPIC = "svledger.secured"
+COLLECTED = CLUSTER  # the real cluster's name in the ledger
 # Far below the connect timeout (30 s) a client that is not let in would wait out.
 AT_ONCE = 10.0
 DEADLINE = 120.0  # a guard against a hung broker or process, not a measurement
@@ -92,6 +102,7 @@ def kafka(secured_kafka: SecuredKafka) -> SecuredKafka:
             "operator": ("operator", None),
             "reader": ("reader", None),
             "reporter-east": ("reporter", "east"),
+            "collector": ("collector", COLLECTED),
         },
     )
     created = svledger(secured_kafka, "setup", "topics", "create")
@@ -233,7 +244,7 @@ async def test_write_on_the_topic_is_all_an_idempotent_producer_needs(kafka: Sec
 
 async def test_a_transactional_id_outside_the_role_is_refused(kafka: SecuredKafka) -> None:
     producer = PartitionProducer(
-        kafka.settings("migrator", TOPIC), 0, f"svledger-lease-gc-{TOPIC}-0"
+        kafka.settings("migrator", TOPIC), 0, f"svledger-lease-gc-{TOPIC}-0", "svledger-lease-gc"
     )
     with pytest.raises(NotAuthorized) as refused:
         await producer.start()
@@ -532,3 +543,43 @@ async def _report_and_forge(kafka: SecuredKafka, east: KafkaSettings, admin: Kaf
         }
         assert "may not come from a reporter's inbox" in dead[forged.meta.event_id]
         await reporter.stop()
+
+
+def _serves(port: int, leases: set[str], running: Processes) -> None:
+    """Wait until ``svledger serve`` serves exactly ``leases`` as the real cluster's."""
+    url = (
+        f"http://127.0.0.1:{port}/clusters/{COLLECTED}"
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    )
+    served: set[str] | str = "nothing"
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        running.check_alive()
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as response:
+            served = {item["metadata"]["name"] for item in json.load(response)["items"]}
+            if served == leases:
+                return
+        time.sleep(0.5)  # serve folds the log on its own: it may lag behind
+    raise AssertionError(f"{url} served {served}, not {leases}, within {DEADLINE:.0f} s")
+
+
+async def test_the_collector_and_the_read_api_run_under_their_roles(
+    kafka: SecuredKafka, kubeconfig: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    svledger_ = ["-m", "svledger", "--log-format", "text"]
+    with processes(kafka, tmp_path) as running:
+        running.start(
+            "collector", *svledger_, "collect", "--cluster", COLLECTED, "--kubeconfig", kubeconfig
+        )
+        running.start("reader", *svledger_, "serve", "--address", f"127.0.0.1:{port}")
+        kube = await connect(kubeconfig)
+        try:
+            # The ledger, read as the reader, equals what the apiservers publish.
+            await agree(kafka.settings("reader", TOPIC), kube)
+            apiservers = set(await upstream_leases(kube))
+        finally:
+            await kube.close()
+        assert len(apiservers) == 3
+        await asyncio.to_thread(_serves, port, apiservers, running)
+        assert running.stop() == {"collector": 0, "reader": 0}

@@ -111,10 +111,12 @@ async def end_in_transactions(settings: KafkaSettings, name: str) -> int:
         heartbeat = ApiserverHeartbeat(
             Meta.new(cluster, apiserver, START), apiserver, f"{apiserver}_1", "host", 3600, START
         )
-        producer = PartitionProducer(settings, partition, f"{settings.topic}.test-{partition}")
+        producer = PartitionProducer(
+            settings, partition, f"{settings.topic}.test-{partition}", f"{settings.topic}.test"
+        )
         await producer.start()
         try:
-            await producer.append([heartbeat], group_id=f"{settings.topic}.test", consumed=0)
+            await producer.append([heartbeat], consumed=0)
         finally:
             await producer.stop()
         appended += 1
