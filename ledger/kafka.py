@@ -5,7 +5,13 @@ The record format is the contract every writer shares (:func:`to_record`):
 * key: the cluster name, UTF-8, so all events of a cluster land in one partition
   (the default murmur2 partitioner) and form one total order;
 * value: the codec's Avro single-object encoding;
-* header ``svledger-type``: the event type name, for humans reading with console tools.
+* header ``svledger-type``: the event type name, for humans reading with console tools;
+* header ``svledger-lease``, on heartbeats only: the 16-byte
+  :func:`~ledger.events.lease_term` of what the heartbeat says besides its renew time.
+  A reader that knows the lease's current term can tell a plain renewal without
+  decoding the record (the projector's thinning, :mod:`projections.projector`). Every
+  writer builds it from the event it encodes, so it always matches the value;
+  admission builds it again from the decoded inbox record.
 
 One other record is written, never read: a transactional producer that starts while a
 transaction is open on its partition appends an empty record with header
@@ -59,6 +65,7 @@ import contextlib
 import dataclasses
 import logging
 import ssl
+import typing
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
@@ -85,12 +92,13 @@ from aiokafka.protocol.metadata import MetadataRequest
 from ledger import metrics
 from ledger.codec import CodecError, decode, encode
 from ledger.errors import AccessDenied, Unavailable
-from ledger.events import Event, Position, type_name
+from ledger.events import ApiserverHeartbeat, Event, Position, heartbeat_term, type_name
 from ledger.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 TYPE_HEADER: Final = "svledger-type"
+LEASE_HEADER: Final = "svledger-lease"
 DLQ_REASON_HEADER: Final = "svledger-dlq-reason"
 DLQ_TOPIC_HEADER: Final = "svledger-dlq-topic"
 DLQ_PARTITION_HEADER: Final = "svledger-dlq-partition"
@@ -163,10 +171,13 @@ def to_record(event: Event, value: bytes | None = None) -> OutgoingRecord:
     ``value``: the event's encoding as it was logged elsewhere (admission copies an
     inbox record byte for byte), instead of encoding it again.
     """
+    headers = [(TYPE_HEADER, type_name(event).encode())]
+    if isinstance(event, ApiserverHeartbeat):
+        headers.append((LEASE_HEADER, heartbeat_term(event)))
     return OutgoingRecord(
         key=event.meta.cluster.encode(),
         value=encode(event) if value is None else value,
-        headers=[(TYPE_HEADER, type_name(event).encode())],
+        headers=headers,
     )
 
 
@@ -1078,6 +1089,27 @@ class Record:
     value: bytes
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renewal:
+    """A heartbeat handed out undecoded (:meth:`EventConsumer.fetch_for_fold`): where it
+    sits, its cluster (the record's key), its lease term (the ``svledger-lease``
+    header) and the consumed record, decoded only if the reader needs more."""
+
+    position: Position
+    cluster: str
+    term: bytes
+    message: Any
+
+    @property
+    def value(self) -> bytes:
+        value: bytes = self.message.value
+        return value
+
+    def decode(self) -> Record | str:
+        """The decoded record, or why it belongs in the dead-letter topic."""
+        return _decode(self.message)
+
+
 class EventConsumer:
     """Reads decoded events from the ledger topic; ``async with EventConsumer(settings) as c``.
 
@@ -1242,28 +1274,65 @@ class EventConsumer:
             if batch := await self.fetch(max_records, timeout_ms):
                 yield batch
 
+    async def batches_for_fold(
+        self, max_records: int = 10_000, timeout_ms: int = 1_000
+    ) -> AsyncIterator[tuple[list[Record | Renewal], list[tuple[Any, str]]]]:
+        """As :meth:`batches`, of what :meth:`fetch_for_fold` returns."""
+        while self._until is None or self._ends:
+            records, dead = await self.fetch_for_fold(max_records, timeout_ms)
+            if records or dead:
+                yield records, dead
+
     async def fetch(self, max_records: int = 10_000, timeout_ms: int = 1_000) -> list[Record]:
         """The records that arrive within ``timeout_ms`` (at most ``max_records``); maybe none.
 
         For a caller that must look up between fetches (a stop signal, positions);
         cancelling it loses nothing, as no record is handed out before it returns.
         """
+        records, dead = await self._fetch(max_records, timeout_ms, renewals=False)
+        await self.send_dead_letters(dead)
+        return typing.cast(list[Record], records)
+
+    async def fetch_for_fold(
+        self, max_records: int = 10_000, timeout_ms: int = 1_000
+    ) -> tuple[list[Record | Renewal], list[tuple[Any, str]]]:
+        """As :meth:`fetch`, for a fold that thins renewals: heartbeats that carry a lease
+        term header are handed out undecoded (:class:`Renewal`), and the records that
+        belong in the dead-letter topic are returned, not sent. The caller sends them,
+        with any it finds itself, by :meth:`send_dead_letters` before it checkpoints past
+        them."""
+        return await self._fetch(max_records, timeout_ms, renewals=True)
+
+    async def _fetch(
+        self, max_records: int, timeout_ms: int, *, renewals: bool
+    ) -> tuple[list[Record | Renewal], list[tuple[Any, str]]]:
         consumer = self._kafka
         with self._refusals():
             fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        batch: list[Record] = []
+        batch: list[Record | Renewal] = []
         dead: list[tuple[Any, str]] = []
         for tp, messages in fetched.items():
             end = self._ends.get(tp)
             for message in messages:
                 if end is not None and message.offset >= end:
                     break
-                decoded = _decode(message)
-                if isinstance(decoded, Record):
-                    batch.append(decoded)
+                read = read_message(message, renewals=renewals)
+                if isinstance(read, str):
+                    dead.append((message, read))
                 else:
-                    dead.append((message, decoded))
-        if dead and self._dead_letters is None:
+                    batch.append(read)
+        if self._until is not None:
+            with self._refusals():
+                await self._pause_finished(consumer)
+        return batch, dead
+
+    async def send_dead_letters(self, dead: Sequence[tuple[Any, str]]) -> None:
+        """Copy ``(record, reason)`` s to the dead-letter topic, in log order (a reader
+        without ``dead_letters`` logs and skips them)."""
+        if not dead:
+            return
+        dead = sorted(dead, key=lambda letter: (letter[0].partition, letter[0].offset))
+        if self._dead_letters is None:
             for message, reason in dead:
                 log.warning(
                     "record %s:%d@%d skipped: %s",
@@ -1272,12 +1341,8 @@ class EventConsumer:
                     message.offset,
                     reason,
                 )
-        elif dead:
-            await self._send_dead_letters(dead)
-        if self._until is not None:
-            with self._refusals():
-                await self._pause_finished(consumer)
-        return batch
+            return
+        await self._send_dead_letters(dead)
 
     async def __aiter__(self) -> AsyncIterator[Record]:
         async for batch in self.batches():
@@ -1432,6 +1497,21 @@ def dead_letter_headers(message: Any, reason: str) -> Headers:
         (DLQ_PARTITION_HEADER, str(message.partition).encode()),
         (DLQ_OFFSET_HEADER, str(message.offset).encode()),
     ]
+
+
+def read_message(message: Any, *, renewals: bool = False) -> Record | Renewal | str:
+    """A consumed record as a reader gets it: decoded, or why it belongs in the
+    dead-letter topic; with ``renewals``, a heartbeat that carries a lease term header
+    stays undecoded (:class:`Renewal`)."""
+    if renewals and message.value is not None and message.key is not None:
+        for name, value in message.headers:
+            if name == LEASE_HEADER:
+                try:
+                    cluster = message.key.decode()
+                except UnicodeDecodeError:
+                    break
+                return Renewal(Position(message.partition, message.offset), cluster, value, message)
+    return _decode(message)
 
 
 def _decode(message: Any) -> Record | str:

@@ -1,7 +1,8 @@
 """What happened to one resource, and why it is as it is: ``svledger history`` and ``explain``.
 
 Both read the projection database only. ``ledger_events`` holds every folded event
-with its log position, so a resource's story is a query away:
+with its log position (plain lease renewals, which change no resource, are only
+counted, in ``lease_renewals``), so a resource's story is a query away:
 
 * the events about the resource itself (reports, withdrawals, resets), by subject;
 * the events of its migrations, by migration ID;

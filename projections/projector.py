@@ -58,20 +58,21 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
-from ledger.kafka import BROKER_ERRORS, EventConsumer, Record
+from ledger.kafka import BROKER_ERRORS, EventConsumer, Record, Renewal
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
-from projections.fold import apply, subject
+from projections.fold import subject
 from projections.state import Changes, State
 from projections.store import StaleProjection, load_checkpoints, load_state
+from projections.thinning import LeaseTerms, Thinning
 from projections.writer import BatchWriter, WriterLost
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ LOG_INTERVAL_SECONDS: Final = 10.0
 BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
+Fetched: TypeAlias = tuple[list[Record | Renewal], list[tuple[Any, str]]]
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 
 
@@ -95,6 +97,7 @@ class Projection:
     topic: str
     state: State
     next_offsets: dict[int, int]
+    terms: LeaseTerms | None = None  # the leases' terms, once a batch needs them
 
     @classmethod
     def load(cls, connection: Connection, topic: str, name: str) -> Projection:
@@ -103,43 +106,62 @@ class Projection:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BatchResult:
-    folded: int
+    folded: int  # plain renewals included
     rejected: int
     skipped: int  # at or before the checkpoint: already in the views
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FoldedBatch:
-    """A batch folded in memory, not yet committed (:func:`projections.store.commit`)."""
+    """A batch folded in memory, not yet committed (:func:`projections.store.commit`).
+
+    ``dead``: records the fold found undecodable (the consumer hands heartbeats over
+    undecoded), to be sent to the dead-letter topic before the batch commits.
+    """
 
     batch: store.Batch
     result: BatchResult
+    dead: Sequence[tuple[Any, str]] = ()
 
 
-def fold_batch(projection: Projection, records: Sequence[Record]) -> FoldedBatch:
+def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> FoldedBatch:
     """Fold the records past ``projection``'s offsets into it, as a batch to commit.
 
+    Plain lease renewals are counted, not logged one by one (:mod:`projections.thinning`).
     ``projection`` moves past the batch at once, so the next batch can be folded
     while this one is written; if the write fails, reload it (:meth:`Projection.load`).
     """
     next_offsets = projection.next_offsets
     start_offsets = dict(next_offsets)
-    state = projection.state
+    if projection.terms is None:
+        projection.terms = LeaseTerms(projection.state)
     changes = Changes()
+    thinning = Thinning(projection.state, projection.terms, changes)
     folded: list[store.LoggedEvent] = []
+    moved: dict[int, int] = {}
+    skipped = 0
     for record in records:
         partition, offset = record.position
         if offset < next_offsets.get(partition, 0):
+            skipped += 1
             continue
-        apply(state, record.event, record.position, changes)
-        folded.append((record.value, partition, offset, subject(record.event)))
-        next_offsets[partition] = offset + 1
+        next_offsets[partition] = moved[partition] = offset + 1
+        logged = thinning.fold(record)
+        if logged is not None:
+            folded.append((logged.value, partition, offset, subject(logged.event)))
+    thinning.finish()
     batch = store.Batch.of(
-        projection.state, changes, folded, projection.topic, projection.name, start_offsets
+        projection.state,
+        changes,
+        folded,
+        projection.topic,
+        projection.name,
+        start_offsets,
+        renewals=thinning.counts,
+        next_offsets=moved,
     )
-    return FoldedBatch(
-        batch, BatchResult(len(folded), len(changes.rejections), len(records) - len(folded))
-    )
+    result = BatchResult(len(folded) + thinning.renewals, len(changes.rejections), skipped)
+    return FoldedBatch(batch, result, thinning.dead)
 
 
 @dataclasses.dataclass
@@ -240,13 +262,15 @@ class Projector:
                 self.group_id,
                 extra={"topic": self.settings.topic, "projection": self.projection},
             )
-            fetch: asyncio.Future[list[Record]] | None = None
+            fetch: asyncio.Future[Fetched] | None = None
             stopped = asyncio.ensure_future(stop.wait())
             progress = _Progress(self.metrics, self.log_interval)
             try:
                 while True:
                     if fetch is None:
-                        fetch = asyncio.ensure_future(consumer.fetch(self.max_batch, self.poll_ms))
+                        fetch = asyncio.ensure_future(
+                            consumer.fetch_for_fold(self.max_batch, self.poll_ms)
+                        )
                     # Waiting for records is the one place a stop may cut short.
                     waiting: set[asyncio.Future[Any]] = {fetch, stopped}
                     if self._writing is not None:
@@ -264,9 +288,9 @@ class Projector:
                         fetch = None
                         await self._recover(consumer, stop)
                         continue
-                    records, fetch = fetch.result(), None
-                    if records:
-                        await self._project(consumer, records, stop)
+                    (records, dead), fetch = fetch.result(), None
+                    if records or dead:
+                        await self._project(consumer, records, dead, stop)
                     # Measured after every poll, empty ones too: a poll that only passes
                     # a transaction's commit marker moves the position to the end.
                     lags = await consumer.lags()
@@ -326,7 +350,11 @@ class Projector:
         return {p: checkpoints[p] for p in partitions if p in checkpoints}
 
     async def _project(
-        self, consumer: EventConsumer, records: Sequence[Record], stop: asyncio.Event
+        self,
+        consumer: EventConsumer,
+        records: Sequence[Record | Renewal],
+        dead: Sequence[tuple[Any, str]],
+        stop: asyncio.Event,
     ) -> None:
         """Fold a batch and start writing it, once the batch before it is committed.
 
@@ -342,6 +370,8 @@ class Projector:
                 return
         assert self._state is not None
         folded = fold_batch(self._state, records)
+        # Before the checkpoint moves past them.
+        await consumer.send_dead_letters([*dead, *folded.dead])
         if not await self._settle(stop):
             # Folded on top of a batch that did not commit: dropped, read again.
             await self._recover(consumer, stop)
@@ -415,7 +445,7 @@ class Projector:
         await _sleep_unless_stopped(stop, delay)
 
 
-async def _cancel(fetch: asyncio.Future[list[Record]]) -> None:
+async def _cancel(fetch: asyncio.Future[Fetched]) -> None:
     fetch.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await fetch

@@ -36,7 +36,14 @@ from typing import Final, TextIO, TypeAlias
 from sqlalchemy import Engine, exists, select
 
 from ledger.errors import UsageError
-from ledger.kafka import EventConsumer, Record, end_offsets, partition_of, topic_partitions
+from ledger.kafka import (
+    EventConsumer,
+    Record,
+    Renewal,
+    end_offsets,
+    partition_of,
+    topic_partitions,
+)
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.fold import apply
@@ -185,22 +192,29 @@ async def _replay(
             start_offsets=lambda partitions: {p: o for p, o in starts.items() if p in partitions},
             until="end",
         ) as consumer:
-            async for batch in consumer.batches(max_batch):
-                kept: list[Record] = []
+            async for batch, dead in consumer.batches_for_fold(max_batch):
+                kept: list[Record | Renewal] = []
                 for record in batch:
                     partition, offset = record.position
                     if partition not in open_partitions:
                         continue
+                    if isinstance(until, datetime) and isinstance(record, Renewal):
+                        decoded = record.decode()  # its time decides where the replay stops
+                        if isinstance(decoded, str):
+                            dead.append((record.message, decoded))
+                            continue
+                        record = decoded
                     if _past(record, until):
                         open_partitions.discard(partition)
                         continue
                     reached[partition] = offset + 1
                     if reached[partition] >= limits[partition]:
                         open_partitions.discard(partition)
-                    if cluster is None or record.event.meta.cluster == cluster:
+                    if cluster is None or _cluster(record) == cluster:
                         kept.append(record)
-                if kept:
-                    folded = fold_batch(projection, kept)
+                folded = fold_batch(projection, kept)
+                await consumer.send_dead_letters([*dead, *folded.dead])
+                if folded.batch.next_offsets:
                     if writing is not None:
                         await writing
                     writing = writer.commit(folded.batch)
@@ -219,12 +233,17 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
     return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
 
 
-def _past(record: Record, until: Until) -> bool:
+def _past(record: Record | Renewal, until: Until) -> bool:
     if isinstance(until, int):
         return record.position.offset > until
     if isinstance(until, datetime):
+        assert isinstance(record, Record), "decoded before it is compared with a time"
         return record.event.meta.occurred_at > until
     return False
+
+
+def _cluster(record: Record | Renewal) -> str:
+    return record.cluster if isinstance(record, Renewal) else record.event.meta.cluster
 
 
 class _ProgressBar:

@@ -237,6 +237,25 @@ rejected_events: Final = Table(
     Index(None, "cluster", "occurred_at"),
 )
 
+# The plain renewals the projector thins (projections.projector): heartbeats that change
+# nothing but a lease's renew time have no ledger_events row; each holder's are counted
+# here, with the first and last of them, and the lease row has the last one's time and
+# position. Every other heartbeat (the first of a holder, one after its lease ended, any
+# that changes more) is a ledger_events row.
+lease_renewals: Final = Table(
+    "lease_renewals",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("apiserver_id", String, nullable=False),
+    Column("holder_identity", String, nullable=False),
+    Column("topic", String, nullable=False),
+    Column("log_partition", Integer, nullable=False),
+    Column("first_offset", BigInteger, nullable=False),
+    Column("last_offset", BigInteger, nullable=False),
+    Column("renewals", BigInteger, nullable=False),
+    PrimaryKeyConstraint("cluster", "apiserver_id", "holder_identity"),
+)
+
 projection_checkpoints: Final = Table(
     "projection_checkpoints",
     metadata,

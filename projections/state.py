@@ -35,6 +35,21 @@ ResourceKey: TypeAlias = tuple[str, str, str]  # (cluster, group, resource)
 MigrationKey: TypeAlias = tuple[str, str]  # (cluster, migration_id)
 
 
+# (cluster, apiserver ID, holder identity): whose plain lease renewals a count is.
+HolderKey: TypeAlias = tuple[str, str, str]
+
+
+@dataclasses.dataclass(slots=True)
+class RenewalCount:
+    """The plain lease renewals of one holder in a batch (:mod:`projections.thinning`):
+    where they are and how many."""
+
+    partition: int
+    first_offset: int
+    last_offset: int
+    renewals: int
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lease:
     cluster: str

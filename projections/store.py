@@ -55,6 +55,7 @@ from ledger.codec import read_record
 from ledger.events import EVENT_TYPES, Position
 from projections.schema import (
     apiserver_leases,
+    lease_renewals,
     ledger_events,
     projection_checkpoints,
     rejected_events,
@@ -66,11 +67,13 @@ from projections.schema import (
 from projections.state import (
     Changes,
     Condition,
+    HolderKey,
     Lease,
     LeaseKey,
     Migration,
     MigrationKey,
     Rejection,
+    RenewalCount,
     ResourceKey,
     ServerStorageVersion,
     State,
@@ -86,6 +89,7 @@ VIEWS: Final = (
     storage_version_migrations,
     ledger_events,
     rejected_events,
+    lease_renewals,
 )
 
 Key = TypeVar("Key", bound=tuple[str, ...])
@@ -123,10 +127,12 @@ class Batch:
     storage_versions: Mapping[ResourceKey, StorageVersion | None]
     storage_states: Mapping[ResourceKey, StorageState | None]
     migrations: Mapping[MigrationKey, Migration | None]
-    # Per partition with events in the batch: the checkpoint the database must hold
+    # Per partition with records in the batch: the checkpoint the database must hold
     # before it (absent: none yet), and the one it holds after.
     start_offsets: Mapping[int, int]
     next_offsets: Mapping[int, int]
+    # The plain lease renewals of the batch, per holder (projections.thinning).
+    renewals: Mapping[HolderKey, RenewalCount] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(
@@ -137,13 +143,20 @@ class Batch:
         topic: str,
         projection: str,
         start_offsets: Mapping[int, int],
+        *,
+        renewals: Mapping[HolderKey, RenewalCount] | None = None,
+        next_offsets: Mapping[int, int] | None = None,
     ) -> Batch:
         """The batch of ``events``, ``state`` and ``changes`` being after it.
 
         ``events`` are the folded events in log order; ``changes`` are their
-        changes; ``start_offsets`` the checkpoint the fold started from.
+        changes; ``start_offsets`` the checkpoint the fold started from;
+        ``renewals`` the plain renewals counted instead of logged; ``next_offsets``
+        the checkpoint after the batch (default: past its last event), which also
+        covers renewals and dead letters.
         """
-        next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
+        if next_offsets is None:
+            next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
         return cls(
             topic,
             projection,
@@ -154,7 +167,8 @@ class Batch:
             _rows(changes.storage_states, state.storage_states),
             _rows(changes.migrations, state.migrations),
             {p: start_offsets[p] for p in next_offsets if p in start_offsets},
-            next_offsets,
+            dict(next_offsets),
+            dict(renewals or {}),
         )
 
 
@@ -164,7 +178,7 @@ def commit(db: Engine, batch: Batch) -> None:
     Raises :class:`StaleProjection`, writing nothing, unless the database's checkpoint
     of every partition in the batch is the batch's ``start_offsets``.
     """
-    if not batch.events:
+    if not batch.next_offsets:
         return
     with db.begin() as connection:
         committed = _locked_checkpoints(connection, batch)
@@ -204,7 +218,7 @@ def write(connection: Connection, batch: Batch) -> None:
     Runs in the caller's transaction and raises
     :class:`sqlalchemy.exc.IntegrityError` if any event was written before.
     """
-    if not batch.events:
+    if not batch.next_offsets:
         return
     topic = batch.topic
     rejected = {Position.parse(rejection.revision): rejection for rejection in batch.rejections}
@@ -247,6 +261,7 @@ def write(connection: Connection, batch: Batch) -> None:
             )
     _insert_rows(connection, ledger_events, events)
     _insert_rows(connection, rejected_events, rejected_rows)
+    _count_renewals(connection, topic, batch.renewals)
 
     _sync(connection, apiserver_leases, batch.leases, _values(apiserver_leases))
     # A StorageVersion's entries are replaced as a whole: the changed resources'
@@ -281,6 +296,39 @@ def write(connection: Connection, batch: Batch) -> None:
                 "next_offset": n,
             }
             for p, n in sorted(batch.next_offsets.items())
+        ],
+    )
+
+
+def _count_renewals(
+    connection: Connection, topic: str, renewals: Mapping[HolderKey, RenewalCount]
+) -> None:
+    """Add a batch's plain renewals to each holder's count."""
+    if not renewals:
+        return
+    table = lease_renewals
+    statement = _INSERTS[connection.dialect.name](table)
+    statement = statement.on_conflict_do_update(
+        index_elements=[column.name for column in table.primary_key.columns],
+        set_={
+            "last_offset": statement.excluded.last_offset,
+            "renewals": table.c.renewals + statement.excluded.renewals,
+        },
+    )
+    connection.execute(
+        statement,
+        [
+            {
+                "cluster": cluster,
+                "apiserver_id": apiserver_id,
+                "holder_identity": holder,
+                "topic": topic,
+                "log_partition": count.partition,
+                "first_offset": count.first_offset,
+                "last_offset": count.last_offset,
+                "renewals": count.renewals,
+            }
+            for (cluster, apiserver_id, holder), count in sorted(renewals.items())
         ],
     )
 

@@ -16,7 +16,8 @@ not allow them or of unknown migrations.
 
 The generator keeps its own small model of each cluster only to pick plausible
 arguments; it never consults the fold, so what the fold makes of a history is for
-the tests to check.
+the tests to check. :func:`plain_renewals` is a reference for the projector's thinning
+of lease renewals, found by folding a history one event at a time.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from ledger.events import (
     StorageVersionReported,
     StorageVersionWithdrawn,
 )
+from projections.fold import apply
+from projections.state import State
 
 CLUSTERS = ("east", "west")
 HOSTS = ("cp-0", "cp-1", "cp-2")
@@ -297,3 +300,36 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
             )
         records.append((event, position))
     return records
+
+
+def plain_renewals(
+    history: list[tuple[Event, Position]],
+) -> tuple[set[Position], dict[tuple[str, str, str], tuple[int, int, int, int]]]:
+    """The plain lease renewals of ``history`` as folding it one by one finds them: the
+    heartbeats that say of their lease what it already holds, but the renew time. With
+    them, per holder (cluster, apiserver, holder identity): the partition, the first and
+    last offset, and how many. Written out here, without the product's term digests."""
+    state = State()
+    plain: set[Position] = set()
+    counts: dict[tuple[str, str, str], tuple[int, int, int, int]] = {}
+    for event, position in history:
+        if isinstance(event, ApiserverHeartbeat):
+            lease = state.leases.get((event.meta.cluster, event.apiserver_id))
+            said = (
+                event.holder_identity,
+                event.hostname,
+                event.lease_duration_seconds,
+                event.binary_version,
+            )
+            if lease is not None and said == (
+                lease.holder_identity,
+                lease.hostname,
+                lease.lease_duration_seconds,
+                lease.binary_version,
+            ):
+                plain.add(position)
+                holder = (event.meta.cluster, event.apiserver_id, event.holder_identity)
+                _, first, _, renewals = counts.get(holder, (0, position.offset, 0, 0))
+                counts[holder] = (position.partition, first, position.offset, renewals + 1)
+        apply(state, event, position)
+    return plain, counts

@@ -92,7 +92,8 @@ def add_project(subparsers: Subparsers) -> None:
         help="fold the log into the SQL views, continuously",
         description=(
             "Consume the events topic and fold every event into the SQL views\n"
-            "(apiserver_leases, storage_versions, storage_states, migrations, ledger_events).\n"
+            "(apiserver_leases, storage_versions, storage_states, migrations, ledger_events;\n"
+            "plain lease renewals are counted per holder in lease_renewals).\n"
             "Each batch's rows and its checkpoint are written in one transaction; on start\n"
             "the projector resumes from the checkpoint. Several projectors share the\n"
             "partitions. While catching up it writes large batches from a writer process\n"

@@ -6,7 +6,8 @@ a few undecodable records in it, then restarted, many times: one projector alone
 two in one consumer group, where each kill and restart moves partitions between them.
 After the last restart has caught up, the views must equal a fresh replay of the log
 row for row, ``ledger_events`` must hold every offset of every decodable record
-exactly once, and the dead-letter topic every undecodable record exactly once.
+exactly once (a plain lease renewal is counted once in ``lease_renewals`` instead), and
+the dead-letter topic every undecodable record exactly once.
 """
 
 from __future__ import annotations
@@ -24,12 +25,19 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from sqlalchemy import Engine, func, select
 
-from ledger.events import Position
-from ledger.kafka import DLQ_OFFSET_HEADER, DLQ_PARTITION_HEADER, EventProducer, create_topics
+from ledger.events import Event, Position
+from ledger.kafka import (
+    DLQ_OFFSET_HEADER,
+    DLQ_PARTITION_HEADER,
+    EventConsumer,
+    EventProducer,
+    create_topics,
+)
 from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.replay import replay
-from projections.schema import ledger_events
+from projections.schema import lease_renewals, ledger_events
+from tests.histories import plain_renewals
 from tests.integration.test_admission import read_topic
 from tests.integration.test_projector import clear, snapshot
 from tests.workloads import mixed_events
@@ -182,17 +190,25 @@ def assert_applied_once(
     garbage: set[Position],
     postgres_url: str,
 ) -> None:
-    """Every decodable record in ``ledger_events`` once, every undecodable one in the
-    dead-letter topic once, and the views those of a fresh replay."""
-    records = sum(ends.values())
+    """Every decodable record in ``ledger_events`` once, or, a plain lease renewal,
+    counted once in ``lease_renewals``; every undecodable one in the dead-letter topic
+    once; and the views those of a fresh replay."""
+    history = asyncio.run(decodable_records(settings))
+    assert len(history) == sum(ends.values()) - len(garbage)
+    plain, renewals = plain_renewals(history)
     with db.connect() as connection:
         positions = connection.execute(
             select(ledger_events.c.log_partition, ledger_events.c.log_offset)
         ).all()
         count = connection.scalar(select(func.count()).select_from(ledger_events))
-    expected = {(p, o) for p, end in ends.items() for o in range(end)} - garbage
-    assert count == len(positions) == len(set(positions)) == records - len(garbage)
+        counted = connection.execute(select(lease_renewals)).all()
+    expected = {position for _, position in history} - plain
+    assert count == len(positions) == len(set(positions)) == len(expected)
     assert set(positions) == expected
+    assert sorted(tuple(row) for row in counted) == [
+        (*holder, settings.topic, *count) for holder, count in sorted(renewals.items())
+    ]
+    assert plain, "no plain renewal in the log: thinning was not exercised"
     dead = asyncio.run(dead_letters(settings))
     assert sorted(dead) == sorted(garbage), "a dead letter is missing or sent twice"
 
@@ -202,6 +218,12 @@ def assert_applied_once(
     asyncio.run(replay(settings, postgres_url, progress=False))
     assert snapshot(db) == projected
     assert sorted(asyncio.run(dead_letters(settings))) == sorted(garbage), "the replay sent again"
+
+
+async def decodable_records(settings: KafkaSettings) -> list[tuple[Event, Position]]:
+    """Every decodable event of the log, in log order, with its position."""
+    async with EventConsumer(settings, until="end", dead_letters=False) as consumer:
+        return [(record.event, record.position) async for record in consumer]
 
 
 async def dead_letters(settings: KafkaSettings) -> list[Position]:

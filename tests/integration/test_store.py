@@ -32,7 +32,7 @@ from projections import fold, store
 from projections.projector import Projection, fold_batch
 from projections.schema import metadata
 from projections.state import Changes, State
-from tests.histories import histories
+from tests.histories import histories, plain_renewals
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -116,7 +116,11 @@ def test_any_split_of_a_history_writes_the_fold_of_the_whole(
         fold.apply(reference, event, position, rejections)
     rejected = sorted(Position.parse(rejection.revision) for rejection in rejections.rejections)
     logged = positions(in_batches, "ledger_events")
-    assert logged == sorted(position for _, position in history)
+    plain, renewals = plain_renewals(history)
+    assert logged == sorted(position for _, position in history if position not in plain)
+    assert in_batches["lease_renewals"] == [
+        (*holder, TOPIC, *count) for holder, count in sorted(renewals.items())
+    ]
     outcomes = column(in_batches, "ledger_events", "outcome")
     assert [
         p for p, outcome in zip(logged, outcomes, strict=True) if outcome == "rejected"

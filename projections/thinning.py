@@ -1,0 +1,201 @@
+"""Plain lease renewals, folded without decoding most of them.
+
+Most of the log is heartbeats, and most heartbeats are *plain renewals*: they say of
+their lease exactly what the lease already holds (:func:`~ledger.events.lease_term`:
+cluster, apiserver, holder, hostname, duration, binary version) and only move its
+renew time. The fold of a heartbeat overwrites its lease whole, and the only event
+that reads a lease's renew time is an expiry (:mod:`projections.fold`), so of a run
+of plain renewals of one lease only the last one's renew time and position reach the
+views, unless an expiry of that lease comes in between.
+
+:class:`Thinning` folds a batch that way. A plain renewal is told from its
+``svledger-lease`` record header (:class:`~ledger.kafka.Renewal`, undecoded) or, for
+a heartbeat that was decoded anyway, from its fields: either way by comparing its term
+with the lease's current term, so the same record is classified the same whatever the
+batch boundaries. A plain renewal is counted (per holder: how many, the first and last
+offset) and kept pending instead of folded. Before an expiry of the lease, and at the
+end of the batch, the pending renewals are folded: the last readable one, preceded by
+the last one with another renew time (so a row whose time went back and forth gets
+the position one-by-one folding gives it). A heartbeat that is not a plain renewal
+(the first of a holder, one after the lease ended, one that changes more) drops the
+pending ones of its lease, which it overwrites, and is folded as any event; so is a
+release that ends the lease.
+
+The views are exactly those of folding every event one by one
+(``tests/unit/test_thinning.py``); what differs is that plain renewals have no
+``ledger_events`` row: the ``lease_renewals`` table counts them per holder.
+
+Trust: the header is the record's word for its term. Every writer builds it from the
+event it encodes (:func:`ledger.kafka.to_record`) and admission builds it again from
+the decoded inbox record, so only a principal that may write the events topic
+directly could make the two differ. A pending renewal that does not decode is
+counted, logged and left out of the fold, as a dead letter would be.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import TypeAlias
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
+    Event,
+    heartbeat_term,
+    lease_term,
+)
+from ledger.kafka import Record, Renewal
+from projections.fold import apply
+from projections.state import Changes, HolderKey, Lease, LeaseKey, RenewalCount, State
+
+log = logging.getLogger(__name__)
+
+
+def _term(lease: Lease) -> bytes:
+    return lease_term(
+        lease.cluster,
+        lease.apiserver_id,
+        lease.holder_identity,
+        lease.hostname,
+        lease.lease_duration_seconds,
+        lease.binary_version,
+    )
+
+
+class LeaseTerms:
+    """The current term of every lease of a :class:`State`, both ways."""
+
+    def __init__(self, state: State) -> None:
+        self._by_key = {key: _term(lease) for key, lease in state.leases.items()}
+        self._by_term = {term: key for key, term in self._by_key.items()}
+
+    def key_of(self, cluster: str, term: bytes) -> LeaseKey | None:
+        """The lease whose current term ``term`` is, if it is ``cluster``'s."""
+        key = self._by_term.get(term)
+        return key if key is not None and key[0] == cluster else None
+
+    def update(self, state: State, key: LeaseKey) -> None:
+        """Take the lease ``key``'s term (or its absence) from ``state``."""
+        old = self._by_key.pop(key, None)
+        if old is not None:
+            del self._by_term[old]
+        lease = state.leases.get(key)
+        if lease is not None:
+            term = self._by_key[key] = _term(lease)
+            self._by_term[term] = key
+
+
+_Pending: TypeAlias = Renewal | Record
+
+
+class Thinning:
+    """Folds one batch of records into ``state``, thinning plain renewals.
+
+    ``fold(record)`` per record in log order, then ``finish()``; ``counts`` then holds
+    the plain renewals per holder, ``dead`` the records that belong in the dead-letter
+    topic (with the reason), and ``changes`` the keys the batch changed.
+    """
+
+    def __init__(self, state: State, terms: LeaseTerms, changes: Changes) -> None:
+        self.state = state
+        self.terms = terms
+        self.changes = changes
+        self.counts: dict[HolderKey, RenewalCount] = {}
+        self.dead: list[tuple[object, str]] = []
+        self.renewals = 0
+        self._pending: dict[LeaseKey, list[_Pending]] = {}
+
+    def fold(self, record: Record | Renewal) -> Record | None:
+        """Fold ``record``; the decoded record if it is to be logged in ``ledger_events``,
+        None if it is a plain renewal or a dead letter."""
+        if isinstance(record, Renewal):
+            key = self.terms.key_of(record.cluster, record.term)
+            if key is not None:
+                self._count(key, record)
+                return None
+            decoded = record.decode()
+            if isinstance(decoded, str):
+                self.dead.append((record.message, decoded))
+                return None
+            record = decoded
+        event = record.event
+        if isinstance(event, ApiserverHeartbeat):
+            key = self.terms.key_of(event.meta.cluster, heartbeat_term(event))
+            if key is not None:
+                self._count(key, record)
+                return None
+            key = (event.meta.cluster, event.apiserver_id)
+            self._pending.pop(key, None)  # overwritten by this heartbeat
+            self._apply(event, record)
+            self.terms.update(self.state, key)
+        elif isinstance(event, ApiserverLeaseExpired | ApiserverLeaseReleased):
+            key = (event.meta.cluster, event.apiserver_id)
+            if isinstance(event, ApiserverLeaseExpired):
+                self._flush(key)  # an expiry compares the lease's renew time
+            self._apply(event, record)
+            if key not in self.state.leases:
+                self._pending.pop(key, None)  # renewed, then ended
+            self.terms.update(self.state, key)
+        else:
+            self._apply(event, record)
+        return record
+
+    def finish(self) -> None:
+        """Fold the pending renewals of every lease."""
+        for key in list(self._pending):
+            self._flush(key)
+
+    def _apply(self, event: Event, record: Record) -> None:
+        apply(self.state, event, record.position, self.changes)
+
+    def _count(self, key: LeaseKey, record: _Pending) -> None:
+        holder = (key[0], key[1], self.state.leases[key].holder_identity)
+        partition, offset = record.position
+        count = self.counts.get(holder)
+        if count is None:
+            self.counts[holder] = RenewalCount(partition, offset, offset, 1)
+        else:
+            count.last_offset = offset
+            count.renewals += 1
+        self.renewals += 1
+        self._pending.setdefault(key, []).append(record)
+
+    def _flush(self, key: LeaseKey) -> None:
+        """Fold the pending renewals of lease ``key`` as one-by-one folding would end."""
+        readable = self._readable(reversed(self._pending.pop(key, [])))
+        last = next(readable, None)
+        if last is None:
+            return
+        first, before = last, None
+        for record in readable:
+            if _renewed(record) != _renewed(last):
+                before = record
+                break
+            first = record
+        if before is not None:
+            self._apply(before.event, before)
+        self._apply(first.event, first)
+
+    @staticmethod
+    def _readable(pending: Iterable[_Pending]) -> Iterator[Record]:
+        for record in pending:
+            if isinstance(record, Record):
+                yield record
+                continue
+            decoded = record.decode()
+            if isinstance(decoded, Record):
+                yield decoded
+            else:
+                log.warning(
+                    "lease renewal %s is counted but unreadable, left out of the fold: %s",
+                    record.position,
+                    decoded,
+                )
+
+
+def _renewed(record: Record) -> object:
+    event = record.event
+    assert isinstance(event, ApiserverHeartbeat)
+    return event.renew_time, heartbeat_term(event)

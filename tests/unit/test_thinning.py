@@ -1,0 +1,159 @@
+"""Thinning plain lease renewals (:mod:`projections.thinning`) changes no view.
+
+The reference is folding every event one by one (:func:`projections.fold.fold`) and
+classifying each heartbeat by reading the lease before it, written out here without
+the product's term digests. Whatever the batches and whichever heartbeats reach the
+fold undecoded (with their lease header, as the projector's consumer hands them over)
+or decoded, the state after the batches is the reference's, row and revision alike;
+the logged events are exactly the others; the counts per holder add up to the
+reference's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiokafka.structs import ConsumerRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    Event,
+    Meta,
+    Position,
+)
+from ledger.kafka import LEASE_HEADER, Record, Renewal, read_message, to_record
+from projections import fold
+from projections.projector import Projection, fold_batch
+from projections.state import HolderKey, State
+from tests.histories import histories, plain_renewals
+
+TOPIC = "svledger.events"
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def consumed(event: Event, position: Position, value: bytes | None = None) -> Any:
+    """The record as the consumer gets it from the broker."""
+    key, encoded, headers = to_record(event)
+    value = encoded if value is None else value
+    return ConsumerRecord(
+        TOPIC, position.partition, position.offset, 0, 0, key, value, None, 0, len(value),
+        tuple(headers),
+    )  # fmt: skip
+
+
+def handed_over(event: Event, position: Position, undecoded: bool) -> Record | Renewal:
+    read = read_message(consumed(event, position), renewals=undecoded)
+    assert not isinstance(read, str)
+    return read
+
+
+def in_batches(
+    records: list[Record | Renewal], cuts: list[int]
+) -> tuple[State, list[Position], dict[HolderKey, tuple[int, int, int, int]], int]:
+    projection = Projection("views", TOPIC, State(), {})
+    logged: list[Position] = []
+    counts: dict[HolderKey, tuple[int, int, int, int]] = {}
+    folded = 0
+    for start, end in itertools.pairwise([0, *cuts, len(records)]):
+        batch = fold_batch(projection, records[start:end])
+        assert not batch.dead
+        folded += batch.result.folded
+        logged += [Position(partition, offset) for _, partition, offset, _ in batch.batch.events]
+        for holder, count in batch.batch.renewals.items():
+            _, first, _, renewals = counts.get(holder, (0, count.first_offset, 0, 0))
+            counts[holder] = (
+                count.partition,
+                first,
+                count.last_offset,
+                renewals + count.renewals,
+            )
+    return projection.state, logged, counts, folded
+
+
+@settings(max_examples=300)
+@given(history=histories(), data=st.data())
+def test_any_batching_of_thinned_renewals_folds_as_one_by_one(
+    history: list[tuple[Event, Position]], data: st.DataObject
+) -> None:
+    undecoded = data.draw(st.lists(st.booleans(), min_size=len(history), max_size=len(history)))
+    records = [
+        handed_over(event, position, flag)
+        for (event, position), flag in zip(history, undecoded, strict=True)
+    ]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=8)))
+    state, logged, counts, folded = in_batches(records, cuts)
+    plain, expected_counts = plain_renewals(history)
+    assert state == fold.fold(history)
+    assert logged == [position for _, position in history if position not in plain]
+    assert counts == expected_counts
+    assert folded == len(history)
+
+
+def heartbeat(offset: int, renewed: datetime, holder: str = "a1_1") -> tuple[Event, Position]:
+    meta = Meta(f"e{offset}", "east", renewed, "a1")
+    return ApiserverHeartbeat(meta, "a1", holder, "cp-0", 60, renewed, "1.31"), Position(0, offset)
+
+
+def test_a_renew_time_that_goes_back_and_forth_gets_the_revision_one_by_one_gives() -> None:
+    t1 = T0 + timedelta(seconds=10)
+    history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, T0), heartbeat(3, T0)]
+    records = [handed_over(event, position, True) for event, position in history]
+    state, logged, counts, _ = in_batches(records, [1])
+    assert state == fold.fold(history)
+    assert state.leases["east", "a1"].revision == "0:2"
+    assert logged == [Position(0, 0)]
+    assert counts == {("east", "a1", "a1_1"): (0, 1, 3, 3)}
+
+
+def test_an_expiry_between_renewals_reads_the_renew_time_before_it() -> None:
+    t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
+    for last_renew, applied in ((t1, True), (T0, False)):
+        meta = Meta("x", "east", t2, "lease-gc")
+        expiry = (ApiserverLeaseExpired(meta, "a1", last_renew, 60), Position(0, 2))
+        history = [heartbeat(0, T0), heartbeat(1, t1), expiry, heartbeat(3, t2)]
+        records = [handed_over(event, position, True) for event, position in history]
+        state, logged, _, _ = in_batches(records, [])
+        assert state == fold.fold(history)
+        # Applied, the expiry ends the lease and the next heartbeat starts it again.
+        assert logged == [Position(0, 0), Position(0, 2)] + [Position(0, 3)] * applied
+
+
+def test_an_unreadable_renewal_is_counted_and_left_out_of_the_fold() -> None:
+    t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
+    history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, t2)]
+    records: list[Record | Renewal] = [
+        handed_over(event, position, True) for event, position in history
+    ]
+    broken = consumed(*history[2], value=b"\xc3\x01garbage")
+    assert any(name == LEASE_HEADER for name, _ in broken.headers)
+    renewal = read_message(broken, renewals=True)
+    assert isinstance(renewal, Renewal)
+    records[2] = renewal
+    state, logged, counts, _ = in_batches(records, [])
+    assert state == fold.fold(history[:2])  # as if the broken one were a dead letter
+    assert counts == {("east", "a1", "a1_1"): (0, 1, 2, 2)}
+    assert logged == [Position(0, 0)]
+
+
+def test_a_heartbeat_of_a_new_holder_is_logged_and_ends_the_renewals() -> None:
+    history = [
+        heartbeat(0, T0),
+        heartbeat(1, T0 + timedelta(seconds=10)),
+        heartbeat(2, T0 + timedelta(seconds=20), holder="a1_2"),
+        heartbeat(3, T0 + timedelta(seconds=30), holder="a1_2"),
+    ]
+    records = [handed_over(event, position, True) for event, position in history]
+    state, logged, counts, _ = in_batches(records, [])
+    assert state == fold.fold(history)
+    assert logged == [Position(0, 0), Position(0, 2)]
+    assert counts == {
+        ("east", "a1", "a1_1"): (0, 1, 1, 1),
+        ("east", "a1", "a1_2"): (0, 3, 3, 1),
+    }
+    assert dataclasses.asdict(state.leases["east", "a1"])["holder_identity"] == "a1_2"
