@@ -1089,11 +1089,15 @@ class Record:
     value: bytes
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Renewal:
     """A heartbeat handed out undecoded (:meth:`EventConsumer.fetch_for_fold`): where it
     sits, its cluster (the record's key), its lease term (the ``svledger-lease``
-    header) and the consumed record, decoded only if the reader needs more."""
+    header) and the consumed record, decoded only if the reader needs more.
+
+    Read-only by convention: not frozen, because a frozen dataclass costs three times
+    as much to make, and most records of the log are made into one.
+    """
 
     position: Position
     cluster: str

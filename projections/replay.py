@@ -47,7 +47,13 @@ from ledger.kafka import (
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.fold import apply
-from projections.projector import DEFAULT_PROJECTION, MAX_BATCH, Projection, fold_batch
+from projections.projector import (
+    DEFAULT_PROJECTION,
+    MAX_BATCH,
+    Projection,
+    fewer_collections,
+    fold_batch,
+)
 from projections.schema import ledger_events, projection_checkpoints
 from projections.state import State
 from projections.writer import BatchWriter
@@ -124,8 +130,11 @@ async def replay(
     db = engine(db_url)
     try:
         projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
-        async with BatchWriter(db_url) as writer:
-            return await _replay(settings, writer, projection, until, cluster, progress, max_batch)
+        with fewer_collections():
+            async with BatchWriter(db_url) as writer:
+                return await _replay(
+                    settings, writer, projection, until, cluster, progress, max_batch
+                )
     finally:
         db.dispose()
 

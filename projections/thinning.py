@@ -113,7 +113,7 @@ class Thinning:
         if isinstance(record, Renewal):
             key = self.terms.key_of(record.cluster, record.term)
             if key is not None:
-                self._count(key, record)
+                self._renewed(key, record)
                 return None
             decoded = record.decode()
             if isinstance(decoded, str):
@@ -124,19 +124,23 @@ class Thinning:
         if isinstance(event, ApiserverHeartbeat):
             key = self.terms.key_of(event.meta.cluster, heartbeat_term(event))
             if key is not None:
-                self._count(key, record)
+                self._renewed(key, record)
                 return None
             key = (event.meta.cluster, event.apiserver_id)
-            self._pending.pop(key, None)  # overwritten by this heartbeat
+            self._take(key)  # overwritten by this heartbeat
             self._apply(event, record)
             self.terms.update(self.state, key)
-        elif isinstance(event, ApiserverLeaseExpired | ApiserverLeaseReleased):
+        elif isinstance(event, ApiserverLeaseExpired):
             key = (event.meta.cluster, event.apiserver_id)
-            if isinstance(event, ApiserverLeaseExpired):
-                self._flush(key)  # an expiry compares the lease's renew time
+            self._flush(key)  # an expiry compares the lease's renew time
             self._apply(event, record)
-            if key not in self.state.leases:
-                self._pending.pop(key, None)  # renewed, then ended
+            self.terms.update(self.state, key)
+        elif isinstance(event, ApiserverLeaseReleased):
+            key = (event.meta.cluster, event.apiserver_id)
+            holder = self.state.leases.get(key)
+            self._apply(event, record)
+            if holder is not None and key not in self.state.leases:
+                self._take(key, holder.holder_identity)  # renewed, then ended
             self.terms.update(self.state, key)
         else:
             self._apply(event, record)
@@ -150,21 +154,35 @@ class Thinning:
     def _apply(self, event: Event, record: Record) -> None:
         apply(self.state, event, record.position, self.changes)
 
-    def _count(self, key: LeaseKey, record: _Pending) -> None:
-        holder = (key[0], key[1], self.state.leases[key].holder_identity)
-        partition, offset = record.position
-        count = self.counts.get(holder)
-        if count is None:
-            self.counts[holder] = RenewalCount(partition, offset, offset, 1)
+    def _renewed(self, key: LeaseKey, record: _Pending) -> None:
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = [record]
         else:
-            count.last_offset = offset
-            count.renewals += 1
-        self.renewals += 1
-        self._pending.setdefault(key, []).append(record)
+            pending.append(record)
+
+    def _take(self, key: LeaseKey, holder: str | None = None) -> list[_Pending]:
+        """Remove the pending renewals of lease ``key`` and count them for its holder
+        (``holder``, else the lease's)."""
+        pending = self._pending.pop(key, None)
+        if pending is None:
+            return []
+        if holder is None:
+            holder = self.state.leases[key].holder_identity
+        partition, first = pending[0].position
+        last = pending[-1].position.offset
+        count = self.counts.get((key[0], key[1], holder))
+        if count is None:
+            self.counts[key[0], key[1], holder] = RenewalCount(partition, first, last, len(pending))
+        else:
+            count.last_offset = last
+            count.renewals += len(pending)
+        self.renewals += len(pending)
+        return pending
 
     def _flush(self, key: LeaseKey) -> None:
         """Fold the pending renewals of lease ``key`` as one-by-one folding would end."""
-        readable = self._readable(reversed(self._pending.pop(key, [])))
+        readable = self._readable(reversed(self._take(key)))
         last = next(readable, None)
         if last is None:
             return
