@@ -15,7 +15,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
-log is in: flat, or growing with the log. Prints one JSON object.
+log is in: flat, or growing with the log, and the rows it leaves. Prints one JSON object.
+``--stages fetch_only,project_postgresql`` runs only those (a long log, say).
 
 Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
 ``deploy/kafka/broker.py``. PostgreSQL: ``SVLEDGER_BENCH_DATABASE_URL`` (a server
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -300,23 +301,53 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
         report["produce"] = await fill(settings, args.events, args.clusters)
         end = {p: offset for p, offset in (await end_offsets(settings)).items() if offset}
-        report["fetch_only"] = await _fetch_only(settings, end)
-        report["consume_decode"] = await _consume_decode(settings)
-        report["project_postgresql"] = await _project(settings, _fresh_postgres(server), end)
-        report["project_sqlite"] = await _project(settings, f"sqlite:///{tmp}/bench.db", end)
-        report["replay_postgresql"] = await _replay(settings, _fresh_postgres(server))
-        report["processes_postgresql"] = [
-            await _project_processes(settings, _fresh_postgres(server), end, n) for n in (1, 2)
-        ]
-        limit = report["fetch_only"]["events_per_second"]
-        report["ratio_to_fetch_only"] = {
-            name: round(report[name]["events_per_second"] / limit, 3)
-            for name in (
-                "consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql"
-            )
-        }  # fmt: skip
+        stages: dict[str, Callable[[], Awaitable[Any]]] = {
+            "fetch_only": lambda: _fetch_only(settings, end),
+            "consume_decode": lambda: _consume_decode(settings),
+            "project_postgresql": lambda: _project(settings, _fresh_postgres(server), end),
+            "project_sqlite": lambda: _project(settings, f"sqlite:///{tmp}/bench.db", end),
+            "replay_postgresql": lambda: _replay(settings, _fresh_postgres(server)),
+            "processes_postgresql": lambda: _processes(settings, server, end),
+        }
+        for name in args.stages:
+            report[name] = await stages[name]()
+        if "fetch_only" in report:
+            limit = report["fetch_only"]["events_per_second"]
+            report["ratio_to_fetch_only"] = {
+                name: round(report[name]["events_per_second"] / limit, 3)
+                for name in RATIOS
+                if name in report
+            }
         report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
         return report
+
+
+async def _processes(
+    settings: KafkaSettings, server: str, end: dict[int, int]
+) -> list[dict[str, Any]]:
+    return [await _project_processes(settings, _fresh_postgres(server), end, n) for n in (1, 2)]
+
+
+STAGES = (
+    "fetch_only",
+    "consume_decode",
+    "project_postgresql",
+    "project_sqlite",
+    "replay_postgresql",
+    "processes_postgresql",
+)
+RATIOS = ("consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql")
+
+
+def _stages(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(STAGES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown stage(s) {', '.join(unknown) or '(none given)'};"
+            f" choose from {', '.join(STAGES)}"
+        )
+    return names
 
 
 def main() -> None:
@@ -324,6 +355,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--clusters", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument(
+        "--stages",
+        type=_stages,
+        default=list(STAGES),
+        help=f"comma-separated, in order (default: all): {','.join(STAGES)}",
+    )
     report = asyncio.run(_main(parser.parse_args()))
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -195,6 +195,7 @@ class Thinning:
         if before is not None:
             self._apply(before.event, before)
         self._apply(first.event, first)
+        self.terms.update(self.state, key)  # the same term, unless a header lied
 
     @staticmethod
     def _readable(pending: Iterable[_Pending]) -> Iterator[Record]:

@@ -157,7 +157,10 @@ def run_until_signalled(
             loop.add_signal_handler(signum, stop.set)
         await service(stop)
 
-    asyncio.run(main())
+    from projections.projector import fewer_collections
+
+    with fewer_collections():  # every service folds the log, as the projector does
+        asyncio.run(main())
     return 0
 
 
