@@ -1,7 +1,7 @@
 """Reaction latency of the trigger: agreeing report appended -> MigrationRequested committed.
 
-Runs the migrator as its own process against ``SVLEDGER_KAFKA_BOOTSTRAP`` (or a local
-broker from ``deploy/kafka/broker.py``), a background load of heartbeats from many
+Runs ``svledger migrator`` as its own process against ``SVLEDGER_KAFKA_BOOTSTRAP`` (or
+a local broker from ``deploy/kafka/broker.py``), a background load of heartbeats from many
 apiservers across several clusters, and a series of probes: each appends the first
 report of a new resource from an apiserver that is alone in its cluster (so the
 report is an agreement and persisted hashes are ``["Unknown"]``: a migration is
@@ -31,27 +31,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from deploy.kafka.broker import kafka_bootstrap
 from ledger.codec import decode
 from ledger.events import ApiserverHeartbeat, Meta, MigrationRequested, StorageVersionReported
-from ledger.kafka import EventProducer, create_topics
+from ledger.kafka import TYPE_HEADER, EventProducer, create_topics
 from ledger.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 LOAD_CLUSTERS = 12
 LOAD_APISERVERS = 50  # per cluster
 PROBE_CLUSTER = "probe"
-
-_MIGRATOR = """
-import asyncio, signal, sys
-from consumers.migrator import run_migrator
-from ledger.settings import KafkaSettings
-
-async def main() -> None:
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    settings = KafkaSettings(bootstrap_servers=sys.argv[1], topic=sys.argv[2])
-    await run_migrator(settings, stop=stop, group_id=sys.argv[2] + ".migrator")
-
-asyncio.run(main())
-"""
 
 
 def heartbeat(cluster: str, apiserver: str) -> ApiserverHeartbeat:
@@ -61,13 +47,19 @@ def heartbeat(cluster: str, apiserver: str) -> ApiserverHeartbeat:
     )
 
 
-async def load(producer: EventProducer, rate: int, stop: asyncio.Event) -> int:
-    """Append ``rate`` heartbeats per second in 10 ms ticks until ``stop``; return the count."""
+async def load(producer: EventProducer, rate: int, stop: asyncio.Event, acked: list[int]) -> None:
+    """Append ``rate`` heartbeats per second in 10 ms ticks until ``stop``; ``acked[0]``
+    counts those the broker has acknowledged."""
     loop = asyncio.get_running_loop()
     per_tick = max(1, rate // 100)
     sent = 0
     next_tick = loop.time()
     pending: set[asyncio.Task[object]] = set()
+
+    async def send(events: list[ApiserverHeartbeat]) -> None:
+        await producer.send_many(events)
+        acked[0] += len(events)
+
     while not stop.is_set():
         events = [
             heartbeat(
@@ -75,14 +67,13 @@ async def load(producer: EventProducer, rate: int, stop: asyncio.Event) -> int:
             )
             for i in range(per_tick)
         ]
-        task = asyncio.create_task(producer.send_many(events))
+        task = asyncio.create_task(send(events))
         pending.add(task)
         task.add_done_callback(pending.discard)
         sent += per_tick
         next_tick += 0.01
         await asyncio.sleep(max(0.0, next_tick - loop.time()))
     await asyncio.gather(*pending)
-    return sent
 
 
 async def watch(settings: KafkaSettings, seen: dict[str, float], ready: asyncio.Event) -> None:
@@ -105,6 +96,10 @@ async def watch(settings: KafkaSettings, seen: dict[str, float], ready: asyncio.
             now = loop.time()
             for messages in fetched.values():
                 for message in messages:
+                    # Only the type header is read of the load: decoding it all here
+                    # would take a core from the migrator under measurement.
+                    if dict(message.headers).get(TYPE_HEADER) != b"MigrationRequested":
+                        continue
                     event = decode(message.value)
                     if (
                         isinstance(event, MigrationRequested)
@@ -119,8 +114,13 @@ async def bench(bootstrap: str, probes: int, rate: int) -> dict[str, object]:
     settings = KafkaSettings(bootstrap_servers=bootstrap, topic=f"bench.{uuid.uuid4().hex[:8]}")
     await create_topics(settings)
     migrator = subprocess.Popen(
-        [sys.executable, "-c", _MIGRATOR, bootstrap, settings.topic], cwd=ROOT
-    )
+        [
+            sys.executable, "-m", "svledger", "migrator",
+            "--bootstrap", bootstrap, "--topic", settings.topic,
+        ],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     loop = asyncio.get_running_loop()
     seen: dict[str, float] = {}
     ready = asyncio.Event()
@@ -129,15 +129,16 @@ async def bench(bootstrap: str, probes: int, rate: int) -> dict[str, object]:
     try:
         async with EventProducer(settings, linger_ms=0) as producer:
             await ready.wait()
-            loader = asyncio.create_task(load(producer, rate, stop_load))
+            acked = [0]
+            loader = asyncio.create_task(load(producer, rate, stop_load, acked))
             await producer.send(heartbeat(PROBE_CLUSTER, "apiserver-probe"))
             # Warm up: the migrator must have joined its group and caught up.
             await probe(producer, "warmup", seen, loop)
-            started = loop.time()
+            started, before = loop.time(), acked[0]
             latencies = [await probe(producer, f"r{i}", seen, loop) for i in range(probes)]
-            elapsed = loop.time() - started
+            elapsed, sent = loop.time() - started, acked[0] - before
             stop_load.set()
-            sent = await loader
+            await loader
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
