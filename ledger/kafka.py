@@ -9,7 +9,7 @@ The record format is the contract every writer shares (:func:`to_record`):
 * header ``svledger-lease``, on heartbeats only: the 16-byte
   :func:`~ledger.events.lease_term` of what the heartbeat says besides its renew time.
   A reader that knows the lease's current term can tell a plain renewal without
-  decoding the record (the projector's thinning, :mod:`projections.projector`). Every
+  decoding the record (the projector's thinning, :mod:`projections.thinning`). Every
   writer builds it from the event it encodes, so it always matches the value;
   admission builds it again from the decoded inbox record.
 
