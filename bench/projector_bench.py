@@ -9,6 +9,10 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 * ``project_postgresql`` / ``project_sqlite``: the projector catching up from an
   empty database to the end of the topic;
 * ``replay_postgresql``: ``svledger replay`` of the whole topic into a fresh database;
+* ``replay_until``: after ``project_postgresql`` (whose projector writes fold snapshots),
+  ``svledger replay --until`` a point in the last 10% of the log (an offset, and the
+  time of the event there), once from the snapshots (``--snapshots-from``) and once from
+  the beginning, and whether the two wrote the same views (``same_views``);
 * ``processes_postgresql``: ``svledger project`` as 1 and as 2 processes in one consumer
   group (they share the partitions), from their start to the last checkpoint: the
   aggregate rate, start-up and the group's joining included;
@@ -68,7 +72,7 @@ from projections.database import engine, upgrade
 from projections.projector import Projector
 from projections.replay import replay
 from projections.schema import lease_renewals, ledger_events
-from projections.store import load_checkpoints
+from projections.store import load_checkpoints, views_snapshot
 from tests.workloads import mixed_events
 
 # ---------------------------------------------------------------------- measuring
@@ -245,6 +249,57 @@ async def _project_processes(
     }
 
 
+async def _replay_until(
+    settings: KafkaSettings, server: str, end: dict[int, int], projected: str | None
+) -> dict[str, Any]:
+    if projected is None:
+        raise SystemExit("stage replay_until needs stage project_postgresql before it")
+    offset = min(end.values()) * 19 // 20  # in the last tenth of every partition
+    async with EventConsumer(
+        settings,
+        partitions=[0],
+        start_offsets=lambda _: {0: offset},
+        until={0: offset + 1},
+        dead_letters=False,
+    ) as consumer:
+        batch: list[Any] = []
+        while not batch:
+            batch = await consumer.fetch(max_records=1)
+    first = batch[0]
+    report: dict[str, Any] = {}
+    for name, until in (("offset", offset), ("time", first.event.meta.occurred_at)):
+        runs = {}
+        for source in ("snapshots", "log"):
+            url = _fresh_postgres(server)
+            result = await replay(
+                settings,
+                url,
+                until=until,
+                snapshots_from=projected if source == "snapshots" else None,
+                progress=False,
+            )
+            runs[source] = (result, _state_views(url))
+        (fast, fast_views), (slow, slow_views) = runs["snapshots"], runs["log"]
+        report[name] = {
+            "until": str(until),
+            "seconds_from_snapshots": round(fast.seconds, 2),
+            "events_from_snapshots": fast.events,
+            "seconds_from_the_beginning": round(slow.seconds, 2),
+            "events_from_the_beginning": slow.events,
+            "same_views": fast_views == slow_views,
+        }
+    return report
+
+
+def _state_views(db_url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The views a replay from snapshots must write as one from the beginning does."""
+    db = engine(db_url)
+    with db.connect() as connection:
+        views = views_snapshot(connection)
+    db.dispose()
+    return {name: rows for name, rows in views.items() if name in STATE_VIEWS}
+
+
 async def _replay(settings: KafkaSettings, db_url: str) -> dict[str, Any]:
     rss = _rss_mib()
     result = await replay(settings, db_url, progress=False)
@@ -301,12 +356,21 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
         report["produce"] = await fill(settings, args.events, args.clusters)
         end = {p: offset for p, offset in (await end_offsets(settings)).items() if offset}
+        projected: list[str] = []  # the database project_postgresql wrote
+
+        async def project_postgresql() -> dict[str, Any]:
+            projected.append(_fresh_postgres(server))
+            return await _project(settings, projected[-1], end)
+
         stages: dict[str, Callable[[], Awaitable[Any]]] = {
             "fetch_only": lambda: _fetch_only(settings, end),
             "consume_decode": lambda: _consume_decode(settings),
-            "project_postgresql": lambda: _project(settings, _fresh_postgres(server), end),
+            "project_postgresql": project_postgresql,
             "project_sqlite": lambda: _project(settings, f"sqlite:///{tmp}/bench.db", end),
             "replay_postgresql": lambda: _replay(settings, _fresh_postgres(server)),
+            "replay_until": lambda: _replay_until(
+                settings, server, end, projected[-1] if projected else None
+            ),
             "processes_postgresql": lambda: _processes(settings, server, end),
         }
         for name in args.stages:
@@ -334,7 +398,15 @@ STAGES = (
     "project_postgresql",
     "project_sqlite",
     "replay_postgresql",
+    "replay_until",
     "processes_postgresql",
+)
+STATE_VIEWS = (
+    "apiserver_leases",
+    "storage_versions",
+    "server_storage_versions",
+    "storage_states",
+    "storage_version_migrations",
 )
 RATIOS = ("consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, TypeAlias
 
 
@@ -103,6 +103,20 @@ def lease_term(
         "-" if binary_version is None else f"+{binary_version}",
     )
     return hashlib.blake2b("\0".join(fields).encode(), digest_size=16).digest()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(moment: datetime) -> int:
+    """A timezone-aware time as microseconds since 1970-01-01 UTC, exactly."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def from_micros(value: int) -> datetime:
+    """The UTC time ``value`` microseconds after 1970-01-01 UTC (:func:`micros` inverted)."""
+    return _EPOCH + value * _MICROSECOND
 
 
 def heartbeat_term(event: ApiserverHeartbeat) -> bytes:

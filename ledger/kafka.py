@@ -92,13 +92,21 @@ from aiokafka.protocol.metadata import MetadataRequest
 from ledger import metrics
 from ledger.codec import CodecError, decode, encode
 from ledger.errors import AccessDenied, Unavailable
-from ledger.events import ApiserverHeartbeat, Event, Position, heartbeat_term, type_name
+from ledger.events import (
+    ApiserverHeartbeat,
+    Event,
+    Position,
+    heartbeat_term,
+    micros,
+    type_name,
+)
 from ledger.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 TYPE_HEADER: Final = "svledger-type"
 LEASE_HEADER: Final = "svledger-lease"
+TIME_HEADER: Final = "svledger-time"
 DLQ_REASON_HEADER: Final = "svledger-dlq-reason"
 DLQ_TOPIC_HEADER: Final = "svledger-dlq-topic"
 DLQ_PARTITION_HEADER: Final = "svledger-dlq-partition"
@@ -171,7 +179,10 @@ def to_record(event: Event, value: bytes | None = None) -> OutgoingRecord:
     ``value``: the event's encoding as it was logged elsewhere (admission copies an
     inbox record byte for byte), instead of encoding it again.
     """
-    headers = [(TYPE_HEADER, type_name(event).encode())]
+    headers = [
+        (TYPE_HEADER, type_name(event).encode()),
+        (TIME_HEADER, micros(event.meta.occurred_at).to_bytes(8, "big", signed=True)),
+    ]
     if isinstance(event, ApiserverHeartbeat):
         headers.append((LEASE_HEADER, heartbeat_term(event)))
     return OutgoingRecord(
@@ -1088,12 +1099,19 @@ class Record:
     event: Event
     value: bytes
 
+    @property
+    def time(self) -> int:
+        """When the event occurred, in microseconds since 1970 (as :attr:`Renewal.time`)."""
+        return micros(self.event.meta.occurred_at)
+
 
 @dataclasses.dataclass(slots=True)
 class Renewal:
     """A heartbeat handed out undecoded (:meth:`EventConsumer.fetch_for_fold`): where it
     sits, its cluster (the record's key), its lease term (the ``svledger-lease``
-    header) and the consumed record, decoded only if the reader needs more.
+    header), when it occurred (the ``svledger-time`` header, in microseconds since
+    1970; None on a record written without it) and the consumed record, decoded only
+    if the reader needs more.
 
     Read-only by convention: not frozen, because a frozen dataclass costs three times
     as much to make, and most records of the log are made into one.
@@ -1102,6 +1120,7 @@ class Renewal:
     position: Position
     cluster: str
     term: bytes
+    time: int | None
     message: Any
 
     @property
@@ -1508,13 +1527,19 @@ def read_message(message: Any, *, renewals: bool = False) -> Record | Renewal | 
     dead-letter topic; with ``renewals``, a heartbeat that carries a lease term header
     stays undecoded (:class:`Renewal`)."""
     if renewals and message.value is not None and message.key is not None:
+        term = time = None
         for name, value in message.headers:
             if name == LEASE_HEADER:
-                try:
-                    cluster = message.key.decode()
-                except UnicodeDecodeError:
-                    break
-                return Renewal(Position(message.partition, message.offset), cluster, value, message)
+                term = value
+            elif name == TIME_HEADER and len(value) == 8:
+                time = int.from_bytes(value, "big", signed=True)
+        if term is not None:
+            try:
+                cluster = message.key.decode()
+            except UnicodeDecodeError:
+                return _decode(message)
+            position = Position(message.partition, message.offset)
+            return Renewal(position, cluster, term, time, message)
     return _decode(message)
 
 

@@ -39,6 +39,12 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   worker rewrote them. The migration still becomes Succeeded (its work did finish),
   but the persisted hashes stay as they were and a Rejection records why; the
   migrator then requests a migration for the current revision.
+* A MigrationRequested drops the resource's Succeeded and Cancelled migrations from
+  the views (their events stay in the log and in ``ledger_events``), as upstream's
+  storage version migrator deletes a resource's migrations before it creates a new
+  one. The fold's memory then grows with the resources, not with the log. A
+  migration that Failed stays: it can still be resumed, and the migrator's back-off
+  counts its attempts.
 * Migration phases move Pending -> Running -> Succeeded, with Failed from Pending or
   Running, Cancelled from Pending, Running or Failed, and Started again from Failed
   (resuming from the last continue token). Any other step is rejected, so a worker's
@@ -465,6 +471,8 @@ def _migration_requested(
         revision=revision,
     )
     _store_migration(state, migration, changes)
+    for ended in state.ended_migrations_by_resource.pop(migration.resource_key, ()):
+        _delete(state.migrations, ended, changes.migrations)
 
 
 def _migration_step(
@@ -562,8 +570,12 @@ def _store_migration(state: State, migration: Migration, changes: Changes) -> No
         state.active_migrations_by_resource.setdefault(migration.resource_key, set()).add(
             migration.key
         )
-    else:
-        _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
+        return
+    _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
+    if migration.ended:
+        state.ended_migrations_by_resource.setdefault(migration.resource_key, set()).add(
+            migration.key
+        )
 
 
 def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:

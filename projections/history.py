@@ -186,13 +186,31 @@ def _history(connection: Connection, key: ResourceKey) -> list[HistoryEntry]:
         _RESOURCE_EVENTS,
         [resource_name(group, resource)],
     )
-    migration_ids = connection.scalars(
-        select(storage_version_migrations.c.migration_id).where(
-            storage_version_migrations.c.cluster == cluster,
-            storage_version_migrations.c.api_group == group,
-            storage_version_migrations.c.resource == resource,
+    # The migrations in the view and those requested in the log: a new request drops
+    # ended migrations from the view, and a replay from a snapshot begins its log there.
+    payload = ledger_events.c.payload
+    table = storage_version_migrations
+    migration_ids = sorted(
+        set(
+            connection.scalars(
+                select(ledger_events.c.subject).where(
+                    ledger_events.c.cluster == cluster,
+                    ledger_events.c.event_type == REQUESTED,
+                    payload["group"].as_string() == group,
+                    payload["resource"].as_string() == resource,
+                )
+            )
         )
-    ).all()
+        | set(
+            connection.scalars(
+                select(table.c.migration_id).where(
+                    table.c.cluster == cluster,
+                    table.c.api_group == group,
+                    table.c.resource == resource,
+                )
+            )
+        )
+    )
     migrations = _entries(connection, cluster, _MIGRATION_EVENTS, migration_ids)
     reporters = sorted(
         {entry.payload["apiserver_id"] for entry in own if entry.event_type == REPORTED}
@@ -466,11 +484,13 @@ def hash_origins(facts: Facts) -> dict[str, HistoryEntry]:
     ``[Unknown]``, every report appends its version's hash if absent, a reset sets
     it to ``[Unknown]`` and a fresh migration success to ``[target hash]``.
     """
-    targets = {m.migration_id: m.target_hash for m in facts.migrations}
+    targets: dict[str, str] = {}  # from the requests: a new one drops ended migrations' rows
     origins: dict[str, HistoryEntry] = {}
-    for entry in _applied(facts, REPORTED, RESET, SUCCEEDED):
+    for entry in _applied(facts, REPORTED, RESET, REQUESTED, SUCCEEDED):
         p = entry.payload
-        if entry.event_type == REPORTED:
+        if entry.event_type == REQUESTED:
+            targets[p["migration_id"]] = p["target_hash"]
+        elif entry.event_type == REPORTED:
             origins.setdefault(UNKNOWN_HASH, entry)
             origins.setdefault(hash_of_stored(p["encoding_version"], p["kind"]), entry)
         elif entry.event_type == RESET:
@@ -528,8 +548,9 @@ def _migration_lines(facts: Facts) -> list[str]:
     steps = [e for e in facts.history if e.payload.get("migration_id") == latest.migration_id]
     requested = next((e for e in steps if e.event_type == REQUESTED and e.applied), None)
     last = next((e for e in reversed(steps) if e.applied), None)
+    requests = len(_applied(facts, REQUESTED))  # ended ones leave the views on a new request
     lines = [
-        f"Latest migration {latest.migration_id} (of {len(facts.migrations)}): {latest.phase},"
+        f"Latest migration {latest.migration_id} (of {requests}): {latest.phase},"
         f" to {latest.target_version} (hash {latest.target_hash}) for StorageVersion revision"
         f" {latest.storage_version_revision}; {latest.objects_migrated} objects migrated.",
         f"  requested by {_cite(requested)}; last moved by {_cite(last)}"

@@ -59,6 +59,7 @@ import gc
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final, TypeAlias
 
 from sqlalchemy import Connection, Engine
@@ -66,13 +67,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
+from ledger.events import from_micros, micros
 from ledger.kafka import BROKER_ERRORS, EventConsumer, Record, Renewal
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
 from projections.fold import subject
+from projections.snapshots import NO_EVENTS, SNAPSHOT_EVERY, Snapshot, take
 from projections.state import Changes, State
-from projections.store import StaleProjection, load_checkpoints, load_state
+from projections.store import StaleProjection, load_checkpoints, load_log_times, load_state
 from projections.thinning import LeaseTerms, Thinning
 from projections.writer import BatchWriter, WriterLost
 
@@ -90,19 +93,40 @@ Fetched: TypeAlias = tuple[list[Record | Renewal], list[tuple[Any, str]]]
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 
 
+_NEVER: Final = micros(NO_EVENTS)
+
+
 @dataclasses.dataclass
 class Projection:
-    """The fold's state and, per partition, the next offset it expects, as last committed."""
+    """The fold's state and, per partition, the next offset it expects, as last committed.
+
+    ``log_times``: per partition, the latest time (microseconds since 1970) an event
+    before that offset occurred at; None if unknown, absent if no event yet.
+    ``snapshot_every``: take a fold snapshot of a partition each time its offset
+    passes a multiple of it (:mod:`projections.snapshots`); None, never.
+    """
 
     name: str
     topic: str
     state: State
     next_offsets: dict[int, int]
+    log_times: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    snapshot_every: int | None = None
     terms: LeaseTerms | None = None  # the leases' terms, once a batch needs them
 
     @classmethod
-    def load(cls, connection: Connection, topic: str, name: str) -> Projection:
-        return cls(name, topic, load_state(connection), load_checkpoints(connection, topic, name))
+    def load(
+        cls, connection: Connection, topic: str, name: str, snapshot_every: int | None = None
+    ) -> Projection:
+        times = load_log_times(connection, topic, name)
+        return cls(
+            name,
+            topic,
+            load_state(connection),
+            load_checkpoints(connection, topic, name),
+            {p: None if t is None else micros(t) for p, t in times.items()},
+            snapshot_every,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +176,7 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
     while this one is written; if the write fails, reload it (:meth:`Projection.load`).
     """
     next_offsets = projection.next_offsets
+    times = projection.log_times
     start_offsets = dict(next_offsets)
     if projection.terms is None:
         projection.terms = LeaseTerms(projection.state)
@@ -166,10 +191,24 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
             skipped += 1
             continue
         next_offsets[partition] = moved[partition] = offset + 1
+        moment = record.time
+        if moment is None:
+            moment = _decoded_time(record)
+        latest = times.get(partition, _NEVER)
+        if latest is not None and moment is not None and moment > latest:
+            times[partition] = moment
         logged = thinning.fold(record)
         if logged is not None:
             folded.append((logged.value, partition, offset, subject(logged.event)))
     thinning.finish()
+    log_times = {p: _time(times.get(p, _NEVER)) for p in moved}
+    snapshots: list[Snapshot] = []
+    if (every := projection.snapshot_every) is not None:
+        snapshots.extend(
+            take(projection.state, projection.name, projection.topic, p, o, log_times[p])
+            for p, o in sorted(moved.items())
+            if o // every > start_offsets.get(p, 0) // every
+        )
     batch = store.Batch.of(
         projection.state,
         changes,
@@ -179,9 +218,21 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
         start_offsets,
         renewals=thinning.counts,
         next_offsets=moved,
+        log_times=log_times,
+        snapshots=snapshots,
     )
     result = BatchResult(len(folded) + thinning.renewals, len(changes.rejections), skipped)
     return FoldedBatch(batch, result, thinning.dead)
+
+
+def _decoded_time(record: Renewal | Record) -> int | None:
+    """When a record written without the time header occurred; None if it does not decode."""
+    decoded = record.decode() if isinstance(record, Renewal) else record
+    return decoded.time if isinstance(decoded, Record) else None
+
+
+def _time(moment: int | None) -> datetime | None:
+    return None if moment is None else from_micros(moment)
 
 
 @dataclasses.dataclass
@@ -235,8 +286,10 @@ class Projector:
         max_batch: int = MAX_BATCH,
         poll_ms: int = POLL_MS,
         log_interval: float = LOG_INTERVAL_SECONDS,
+        snapshot_every: int | None = SNAPSHOT_EVERY,
     ) -> None:
         self.settings = settings
+        self.snapshot_every = snapshot_every
         self.db_url = db_url
         self.projection = projection
         self.group_id = f"svledger-projector.{settings.topic}.{projection}" if group else None
@@ -343,7 +396,9 @@ class Projector:
         while not stop.is_set():
             try:
                 with self._db.connect() as connection:
-                    self._state = Projection.load(connection, self.settings.topic, self.projection)
+                    self._state = Projection.load(
+                        connection, self.settings.topic, self.projection, self.snapshot_every
+                    )
             except _DATABASE_DOWN as error:
                 await self._outage("database", self.db_url, error, stop)
                 continue
@@ -515,8 +570,16 @@ async def run_projector(
     stop: asyncio.Event | None = None,
     group: bool = True,
     max_batch: int = MAX_BATCH,
+    snapshot_every: int | None = SNAPSHOT_EVERY,
 ) -> ProjectorMetrics:
     """``svledger project --db URL``: project until ``stop`` is set (wire SIGTERM to it)."""
-    projector = Projector(settings, db_url, projection=projection, group=group, max_batch=max_batch)
+    projector = Projector(
+        settings,
+        db_url,
+        projection=projection,
+        group=group,
+        max_batch=max_batch,
+        snapshot_every=snapshot_every,
+    )
     await projector.run(stop if stop is not None else asyncio.Event())
     return projector.metrics

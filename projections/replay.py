@@ -16,6 +16,14 @@ projector pointed at it afterwards carries on from where the replay stopped.
   projection database, or an earlier replay): load it and continue from its
   checkpoint. Without it a database holding any event is refused, so a replay never
   mixes with views it did not write.
+* ``snapshots_from``: a projection database the projector writes fold snapshots to
+  (:mod:`projections.snapshots`). Each partition starts from its latest sound
+  snapshot at or before ``until``, instead of from the log's beginning; its rows are
+  written first, with the snapshot itself, so the database says where it began. The
+  views come out as a replay from the beginning writes them. ``ledger_events``,
+  ``rejected_events`` and ``lease_renewals`` hold what the log has from the
+  snapshot on: their rows before it are the history a snapshot skips (the source
+  database has them, and so does the log).
 
 Progress goes to stderr: a bar with percentage of the offsets to read, events/s
 and ETA when stderr is a terminal (or ``progress=True``), else a log line every few
@@ -36,6 +44,7 @@ from typing import Final, TextIO, TypeAlias
 from sqlalchemy import Engine, exists, select
 
 from ledger.errors import UsageError
+from ledger.events import micros
 from ledger.kafka import (
     EventConsumer,
     Record,
@@ -45,6 +54,7 @@ from ledger.kafka import (
     topic_partitions,
 )
 from ledger.settings import KafkaSettings
+from projections import snapshots, store
 from projections.database import engine, upgrade
 from projections.fold import apply
 from projections.projector import (
@@ -55,7 +65,7 @@ from projections.projector import (
     fold_batch,
 )
 from projections.schema import ledger_events, projection_checkpoints
-from projections.state import State
+from projections.state import Changes, State
 from projections.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -122,21 +132,99 @@ async def replay(
     until: Until = None,
     cluster: str | None = None,
     from_snapshot: bool = False,
+    snapshots_from: str | None = None,
     progress: bool | None = None,
     max_batch: int = MAX_BATCH,
 ) -> ReplayResult:
     """``svledger replay``: rebuild the views in ``db_url`` from the log (module docstring)."""
+    if from_snapshot and snapshots_from is not None:
+        raise ReplayError(
+            "--from-snapshot continues a database and --snapshots-from starts a fresh one"
+            " from fold snapshots; pass one of them"
+        )
     upgrade(db_url)
     db = engine(db_url)
     try:
         projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
         with fewer_collections():
             async with BatchWriter(db_url) as writer:
+                if snapshots_from is not None:
+                    started = await _from_snapshots(
+                        settings, snapshots_from, projection, until, cluster
+                    )
+                    if started is not None:
+                        await writer.commit(started)
                 return await _replay(
                     settings, writer, projection, until, cluster, progress, max_batch
                 )
     finally:
         db.dispose()
+
+
+async def _from_snapshots(
+    settings: KafkaSettings,
+    source_url: str,
+    projection: Projection,
+    until: Until,
+    cluster: str | None,
+) -> store.Batch | None:
+    """Start ``projection`` from the latest usable snapshot of each partition in
+    ``source_url``; the batch that writes that start, or None if none is usable."""
+    ends = await end_offsets(settings)
+    wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
+    source = engine(source_url)
+    shown = source.url.render_as_string(hide_password=True)
+    chosen: dict[int, tuple[snapshots.Snapshot, snapshots.Rows]] = {}
+    try:
+        with source.connect() as connection:
+            for partition in wanted:
+                limit = ends[partition]
+                if isinstance(until, int):
+                    limit = min(limit, until + 1)
+                found = snapshots.latest(
+                    connection,
+                    DEFAULT_PROJECTION,
+                    settings.topic,
+                    partition,
+                    limit=limit,
+                    until_time=until if isinstance(until, datetime) else None,
+                    source=shown,
+                )
+                if found is not None:
+                    chosen[partition] = found
+    finally:
+        source.dispose()
+    log.info(
+        "replay starts from fold snapshots in %s: %s",
+        shown,
+        ", ".join(f"{p}@{s.next_offset}" for p, (s, _) in sorted(chosen.items())) or "none",
+    )
+    if not chosen:
+        return None
+    state = snapshots.state_of((rows for _, rows in chosen.values()), cluster)
+    projection.state = state
+    projection.terms = None
+    projection.next_offsets = {p: s.next_offset for p, (s, _) in chosen.items()}
+    projection.log_times = {
+        p: None if s.log_time is None else micros(s.log_time) for p, (s, _) in chosen.items()
+    }
+    everything = Changes(
+        leases=set(state.leases),
+        storage_versions=set(state.storage_versions),
+        storage_states=set(state.storage_states),
+        migrations=set(state.migrations),
+    )
+    return store.Batch.of(
+        state,
+        everything,
+        (),
+        projection.topic,
+        projection.name,
+        {},
+        next_offsets=projection.next_offsets,
+        log_times={p: s.log_time for p, (s, _) in chosen.items()},
+        snapshots=[s for s, _ in chosen.values()],
+    )
 
 
 def _starting_point(
@@ -193,6 +281,7 @@ async def _replay(
         stream=sys.stderr,
     )
     open_partitions = {p for p in wanted if reached[p] < limits[p]}
+    until_time = micros(until) if isinstance(until, datetime) else None
     events = rejected = 0
     writing: asyncio.Future[None] | None = None  # the batch being committed
     if open_partitions:
@@ -207,13 +296,13 @@ async def _replay(
                     partition, offset = record.position
                     if partition not in open_partitions:
                         continue
-                    if isinstance(until, datetime) and isinstance(record, Renewal):
+                    if isinstance(record, Renewal) and record.time is None and until_time:
                         decoded = record.decode()  # its time decides where the replay stops
                         if isinstance(decoded, str):
                             dead.append((record.message, decoded))
                             continue
                         record = decoded
-                    if _past(record, until):
+                    if _past(record, until, until_time):
                         open_partitions.discard(partition)
                         continue
                     reached[partition] = offset + 1
@@ -242,12 +331,13 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
     return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
 
 
-def _past(record: Record | Renewal, until: Until) -> bool:
+def _past(record: Record | Renewal, until: Until, until_time: int | None) -> bool:
     if isinstance(until, int):
         return record.position.offset > until
-    if isinstance(until, datetime):
-        assert isinstance(record, Record), "decoded before it is compared with a time"
-        return record.event.meta.occurred_at > until
+    if until_time is not None:
+        time = record.time
+        assert time is not None, "decoded before it is compared with a time"
+        return time > until_time
     return False
 
 

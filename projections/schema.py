@@ -33,6 +33,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -263,5 +264,25 @@ projection_checkpoints: Final = Table(
     Column("topic", String, nullable=False),
     Column("log_partition", Integer, nullable=False),
     Column("next_offset", BigInteger, nullable=False),
+    # The latest occurred_at of the partition's events before next_offset; NULL where
+    # it is not known (a checkpoint from before it was kept).
+    Column("log_time", UTCDateTime),
     PrimaryKeyConstraint("projection", "topic", "log_partition"),
+)
+
+# The projector's fold snapshots (projections.snapshots): one partition's view rows as
+# of next_offset, which a replay may start from instead of the log's beginning.
+fold_snapshots: Final = Table(
+    "fold_snapshots",
+    metadata,
+    Column("projection", String, nullable=False),
+    Column("topic", String, nullable=False),
+    Column("log_partition", Integer, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("log_time", UTCDateTime),
+    Column("format", Integer, nullable=False),
+    Column("row_count", Integer, nullable=False),
+    Column("digest", String, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("projection", "topic", "log_partition", "next_offset"),
 )

@@ -28,6 +28,8 @@ MESSAGE_UNSET: Final = "Common encoding version unset"
 
 Phase: TypeAlias = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 ACTIVE_PHASES: Final[frozenset[str]] = frozenset({"Pending", "Running"})
+# The phases no step leaves: a new request for the resource drops these (projections.fold).
+ENDED_PHASES: Final[frozenset[str]] = frozenset({"Succeeded", "Cancelled"})
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 
 LeaseKey: TypeAlias = tuple[str, str]  # (cluster, apiserver_id)
@@ -153,6 +155,10 @@ class Migration:
     def active(self) -> bool:
         return self.phase in ACTIVE_PHASES
 
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED_PHASES
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rejection:
@@ -168,12 +174,13 @@ class Rejection:
 
 @dataclasses.dataclass
 class State:
-    """Every view's rows, plus two indexes derived from them (not views, not stored).
+    """Every view's rows, plus three indexes derived from them (not views, not stored).
 
     The indexes keep the fold's work per event proportional to the resource it
     touches: ``resources_by_apiserver`` finds the StorageVersions holding an entry of
     an apiserver whose lease ends, ``active_migrations_by_resource`` the Pending or
-    Running migrations of a resource. They are built from the rows given to the
+    Running migrations of a resource, ``ended_migrations_by_resource`` its Succeeded
+    or Cancelled ones. They are built from the rows given to the
     constructor, so a State loaded from the database is created with its rows, and
     the fold keeps the indexes in step from then on.
     """
@@ -188,6 +195,9 @@ class State:
     active_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    ended_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         by_apiserver: dict[LeaseKey, set[ResourceKey]] = {}
@@ -195,11 +205,15 @@ class State:
             for entry in storage_version.entries:
                 by_apiserver.setdefault((key[0], entry.apiserver_id), set()).add(key)
         active: dict[ResourceKey, set[MigrationKey]] = {}
+        ended: dict[ResourceKey, set[MigrationKey]] = {}
         for migration_key, migration in self.migrations.items():
             if migration.active:
                 active.setdefault(migration.resource_key, set()).add(migration_key)
+            elif migration.ended:
+                ended.setdefault(migration.resource_key, set()).add(migration_key)
         self.resources_by_apiserver = by_apiserver
         self.active_migrations_by_resource = active
+        self.ended_migrations_by_resource = ended
 
 
 @dataclasses.dataclass

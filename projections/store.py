@@ -55,6 +55,7 @@ from ledger.codec import read_record
 from ledger.events import EVENT_TYPES, Position
 from projections.schema import (
     apiserver_leases,
+    fold_snapshots,
     lease_renewals,
     ledger_events,
     projection_checkpoints,
@@ -64,6 +65,7 @@ from projections.schema import (
     storage_version_migrations,
     storage_versions,
 )
+from projections.snapshots import Snapshot, row_values
 from projections.state import (
     Changes,
     Condition,
@@ -133,6 +135,10 @@ class Batch:
     next_offsets: Mapping[int, int]
     # The plain lease renewals of the batch, per holder (projections.thinning).
     renewals: Mapping[HolderKey, RenewalCount] = dataclasses.field(default_factory=dict)
+    # Per partition in next_offsets: its log time there (projections.snapshots), None
+    # if unknown; and the fold snapshots taken at the batch's end.
+    log_times: Mapping[int, datetime | None] = dataclasses.field(default_factory=dict)
+    snapshots: Sequence[Snapshot] = ()
 
     @classmethod
     def of(
@@ -146,6 +152,8 @@ class Batch:
         *,
         renewals: Mapping[HolderKey, RenewalCount] | None = None,
         next_offsets: Mapping[int, int] | None = None,
+        log_times: Mapping[int, datetime | None] | None = None,
+        snapshots: Sequence[Snapshot] = (),
     ) -> Batch:
         """The batch of ``events``, ``state`` and ``changes`` being after it.
 
@@ -153,7 +161,8 @@ class Batch:
         changes; ``start_offsets`` the checkpoint the fold started from;
         ``renewals`` the plain renewals counted instead of logged; ``next_offsets``
         the checkpoint after the batch (default: past its last event), which also
-        covers renewals and dead letters.
+        covers renewals and dead letters; ``log_times`` the partitions' log times
+        there (default: unknown); ``snapshots`` those taken at the batch's end.
         """
         if next_offsets is None:
             next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
@@ -169,6 +178,8 @@ class Batch:
             {p: start_offsets[p] for p in next_offsets if p in start_offsets},
             dict(next_offsets),
             dict(renewals or {}),
+            {p: (log_times or {}).get(p) for p in next_offsets},
+            tuple(snapshots),
         )
 
 
@@ -294,10 +305,13 @@ def write(connection: Connection, batch: Batch) -> None:
                 "topic": batch.topic,
                 "log_partition": p,
                 "next_offset": n,
+                "log_time": batch.log_times.get(p),
             }
             for p, n in sorted(batch.next_offsets.items())
         ],
     )
+    if batch.snapshots:
+        connection.execute(insert(fold_snapshots), [row_values(s) for s in batch.snapshots])
 
 
 def _count_renewals(
@@ -342,6 +356,19 @@ def load_checkpoints(connection: Connection, topic: str, projection: str) -> dic
         )
     )
     return {partition: offset for partition, offset in rows}
+
+
+def load_log_times(
+    connection: Connection, topic: str, projection: str
+) -> dict[int, datetime | None]:
+    """Each checkpointed partition's log time (:mod:`projections.snapshots`), None if unknown."""
+    table = projection_checkpoints
+    rows = connection.execute(
+        select(table.c.log_partition, table.c.log_time).where(
+            table.c.projection == projection, table.c.topic == topic
+        )
+    )
+    return {partition: log_time for partition, log_time in rows}
 
 
 def load_state(connection: Connection, resource: ResourceKey | None = None) -> State:

@@ -98,12 +98,20 @@ def add_project(subparsers: Subparsers) -> None:
             "the projector resumes from the checkpoint. Several projectors share the\n"
             "partitions. While catching up it writes large batches from a writer process\n"
             "of its own (python -m projections.writer), so fold and write use two cores.\n"
+            "Every --snapshot-every offsets of a partition it also writes a fold snapshot\n"
+            "(fold_snapshots), from which replay --snapshots-from starts.\n"
             "SIGTERM finishes the batch, commits and exits."
         ),
     )
     add_kafka_options(parser, "projector")
     add_metrics_option(parser)
     add_db_option(parser)
+    parser.add_argument(
+        "--snapshot-every",
+        type=_offsets,
+        metavar="OFFSETS",
+        help="offsets of a partition between two fold snapshots; 0: none (default 50000)",
+    )
 
 
 def _project(args: argparse.Namespace) -> int:
@@ -112,9 +120,19 @@ def _project(args: argparse.Namespace) -> int:
 
     settings = kafka_settings(args)
     upgrade(args.db)
+    from projections.snapshots import SNAPSHOT_EVERY
+
+    every = SNAPSHOT_EVERY if args.snapshot_every is None else args.snapshot_every or None
     return run_until_signalled(
-        lambda stop: run_projector(settings, args.db, stop=stop), args.metrics_address
+        lambda stop: run_projector(settings, args.db, stop=stop, snapshot_every=every),
+        args.metrics_address,
     )
+
+
+def _offsets(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of offsets (0 or more)")
+    return int(text)
 
 
 def add_replay(subparsers: Subparsers) -> None:
@@ -125,8 +143,12 @@ def add_replay(subparsers: Subparsers) -> None:
         help="rebuild the views into a fresh database from the log, as of any point",
         description=(
             "Rebuild every view into a fresh database by replaying the log from the start,\n"
-            "up to now or to --until, optionally for one cluster only. With --from-snapshot\n"
-            "an existing projection database is continued from its checkpoint."
+            "up to now or to --until, optionally for one cluster only. With --snapshots-from\n"
+            "it starts each partition from the latest fold snapshot the projector wrote at or\n"
+            "before --until, and reads the log on from there (the views come out the same;\n"
+            "ledger_events, rejected_events and lease_renewals then begin at the snapshot).\n"
+            "With --from-snapshot an existing projection database is continued from its\n"
+            "checkpoint."
         ),
     )
     add_kafka_options(parser, "projector")
@@ -137,6 +159,11 @@ def add_replay(subparsers: Subparsers) -> None:
         help="stop after this log offset (e.g. 12345) or this time (e.g. 2026-01-02T03:04:05Z)",
     )
     parser.add_argument("--cluster", help="replay only this cluster's events")
+    parser.add_argument(
+        "--snapshots-from",
+        metavar="URL",
+        help="a projection database (the projector's) to take fold snapshots from",
+    )
     parser.add_argument(
         "--from-snapshot",
         action="store_true",
@@ -162,6 +189,7 @@ def _replay(args: argparse.Namespace) -> int:
             until=until,
             cluster=args.cluster,
             from_snapshot=args.from_snapshot,
+            snapshots_from=args.snapshots_from,
             progress=args.progress,
         )
     )

@@ -388,7 +388,7 @@ def test_the_timeline_page_is_served(server: Server) -> None:
 
 
 def test_lists_page_with_limit_and_continue_on_one_snapshot(server: Server) -> None:
-    base = f"{server.cluster}/apis/migration.k8s.io/v1alpha1/storageversionmigrations"
+    base = f"{server.cluster}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
     _, whole = get(base)
     names: list[str] = []
     url = f"{base}?limit=2"

@@ -655,6 +655,35 @@ def test_steps_of_unknown_migrations_and_reused_ids_are_rejected() -> None:
     assert "already taken" in changes.rejections[0].reason
 
 
+def test_a_new_request_drops_the_resources_ended_migrations_and_keeps_failed_ones() -> None:
+    log = agreed_on("v2")
+    revision = log.storage_version().revision
+    other = ("", "configmaps", "ConfigMap")
+    log.report("1", "v1", resource=other)
+    log.request("elsewhere", "v1", log.storage_version(other).revision, resource=other)
+    log.step(MigrationCancelled, "elsewhere")
+    log.request("done", "v2", revision)
+    log.step(MigrationStarted, "done")
+    log.step(MigrationSucceeded, "done")
+    log.request("failed", "v2", revision)
+    log.step(MigrationFailed, "failed", reason="Timeout")
+    log.step(MigrationCancelled, "failed")  # it ends here
+    log.request("resumable", "v2", revision)
+    log.step(MigrationFailed, "resumable", reason="Timeout")
+    assert {key[1] for key in log.state.migrations} == {"elsewhere", "resumable"}
+
+    changes = log.request("next", "v2", revision)
+
+    assert {key[1] for key in log.state.migrations} == {"elsewhere", "resumable", "next"}
+    assert changes.migrations == {("east", "next")}
+    # The fold keeps no trace of a dropped migration: its ID is free, its steps unknown.
+    assert "no migration 'done'" in log.step(MigrationStarted, "done").rejections[0].reason
+    rebuilt = State(
+        log.state.leases, log.state.storage_versions, log.state.storage_states, log.state.migrations
+    )
+    assert rebuilt.ended_migrations_by_resource == log.state.ended_migrations_by_resource
+
+
 # --- clusters and revisions ------------------------------------------------------------------
 
 

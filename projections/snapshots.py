@@ -1,0 +1,273 @@
+"""Fold snapshots: one partition's fold state as of a log position, so a replay need not
+start from the log's beginning.
+
+The projector writes one (:func:`take`) for a partition each time the partition's
+checkpoint passes a multiple of ``every`` offsets (:data:`SNAPSHOT_EVERY` by default),
+in the transaction of the batch that passes it. A snapshot holds the view rows of the
+partition's clusters (a row belongs to the partition of its ``revision``: every event
+of a cluster is in its cluster's partition), the offset the fold goes on from, and
+the partition's **log time** there: the latest ``occurred_at`` of its events before
+that offset, or None where the projector cannot know it (a checkpoint written before
+log times were kept). Rows are immutable, so a snapshot is a copy of the fold's
+state, exactly: folding on from it gives what folding from the beginning gives.
+
+A replay (``svledger replay --snapshots-from URL``) takes, per partition, the latest
+snapshot it may start from (:func:`latest`): at or before ``--until``, whether that
+is an offset (the snapshot's offset is at most the one after it) or a time (no event
+of the partition before the snapshot occurred after it, by its log time). A snapshot
+whose digest or content is wrong is logged and passed over for an older one, and
+with none left the partition is read from the beginning: snapshots make a replay
+faster, never different.
+
+The payload is the rows pickled (protocol 5) and compressed with zlib, under a
+BLAKE2b digest. It is read back with an unpickler that knows only the row classes
+and :mod:`datetime`'s, so a payload that was tampered with cannot run code; its
+digest is checked first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import logging
+import pickle
+import zlib
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any, Final, TypeAlias
+
+from sqlalchemy import Connection, select
+
+from projections.schema import fold_snapshots
+from projections.state import (
+    Condition,
+    Lease,
+    LeaseKey,
+    Migration,
+    MigrationKey,
+    ResourceKey,
+    ServerStorageVersion,
+    State,
+    StorageState,
+    StorageVersion,
+)
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_EVERY: Final = 50_000  # offsets of a partition between two snapshots
+# The log time of a partition with no event yet: before any event could occur.
+NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
+FORMAT: Final = 1  # of the payload; a snapshot of another format is passed over
+
+# The rows of a snapshot, by view: leases, StorageVersions, StorageStates, migrations.
+Rows: TypeAlias = tuple[
+    tuple[Lease, ...], tuple[StorageVersion, ...], tuple[StorageState, ...], tuple[Migration, ...]
+]
+
+_ALLOWED: Final = {
+    "projections.state": {
+        cls.__name__
+        for cls in (Lease, StorageVersion, ServerStorageVersion, Condition, StorageState, Migration)
+    },
+    "datetime": {"datetime", "timezone", "timedelta"},
+}
+
+
+class CorruptSnapshot(Exception):
+    """A snapshot's payload is not what its digest or format says."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One partition's fold state as of ``next_offset``, as a ``fold_snapshots`` row holds it."""
+
+    projection: str
+    topic: str
+    partition: int
+    next_offset: int
+    log_time: datetime | None
+    rows: int  # how many view rows it holds, for people looking at the table
+    payload: bytes
+    digest: str
+    format: int = FORMAT
+
+    def state_rows(self) -> Rows:
+        """The rows it holds; :class:`CorruptSnapshot` if they are not what was written."""
+        if self.format != FORMAT:
+            raise CorruptSnapshot(f"format {self.format}, not {FORMAT}")
+        if _digest(self.payload) != self.digest:
+            raise CorruptSnapshot("its payload does not match its digest")
+        try:
+            rows = _Unpickler(io.BytesIO(zlib.decompress(self.payload))).load()
+        except Exception as error:  # whatever the bytes make the unpickler raise
+            raise CorruptSnapshot(f"its payload does not unpickle: {error}") from None
+        if not _well_formed(rows):
+            raise CorruptSnapshot("its payload is not four tuples of view rows")
+        return rows  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        return f"snapshot of partition {self.partition} at offset {self.next_offset}"
+
+
+def take(
+    state: State,
+    projection: str,
+    topic: str,
+    partition: int,
+    next_offset: int,
+    log_time: datetime | None,
+) -> Snapshot:
+    """A snapshot of the rows of ``state`` that belong to ``partition``."""
+    prefix = f"{partition}:"
+    rows: Rows = (
+        _of(state.leases.values(), prefix),
+        _of(state.storage_versions.values(), prefix),
+        _of(state.storage_states.values(), prefix),
+        _of(state.migrations.values(), prefix),
+    )
+    payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
+    return Snapshot(
+        projection,
+        topic,
+        partition,
+        next_offset,
+        log_time,
+        sum(map(len, rows)),
+        payload,
+        _digest(payload),
+    )
+
+
+def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
+    """The fold state made of snapshots' rows (only ``cluster``'s, if given)."""
+    leases: dict[LeaseKey, Lease] = {}
+    storage_versions: dict[ResourceKey, StorageVersion] = {}
+    storage_states: dict[ResourceKey, StorageState] = {}
+    migrations: dict[MigrationKey, Migration] = {}
+    for lease_rows, version_rows, state_rows, migration_rows in rows:
+        leases.update(_keyed(lease_rows, cluster))
+        storage_versions.update(_keyed(version_rows, cluster))
+        storage_states.update(_keyed(state_rows, cluster))
+        migrations.update(_keyed(migration_rows, cluster))
+    return State(leases, storage_versions, storage_states, migrations)
+
+
+def latest(
+    connection: Connection,
+    projection: str,
+    topic: str,
+    partition: int,
+    *,
+    limit: int,
+    until_time: datetime | None = None,
+    source: str = "the database",
+) -> tuple[Snapshot, Rows] | None:
+    """The latest sound snapshot of ``partition`` a replay may start from, and its rows.
+
+    ``limit``: the offset the replay reads up to (exclusive); ``until_time``: the
+    replay stops at the partition's first event that occurred after it. None if no
+    snapshot qualifies: the replay reads the partition from its beginning.
+    """
+    table = fold_snapshots
+    query = (
+        select(table.c.next_offset)
+        .where(
+            table.c.projection == projection,
+            table.c.topic == topic,
+            table.c.log_partition == partition,
+            table.c.next_offset <= limit,
+        )
+        .order_by(table.c.next_offset.desc())
+    )
+    if until_time is not None:
+        query = query.where(table.c.log_time.is_not(None), table.c.log_time <= until_time)
+    for next_offset in list(connection.scalars(query)):
+        snapshot = _load(connection, projection, topic, partition, next_offset)
+        try:
+            return snapshot, snapshot.state_rows()
+        except CorruptSnapshot as error:
+            log.warning(
+                "%s in %s is unusable (%s); trying an older one, else the log itself",
+                snapshot.describe(),
+                source,
+                error,
+            )
+    return None
+
+
+def row_values(snapshot: Snapshot) -> dict[str, Any]:
+    """``snapshot`` as a ``fold_snapshots`` row."""
+    return {
+        "projection": snapshot.projection,
+        "topic": snapshot.topic,
+        "log_partition": snapshot.partition,
+        "next_offset": snapshot.next_offset,
+        "log_time": snapshot.log_time,
+        "format": snapshot.format,
+        "row_count": snapshot.rows,
+        "digest": snapshot.digest,
+        "payload": snapshot.payload,
+    }
+
+
+def _load(
+    connection: Connection, projection: str, topic: str, partition: int, next_offset: int
+) -> Snapshot:
+    table = fold_snapshots
+    row = (
+        connection.execute(
+            select(table).where(
+                table.c.projection == projection,
+                table.c.topic == topic,
+                table.c.log_partition == partition,
+                table.c.next_offset == next_offset,
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return Snapshot(
+        row["projection"],
+        row["topic"],
+        row["log_partition"],
+        row["next_offset"],
+        row["log_time"],
+        row["row_count"],
+        bytes(row["payload"]),
+        row["digest"],
+        row["format"],
+    )
+
+
+def _of(rows: Iterable[Any], prefix: str) -> tuple[Any, ...]:
+    return tuple(row for row in rows if row.revision.startswith(prefix))
+
+
+def _keyed(rows: Iterable[Any], cluster: str | None) -> Iterator[tuple[Any, Any]]:
+    return ((row.key, row) for row in rows if cluster is None or row.cluster == cluster)
+
+
+def _digest(payload: bytes) -> str:
+    return hashlib.blake2b(payload, digest_size=32).hexdigest()
+
+
+def _well_formed(rows: object) -> bool:
+    kinds = (Lease, StorageVersion, StorageState, Migration)
+    return (
+        isinstance(rows, tuple)
+        and len(rows) == len(kinds)
+        and all(
+            isinstance(group, tuple) and all(type(row) is kind for row in group)
+            for group, kind in zip(rows, kinds, strict=True)
+        )
+    )
+
+
+class _Unpickler(pickle.Unpickler):
+    """Makes only view rows and times: any other global in a payload is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a view row")

@@ -1,0 +1,234 @@
+"""Replays from the projector's fold snapshots, on the real broker, SQLite and PostgreSQL.
+
+A source database is projected by a real projector that takes a snapshot of each
+partition every 150 offsets. A replay that starts from those snapshots must write
+the views a replay from the log's beginning writes, bit for bit, to any point
+(an offset, a time, the end) and for one cluster; its history tables hold exactly
+the reference's rows from the snapshot on. A corrupt snapshot is passed over for an
+older one, and with none the replay reads the log from its beginning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, update
+
+from ledger.events import Event, Position
+from ledger.kafka import create_topics
+from ledger.settings import KafkaSettings
+from projections import database, store
+from projections.replay import ReplayError, replay
+from projections.schema import fold_snapshots
+from tests.integration.test_projector import (
+    append,
+    caught_up,
+    clear,
+    kafka_settings,
+    next_offsets,
+    projecting,
+    snapshot,
+)
+from tests.workloads import mixed_events
+
+EVENTS = 3_000
+EVERY = 150
+STATE_VIEWS = (
+    "apiserver_leases",
+    "storage_versions",
+    "server_storage_versions",
+    "storage_states",
+    "storage_version_migrations",
+)
+HISTORY_VIEWS = ("ledger_events", "rejected_events")
+
+Log = tuple[KafkaSettings, list[tuple[Event, Position]], str]
+
+
+@pytest.fixture
+async def projected(kafka_bootstrap: str, unique_topic: str, tmp_path: Path) -> Log:
+    """The log, and a database the projector wrote it to with snapshots."""
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=3)
+    await create_topics(settings)
+    records = await append(settings, mixed_events(EVENTS, clusters=8, seed=7))
+    source_url = f"sqlite:///{tmp_path / 'source.db'}"
+    database.upgrade(source_url)
+    source = database.engine(source_url)
+    try:
+        async with projecting(
+            settings, source_url, group=False, max_batch=60, snapshot_every=EVERY
+        ) as projector:
+            await caught_up(source, projector, next_offsets(records))
+    finally:
+        source.dispose()
+    return settings, records, source_url
+
+
+@pytest.fixture
+def reference_url(tmp_path: Path) -> Iterator[str]:
+    yield f"sqlite:///{tmp_path / 'reference.db'}"
+
+
+def snapshots_in(url: str) -> list[tuple[int, int, datetime | None]]:
+    engine = database.engine(url)
+    try:
+        with engine.connect() as connection:
+            table = fold_snapshots
+            rows = connection.execute(
+                select(table.c.log_partition, table.c.next_offset, table.c.log_time)
+            )
+            return sorted((p, o, t) for p, o, t in rows)
+    finally:
+        engine.dispose()
+
+
+def starts(db: Engine) -> dict[int, int]:
+    """Where a replayed database's history begins: the snapshots it started from."""
+    with db.connect() as connection:
+        rows = connection.execute(
+            select(fold_snapshots.c.log_partition, fold_snapshots.c.next_offset)
+        )
+        return {partition: offset for partition, offset in rows}
+
+
+def from_on(rows: list[tuple[Any, ...]], begins: dict[int, int]) -> list[tuple[Any, ...]]:
+    """Rows of a history table (topic, partition, offset first) at or after ``begins``."""
+    return [row for row in rows if row[2] >= begins.get(row[1], 0)]
+
+
+def assert_same_as_from_the_beginning(
+    db: Engine, reference: dict[str, list[tuple[Any, ...]]]
+) -> None:
+    replayed = snapshot(db)
+    for view in STATE_VIEWS:
+        assert replayed[view] == reference[view], view
+    begins = starts(db)
+    for view in HISTORY_VIEWS:
+        assert replayed[view] == from_on(reference[view], begins), view
+
+
+async def reference_replay(
+    settings: KafkaSettings, url: str, **options: Any
+) -> dict[str, list[tuple[Any, ...]]]:
+    database.upgrade(url)
+    engine = database.engine(url)
+    try:
+        clear(engine)
+        await replay(settings, url, progress=False, **options)
+        return snapshot(engine)
+    finally:
+        engine.dispose()
+
+
+def test_the_projector_takes_a_snapshot_each_time_a_partition_passes_a_multiple(
+    projected: Log,
+) -> None:
+    _, records, source_url = projected
+    taken = snapshots_in(source_url)
+    for partition, end in next_offsets(records).items():
+        offsets = [o for p, o, _ in taken if p == partition]
+        assert len(offsets) == end // EVERY  # batches of 60 never pass two multiples at once
+        assert all(o // EVERY == n + 1 for n, o in enumerate(offsets))
+        for p, offset, log_time in taken:
+            if p == partition:
+                assert log_time == max(
+                    event.meta.occurred_at
+                    for event, position in records
+                    if position.partition == partition and position.offset < offset
+                )
+
+
+@pytest.mark.parametrize("point", ["offset", "time", "end"])
+async def test_a_replay_from_snapshots_writes_the_views_of_a_replay_from_the_beginning(
+    projected: Log, database_url: str, db: Engine, reference_url: str, point: str
+) -> None:
+    settings, records, source_url = projected
+    ordered = sorted(records, key=lambda record: record[1])
+    until: int | datetime | None = {
+        "offset": EVENTS // 3 - 40,  # in the last tenth of each of the three partitions
+        "time": ordered[len(ordered) * 9 // 10][0].meta.occurred_at,
+        "end": None,
+    }[point]
+    reference = await reference_replay(settings, reference_url, until=until)
+
+    result = await replay(
+        settings, database_url, until=until, snapshots_from=source_url, progress=False
+    )
+
+    assert_same_as_from_the_beginning(db, reference)
+    assert set(starts(db)) == {0, 1, 2}, "every partition started from a snapshot"
+    # Each partition is read from its snapshot on: less than EVERY and a batch of 60.
+    assert result.events < 3 * (EVERY + 60)
+    reference_db = database.engine(reference_url)
+    for engine in (db, reference_db):
+        with engine.connect() as connection:
+            checkpoints = store.load_checkpoints(connection, settings.topic, "views")
+            times = store.load_log_times(connection, settings.topic, "views")
+        if engine is db:
+            replayed = (checkpoints, times)
+    reference_db.dispose()
+    assert replayed == (checkpoints, times)
+
+
+async def test_one_clusters_replay_from_snapshots_is_that_clusters_alone(
+    projected: Log, database_url: str, db: Engine, reference_url: str
+) -> None:
+    settings, records, source_url = projected
+    cluster = records[0][0].meta.cluster
+    reference = await reference_replay(settings, reference_url, cluster=cluster)
+
+    await replay(settings, database_url, cluster=cluster, snapshots_from=source_url, progress=False)
+
+    assert_same_as_from_the_beginning(db, reference)
+    assert {row[0] for row in snapshot(db)["apiserver_leases"]} == {cluster}
+
+
+async def test_a_corrupt_snapshot_is_passed_over_and_without_any_the_log_is_read(
+    projected: Log,
+    database_url: str,
+    db: Engine,
+    reference_url: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings, records, source_url = projected
+    reference = await reference_replay(settings, reference_url)
+    *_, older, latest = [o for p, o, _ in snapshots_in(source_url) if p == 0]
+    source = database.engine(source_url)
+    with source.begin() as connection:
+        connection.execute(
+            update(fold_snapshots)
+            .where(fold_snapshots.c.log_partition == 0, fold_snapshots.c.next_offset == latest)
+            .values(payload=b"not a snapshot")
+        )
+
+    with caplog.at_level(logging.WARNING, logger="projections.snapshots"):
+        await replay(settings, database_url, snapshots_from=source_url, progress=False)
+
+    assert f"snapshot of partition 0 at offset {latest}" in caplog.text
+    assert "does not match its digest" in caplog.text
+    assert_same_as_from_the_beginning(db, reference)
+    assert starts(db)[0] == older
+
+    with source.begin() as connection:
+        connection.execute(fold_snapshots.delete())
+    source.dispose()
+    clear(db)
+    result = await replay(settings, database_url, snapshots_from=source_url, progress=False)
+    assert result.events == len(records)
+    assert snapshot(db) == reference
+
+
+async def test_snapshots_start_only_a_fresh_database(
+    projected: Log, database_url: str, db: Engine
+) -> None:
+    settings, _, source_url = projected
+    with pytest.raises(ReplayError, match="pass one of them"):
+        await replay(
+            settings, database_url, from_snapshot=True, snapshots_from=source_url, progress=False
+        )

@@ -1,0 +1,101 @@
+"""Fold snapshots hold a partition's rows exactly, and refuse what they did not write."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pickle
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.events import Event, Position
+from projections.fold import fold
+from projections.snapshots import CorruptSnapshot, Snapshot, state_of, take
+from projections.state import State
+from tests.histories import histories
+
+
+def snapshots_of(state: State, history: list[tuple[Event, Position]]) -> list[Snapshot]:
+    partitions = sorted({position.partition for _, position in history})
+    return [take(state, "views", "t", p, 1, None) for p in partitions]
+
+
+@given(histories())
+def test_the_snapshots_of_every_partition_make_the_state_again(
+    history: list[tuple[Event, Position]],
+) -> None:
+    state = fold(history)
+
+    rebuilt = state_of(snapshot.state_rows() for snapshot in snapshots_of(state, history))
+
+    assert rebuilt == state
+    assert rebuilt.resources_by_apiserver == state.resources_by_apiserver
+    assert rebuilt.active_migrations_by_resource == state.active_migrations_by_resource
+    assert rebuilt.ended_migrations_by_resource == state.ended_migrations_by_resource
+
+
+@given(histories(), st.data())
+def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
+    history: list[tuple[Event, Position]], data: st.DataObject
+) -> None:
+    state = fold(history)
+    snapshot = data.draw(st.sampled_from(snapshots_of(state, history) or [None]))
+    if snapshot is None:
+        return
+    leases, versions, states, migrations = snapshot.state_rows()
+    rows = [*leases, *versions, *states, *migrations]
+    assert all(row.revision.startswith(f"{snapshot.partition}:") for row in rows)
+    assert snapshot.rows == len(rows)
+    cluster = data.draw(st.sampled_from(sorted({row.cluster for row in rows}) or ["none"]))
+    alone = state_of([snapshot.state_rows()], cluster)
+    assert set(alone.leases) == {lease.key for lease in leases if lease.cluster == cluster}
+    assert set(alone.migrations) == {m.key for m in migrations if m.cluster == cluster}
+
+
+@given(histories(max_events=30), st.data())
+def test_a_changed_byte_is_caught_by_the_digest(
+    history: list[tuple[Event, Position]], data: st.DataObject
+) -> None:
+    snapshot = take(fold(history), "views", "t", 0, 1, None)
+    index = data.draw(st.integers(0, len(snapshot.payload) - 1))
+    flipped = bytearray(snapshot.payload)
+    flipped[index] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptSnapshot, match="digest"):
+        dataclasses.replace(snapshot, payload=bytes(flipped)).state_rows()
+
+
+class _Touch:
+    """Pickles as a call that creates a file: what a tampered payload could try."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (Path.touch, (str(self.path),))
+
+
+def test_a_payload_that_would_run_code_is_refused_even_with_a_right_digest(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "touched"
+    payload = zlib.compress(pickle.dumps(((_Touch(target),), (), (), ())))
+    digest = hashlib.blake2b(payload, digest_size=32).hexdigest()
+    forged = Snapshot("views", "t", 0, 1, None, 1, payload, digest)
+
+    with pytest.raises(CorruptSnapshot, match="is not a view row"):
+        forged.state_rows()
+    assert not target.exists()
+
+
+def test_a_snapshot_of_another_format_or_shape_is_refused() -> None:
+    snapshot = take(State(), "views", "t", 0, 1, None)
+    with pytest.raises(CorruptSnapshot, match="format"):
+        dataclasses.replace(snapshot, format=99).state_rows()
+    payload = zlib.compress(pickle.dumps(("not", "rows")))
+    digest = hashlib.blake2b(payload, digest_size=32).hexdigest()
+    with pytest.raises(CorruptSnapshot, match="four tuples"):
+        dataclasses.replace(snapshot, payload=payload, digest=digest).state_rows()
