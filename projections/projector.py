@@ -55,10 +55,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeAlias
 
@@ -69,6 +68,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from ledger import metrics
 from ledger.events import from_micros, micros
 from ledger.kafka import BROKER_ERRORS, EventConsumer, Record, Renewal
+from ledger.memory import fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
@@ -147,25 +147,6 @@ class FoldedBatch:
     batch: store.Batch
     result: BatchResult
     dead: Sequence[tuple[Any, str]] = ()
-
-
-@contextlib.contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Run the garbage collector's young generation every 100,000 allocations, not 700.
-
-    Folding allocates a few objects per record (the consumer's record, positions, rows),
-    nearly all short-lived, while the fold's state is many long-lived ones. At Python's
-    default thresholds a young collection runs every few hundred records and a full one
-    (which walks the whole state) every few hundred thousand: together half the cost of
-    reading a record (``bench/projector_bench.py``). The fold makes no reference
-    cycles; collecting less often only frees the few others later.
-    """
-    before = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 100)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> FoldedBatch:

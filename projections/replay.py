@@ -53,6 +53,7 @@ from ledger.kafka import (
     partition_of,
     topic_partitions,
 )
+from ledger.memory import fewer_collections
 from ledger.settings import KafkaSettings
 from projections import snapshots, store
 from projections.database import engine, upgrade
@@ -61,7 +62,6 @@ from projections.projector import (
     DEFAULT_PROJECTION,
     MAX_BATCH,
     Projection,
-    fewer_collections,
     fold_batch,
 )
 from projections.schema import ledger_events, projection_checkpoints

@@ -157,7 +157,7 @@ def run_until_signalled(
             loop.add_signal_handler(signum, stop.set)
         await service(stop)
 
-    from projections.projector import fewer_collections
+    from ledger.memory import fewer_collections
 
     with fewer_collections():  # every service folds the log, as the projector does
         asyncio.run(main())
