@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from consumers.partitions import PartitionFollower, PartitionLost
@@ -283,6 +283,7 @@ async def run_collector(
     clock: Clock,
     group_id: str = GROUP_ID,
     apiservers: Mapping[str, Kube] | None = None,
+    renewal_interval: timedelta = timedelta(0),
 ) -> None:
     """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set.
 
@@ -310,7 +311,12 @@ async def run_collector(
                 watcher.changed.clear()
                 await _guard(discovery.refresh, "discovery")
                 events, problems = reconcile(
-                    partition_log.state, cluster, watcher.snapshot, discovery.kind_of, clock.now()
+                    partition_log.state,
+                    cluster,
+                    watcher.snapshot,
+                    discovery.kind_of,
+                    clock.now(),
+                    renewal_interval,
                 )
                 for problem in problems:
                     if problem not in told:

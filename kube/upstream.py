@@ -7,7 +7,12 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
 
 * an identity Lease whose ``renewTime`` (or holder) is newer than the ledger's lease
   of that apiserver -> ``ApiserverHeartbeat``, at the lease's own renew time: one
-  event per renewal, however often a watch or a re-list shows the same lease;
+  event per renewal, however often a watch or a re-list shows the same lease. With a
+  ``renewal_interval`` (``svledger collect --renewal-interval``), a renewal of the
+  same holder is appended only once it is that much newer than the ledger's, or half
+  the lease's duration: the log then holds a heartbeat per interval instead of one
+  per renewal (upstream renews every 10 s), membership and expiry keep their meaning,
+  and the ledger's renew time lags the cluster's by less than the interval;
 * a lease the ledger holds but the cluster no longer has -> ``ApiserverLeaseExpired``
   when it had expired by its own ``renewTime + leaseDurationSeconds``, else
   ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
@@ -214,7 +219,12 @@ def parse_custom_resource(obj: Mapping[str, Any]) -> CustomResource:
 
 
 def reconcile(
-    state: State, cluster: str, snapshot: Snapshot, kind_of: KindOf, now: datetime
+    state: State,
+    cluster: str,
+    snapshot: Snapshot,
+    kind_of: KindOf,
+    now: datetime,
+    renewal_interval: timedelta = timedelta(0),
 ) -> tuple[list[Event], list[str]]:
     """What to append so the ledger holds what ``snapshot`` shows, and what cannot be.
 
@@ -228,12 +238,10 @@ def reconcile(
     for apiserver_id, lease in sorted(snapshot.leases.items()):
         live.add(apiserver_id)
         held = state.leases.get((cluster, apiserver_id))
-        if (
-            held is not None
-            and held.holder_identity == lease.holder_identity
-            and held.renew_time >= lease.renew_time
-        ):
-            continue
+        if held is not None and held.holder_identity == lease.holder_identity:
+            step = min(renewal_interval, timedelta(seconds=held.lease_duration_seconds / 2))
+            if lease.renew_time <= held.renew_time or lease.renew_time < held.renew_time + step:
+                continue
         events.append(
             ApiserverHeartbeat(
                 Meta.new(cluster, apiserver_id, lease.renew_time),

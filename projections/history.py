@@ -403,7 +403,10 @@ def explanation(facts: Facts) -> str:
 
 def _cite(entry: HistoryEntry | None) -> str:
     if entry is None:
-        return "(no event in the history accounts for it)"
+        return (
+            "(no event in this database's history accounts for it; a replay started from"
+            " fold snapshots has no history before them)"
+        )
     when = entry.occurred_at.isoformat(timespec="seconds")
     return f"{entry.event_type} at {entry.position} ({when})"
 

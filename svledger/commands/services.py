@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from datetime import timedelta
 
 from svledger.options import (
     Subparsers,
@@ -246,6 +247,25 @@ def add_collect(subparsers: Subparsers) -> None:
         help="an apiserver's own address (not a load balancer's), once per apiserver: its\n"
         "discovery tells which version it stores each custom resource in",
     )
+    parser.add_argument(
+        "--renewal-interval",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="append a lease renewal only once it is this much newer than the ledger's\n"
+        "(at most half the lease's duration): fewer heartbeats in the log, a renew time\n"
+        "that lags by less than this (default 0: every renewal, every 10 s upstream)",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return seconds
 
 
 def _apiserver(text: str) -> tuple[str, str]:
@@ -282,7 +302,13 @@ def _collect(args: argparse.Namespace) -> int:
         direct = {apiserver_id(host): kube.at(url) for host, url in args.apiserver}
         try:
             await run_collector(
-                settings, args.cluster, kube, stop=stop, clock=SystemClock(), apiservers=direct
+                settings,
+                args.cluster,
+                kube,
+                stop=stop,
+                clock=SystemClock(),
+                apiservers=direct,
+                renewal_interval=timedelta(seconds=args.renewal_interval),
             )
         finally:
             for client in [kube, *direct.values()]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -78,8 +79,10 @@ class Ledger:
         self.offset = 0
         self.appended: list[Event] = []
 
-    def collect(self, snapshot: Snapshot, now: datetime) -> list[Event]:
-        events, problems = reconcile(self.state, CLUSTER, snapshot, kind_of, now)
+    def collect(
+        self, snapshot: Snapshot, now: datetime, interval: timedelta = timedelta(0)
+    ) -> list[Event]:
+        events, problems = reconcile(self.state, CLUSTER, snapshot, kind_of, now, interval)
         assert problems == []
         for event in events:
             changes = apply(self.state, event, Position(0, self.offset))
@@ -116,6 +119,41 @@ def test_each_renewal_is_one_heartbeat_and_a_resync_adds_nothing() -> None:
     assert isinstance(heartbeat, ApiserverHeartbeat)
     assert heartbeat.renew_time == heartbeat.meta.occurred_at == T0 + timedelta(seconds=10)
     assert (heartbeat.hostname, heartbeat.holder_identity) == ("host-apiserver-a", "a_1")
+
+
+def test_a_renewal_interval_appends_a_renewal_per_interval_and_every_new_holder() -> None:
+    ledger = Ledger()
+    minute = timedelta(seconds=60)
+    appended = []
+    for tick in range(0, 181, 10):  # upstream renews every 10 s
+        renew = T0 + timedelta(seconds=tick)
+        events = ledger.collect(cluster({"apiserver-a": ("a_1", renew)}), renew, minute)
+        appended += [e.renew_time for e in events if isinstance(e, ApiserverHeartbeat)]
+    assert appended == [T0, T0 + minute, T0 + 2 * minute, T0 + 3 * minute]
+
+    # A restart (a new holder) is appended at once, and so is its lease's end.
+    restart = T0 + timedelta(seconds=185)
+    [heartbeat] = ledger.collect(cluster({"apiserver-a": ("a_2", restart)}), restart, minute)
+    assert isinstance(heartbeat, ApiserverHeartbeat) and heartbeat.holder_identity == "a_2"
+    [released] = ledger.collect(cluster({}), restart + timedelta(seconds=5), minute)
+    assert isinstance(released, ApiserverLeaseReleased)
+
+
+def test_a_renewal_interval_never_lets_the_ledgers_lease_lapse() -> None:
+    ledger = Ledger()
+    duration = 40
+    appended = []
+    for tick in range(0, 201, 10):
+        renew = T0 + timedelta(seconds=tick)
+        snapshot = Snapshot()
+        snapshot.leases["apiserver-a"] = parse_lease(
+            lease_object("apiserver-a", "a_1", renew, duration)
+        )
+        events = ledger.collect(snapshot, renew, timedelta(hours=1))
+        appended += [e.renew_time for e in events if isinstance(e, ApiserverHeartbeat)]
+    # At most half the lease's duration apart, whatever the interval asked.
+    gaps = {(later - earlier).total_seconds() for earlier, later in itertools.pairwise(appended)}
+    assert gaps == {20.0}
 
 
 def test_reports_come_after_membership_and_name_the_stored_kind() -> None:
