@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Final, TextIO, TypeAlias
+from typing import Any, Final, TextIO, TypeAlias
 
 from sqlalchemy import Engine, exists, select
 
@@ -285,31 +285,23 @@ async def _replay(
     events = rejected = 0
     writing: asyncio.Future[None] | None = None  # the batch being committed
     if open_partitions:
+        begin = dict(reached)
         async with EventConsumer(
             settings,
-            start_offsets=lambda partitions: {p: o for p, o in starts.items() if p in partitions},
-            until="end",
+            partitions=sorted(open_partitions),
+            start_offsets=lambda partitions: {p: begin[p] for p in partitions},
+            until={p: limits[p] for p in open_partitions},  # where it stops reading each
         ) as consumer:
             async for batch, dead in consumer.batches_for_fold(max_batch):
-                kept: list[Record | Renewal] = []
-                for record in batch:
-                    partition, offset = record.position
-                    if partition not in open_partitions:
-                        continue
-                    if isinstance(record, Renewal) and record.time is None and until_time:
-                        decoded = record.decode()  # its time decides where the replay stops
-                        if isinstance(decoded, str):
-                            dead.append((record.message, decoded))
-                            continue
-                        record = decoded
-                    if _past(record, until, until_time):
-                        open_partitions.discard(partition)
-                        continue
-                    reached[partition] = offset + 1
-                    if reached[partition] >= limits[partition]:
-                        open_partitions.discard(partition)
-                    if cluster is None or _cluster(record) == cluster:
-                        kept.append(record)
+                kept: list[Record | Renewal]
+                if until_time is None and cluster is None:
+                    kept = batch  # every record up to the limits: nothing to sort out
+                    for record in batch:
+                        reached[record.position.partition] = record.position.offset + 1
+                else:
+                    kept = _sorted_out(batch, dead, reached, limits, open_partitions, until_time)
+                    if cluster is not None:
+                        kept = [record for record in kept if _cluster(record) == cluster]
                 folded = fold_batch(projection, kept)
                 await consumer.send_dead_letters([*dead, *folded.dead])
                 if folded.batch.next_offsets:
@@ -331,14 +323,39 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
     return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
 
 
-def _past(record: Record | Renewal, until: Until, until_time: int | None) -> bool:
-    if isinstance(until, int):
-        return record.position.offset > until
-    if until_time is not None:
-        time = record.time
-        assert time is not None, "decoded before it is compared with a time"
-        return time > until_time
-    return False
+def _sorted_out(
+    batch: list[Record | Renewal],
+    dead: list[tuple[Any, str]],
+    reached: dict[int, int],
+    limits: Mapping[int, int],
+    open_partitions: set[int],
+    until_time: int | None,
+) -> list[Record | Renewal]:
+    """The records of ``batch`` to fold: each partition's up to its first event that
+    occurred after ``until_time`` (microseconds; None: all). Moves ``reached``, closes
+    the partitions that are done, and adds records that do not decode to ``dead``."""
+    kept: list[Record | Renewal] = []
+    for record in batch:
+        partition, offset = record.position
+        if partition not in open_partitions:
+            continue
+        if until_time is not None:
+            moment = record.time
+            if moment is None:  # a heartbeat written without the time header
+                assert isinstance(record, Renewal), "a decoded record has its event's time"
+                decoded = record.decode()
+                if isinstance(decoded, str):
+                    dead.append((record.message, decoded))
+                    continue
+                record, moment = decoded, decoded.time
+            if moment > until_time:
+                open_partitions.discard(partition)
+                continue
+        reached[partition] = offset + 1
+        if reached[partition] >= limits[partition]:
+            open_partitions.discard(partition)
+        kept.append(record)
+    return kept
 
 
 def _cluster(record: Record | Renewal) -> str:

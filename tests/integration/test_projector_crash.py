@@ -7,7 +7,10 @@ two in one consumer group, where each kill and restart moves partitions between 
 After the last restart has caught up, the views must equal a fresh replay of the log
 row for row, ``ledger_events`` must hold every offset of every decodable record
 exactly once (a plain lease renewal is counted once in ``lease_renewals`` instead), and
-the dead-letter topic every undecodable record exactly once.
+the dead-letter topic every undecodable record exactly once. The projectors take fold
+snapshots as they go: each partition has one for every multiple of the interval a
+batch passed, and a replay from the last ones writes the views a replay from the
+beginning writes.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from ledger.kafka import (
 from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.replay import replay
-from projections.schema import lease_renewals, ledger_events
+from projections.schema import fold_snapshots, lease_renewals, ledger_events
 from tests.histories import plain_renewals
 from tests.integration.test_admission import read_topic
 from tests.integration.test_projector import clear, snapshot
@@ -49,14 +52,26 @@ GROUP_KILLS = 8
 GARBAGE = 5
 # Guards against a hung process, not measurements.
 DEADLINE_SECONDS = 300.0
+SNAPSHOT_EVERY = 997  # offsets of a partition between fold snapshots
+STATE_VIEWS = (
+    "apiserver_leases",
+    "storage_versions",
+    "server_storage_versions",
+    "storage_states",
+    "storage_version_migrations",
+)
 
 
 def start_projector(
     bootstrap: str, topic: str, db_url: str, *, group: bool = False
 ) -> subprocess.Popen[bytes]:
-    mode = ["group"] if group else []
+    mode = "group" if group else "solo"
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.projector_proc", bootstrap, topic, db_url, *mode],
+        [
+            sys.executable,
+            *("-m", "tests.integration.projector_proc", bootstrap, topic, db_url),
+            *(mode, str(SNAPSHOT_EVERY)),
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -102,7 +117,7 @@ async def fill(
 
 @pytest.mark.slow
 def test_killed_projectors_leave_the_views_a_replay_gives(
-    kafka_bootstrap: str, unique_topic: str, postgres_url: str
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str, sqlite_url: str
 ) -> None:
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=4)
     ends, garbage = asyncio.run(fill(settings))
@@ -137,14 +152,14 @@ def test_killed_projectors_leave_the_views_a_replay_gives(
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=60) == 0
 
-        assert_applied_once(settings, db, ends, garbage, postgres_url)
+        assert_applied_once(settings, db, ends, garbage, postgres_url, sqlite_url)
     finally:
         db.dispose()
 
 
 @pytest.mark.slow
 def test_two_projectors_sharing_the_partitions_killed_by_turns_apply_every_offset_once(
-    kafka_bootstrap: str, unique_topic: str, postgres_url: str
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str, sqlite_url: str
 ) -> None:
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=4)
     ends, garbage = asyncio.run(fill(settings, EVENTS // 2))
@@ -174,7 +189,7 @@ def test_two_projectors_sharing_the_partitions_killed_by_turns_apply_every_offse
             assert process.stdout.readline() == b"ready\n"
             process.send_signal(signal.SIGTERM)
         assert [process.wait(timeout=60) for process in processes] == [0, 0]
-        assert_applied_once(settings, db, ends, garbage, postgres_url)
+        assert_applied_once(settings, db, ends, garbage, postgres_url, sqlite_url)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -189,10 +204,12 @@ def assert_applied_once(
     ends: dict[int, int],
     garbage: set[Position],
     postgres_url: str,
+    spare_url: str,
 ) -> None:
     """Every decodable record in ``ledger_events`` once, or, a plain lease renewal,
     counted once in ``lease_renewals``; every undecodable one in the dead-letter topic
-    once; and the views those of a fresh replay."""
+    once; a fold snapshot per multiple passed; and the views those of a fresh replay,
+    from the beginning and (into ``spare_url``) from the snapshots."""
     history = asyncio.run(decodable_records(settings))
     assert len(history) == sum(ends.values()) - len(garbage)
     plain, renewals = plain_renewals(history)
@@ -212,7 +229,22 @@ def assert_applied_once(
     dead = asyncio.run(dead_letters(settings))
     assert sorted(dead) == sorted(garbage), "a dead letter is missing or sent twice"
 
+    with db.connect() as connection:
+        taken = connection.execute(
+            select(fold_snapshots.c.log_partition, fold_snapshots.c.next_offset)
+        ).all()
+    for partition, end in ends.items():
+        multiples = sorted(o // SNAPSHOT_EVERY for p, o in taken if p == partition)
+        assert multiples == sorted(set(multiples)), "two snapshots for one multiple"
+        assert multiples[-1] == end // SNAPSHOT_EVERY, "the last multiple has no snapshot"
     projected = snapshot(db)
+    asyncio.run(replay(settings, spare_url, snapshots_from=postgres_url, progress=False))
+    spare = database.engine(spare_url)
+    from_snapshots = snapshot(spare)
+    spare.dispose()
+    assert {view: from_snapshots[view] for view in STATE_VIEWS} == {
+        view: projected[view] for view in STATE_VIEWS
+    }
     clear(db)
     db.dispose()
     asyncio.run(replay(settings, postgres_url, progress=False))
