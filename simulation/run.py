@@ -158,6 +158,9 @@ class _Run:
         )
         self.mirror = LogMirror(settings, scenario.cluster)
         self.hostnames = {apiserver_id(a.hostname): a.hostname for a in scenario.apiservers}
+        # Every migration requested so far: its resource and target version. The state
+        # drops a resource's ended migrations on its next request, within a step too.
+        self.requested: dict[str, tuple[ResourceKey, str]] = {}
         self.versions = {
             storage_version_hash(r.group, version, r.kind): version
             for binary in scenario.binaries.values()
@@ -432,17 +435,20 @@ class _Run:
                 MigrationRequested | MigrationSucceeded | MigrationFailed | MigrationCancelled,
             ):
                 continue
-            migration = state.migrations.get((self.scenario.cluster, event.migration_id))
-            if migration is None or migration.resource_key != self._key(resource):
+            if isinstance(event, MigrationRequested):
+                key = (self.scenario.cluster, event.group, event.resource)
+                self.requested[event.migration_id] = (key, event.target_version)
+            if self.requested.get(event.migration_id, (None, ""))[0] != self._key(resource):
                 continue
-            to = _bare(migration.target_version)
+            to = _bare(self.requested[event.migration_id][1])
+            migration = state.migrations.get((self.scenario.cluster, event.migration_id))
             match event:
                 case MigrationRequested():
                     news.append(f"migration to {to} requested")
                 case MigrationSucceeded() if event.meta.event_id in self.mirror.refused_successes:
                     news.append(
                         f"migration to {to} reported done after it was cancelled: ignored"
-                        if migration.phase == "Cancelled"
+                        if migration is None or migration.phase == "Cancelled"
                         else f"migration to {to} done, but stale: persisted hashes kept"
                     )
                 case MigrationSucceeded():
