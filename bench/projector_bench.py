@@ -72,7 +72,7 @@ from projections.database import engine, upgrade
 from projections.projector import Projector
 from projections.replay import replay
 from projections.schema import lease_renewals, ledger_events
-from projections.store import load_checkpoints, views_snapshot
+from projections.store import STATE_VIEWS, load_checkpoints, views_snapshot
 from tests.workloads import mixed_events
 
 # ---------------------------------------------------------------------- measuring
@@ -400,13 +400,6 @@ STAGES = (
     "replay_postgresql",
     "replay_until",
     "processes_postgresql",
-)
-STATE_VIEWS = (
-    "apiserver_leases",
-    "storage_versions",
-    "server_storage_versions",
-    "storage_states",
-    "storage_version_migrations",
 )
 RATIOS = ("consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql")
 

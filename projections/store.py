@@ -94,6 +94,19 @@ VIEWS: Final = (
     lease_renewals,
 )
 
+# The views that are the fold's state; the others in VIEWS are history (events, rejections,
+# renewal counts), which a replay started from fold snapshots has from the snapshot on.
+STATE_VIEWS: Final = tuple(
+    table.name
+    for table in (
+        apiserver_leases,
+        storage_versions,
+        server_storage_versions,
+        storage_states,
+        storage_version_migrations,
+    )
+)
+
 Key = TypeVar("Key", bound=tuple[str, ...])
 Row = TypeVar("Row")
 

@@ -53,13 +53,6 @@ GARBAGE = 5
 # Guards against a hung process, not measurements.
 DEADLINE_SECONDS = 300.0
 SNAPSHOT_EVERY = 997  # offsets of a partition between fold snapshots
-STATE_VIEWS = (
-    "apiserver_leases",
-    "storage_versions",
-    "server_storage_versions",
-    "storage_states",
-    "storage_version_migrations",
-)
 
 
 def start_projector(
@@ -242,8 +235,8 @@ def assert_applied_once(
     spare = database.engine(spare_url)
     from_snapshots = snapshot(spare)
     spare.dispose()
-    assert {view: from_snapshots[view] for view in STATE_VIEWS} == {
-        view: projected[view] for view in STATE_VIEWS
+    assert {view: from_snapshots[view] for view in store.STATE_VIEWS} == {
+        view: projected[view] for view in store.STATE_VIEWS
     }
     clear(db)
     db.dispose()

@@ -38,13 +38,6 @@ from tests.workloads import mixed_events
 
 EVENTS = 3_000
 EVERY = 150
-STATE_VIEWS = (
-    "apiserver_leases",
-    "storage_versions",
-    "server_storage_versions",
-    "storage_states",
-    "storage_version_migrations",
-)
 HISTORY_VIEWS = ("ledger_events", "rejected_events")
 
 Log = tuple[KafkaSettings, list[tuple[Event, Position]], str]
@@ -105,7 +98,7 @@ def assert_same_as_from_the_beginning(
     db: Engine, reference: dict[str, list[tuple[Any, ...]]]
 ) -> None:
     replayed = snapshot(db)
-    for view in STATE_VIEWS:
+    for view in store.STATE_VIEWS:
         assert replayed[view] == reference[view], view
     begins = starts(db)
     for view in HISTORY_VIEWS:
