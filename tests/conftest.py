@@ -45,6 +45,7 @@ from sqlalchemy.engine import URL, make_url
 from deploy.kafka import broker
 from deploy.kube.cluster import LocalCluster
 from projections import database
+from tests.kube import KUBE_LEASE_GC_SECONDS, KUBE_LEASE_SECONDS, KUBE_RENEW_SECONDS
 from tests.secured_kafka import SecuredKafka
 
 # Speed is measured in bench/, never asserted: no per-example time limit, which would
@@ -162,13 +163,6 @@ def db(database_url: str) -> Iterator[Engine]:
     engine = database.engine(database_url)
     yield engine
     engine.dispose()
-
-
-# Identity leases short enough to watch them end in a test: upstream's are 3600 s,
-# renewed every 10 s, expired ones collected hourly.
-KUBE_LEASE_SECONDS = 20
-KUBE_RENEW_SECONDS = 2.0
-KUBE_LEASE_GC_SECONDS = 5.0
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,12 @@ Views: TypeAlias = dict[str, tuple[dict[str, tuple[str, frozenset[str], frozense
 # apiserver ID -> (holder, hostname, duration, renew time)
 Leases: TypeAlias = dict[str, tuple[str, str, int, Any]]
 
+# Identity leases short enough to watch them end in a test: upstream's are 3600 s,
+# renewed every 10 s, expired ones collected hourly.
+KUBE_LEASE_SECONDS = 20
+KUBE_RENEW_SECONDS = 2.0
+KUBE_LEASE_GC_SECONDS = 5.0
+
 
 def ledger_views(state: State, cluster: str) -> Views:
     views: Views = {}

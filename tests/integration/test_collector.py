@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import os
 import random
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,8 @@ from projections.fold import apply
 from projections.replay import cluster_log
 from projections.state import State
 from tests.kube import (
+    KUBE_LEASE_SECONDS,
+    KUBE_RENEW_SECONDS,
     eventually,
     ledger_leases,
     ledger_views,
@@ -64,10 +68,19 @@ async def kube(kubeconfig: str) -> AsyncIterator[Kube]:
 
 
 @contextlib.asynccontextmanager
-async def collecting(settings: KafkaSettings, kube: Kube) -> AsyncIterator[None]:
+async def collecting(
+    settings: KafkaSettings, kube: Kube, renewal_interval: timedelta = timedelta(0)
+) -> AsyncIterator[None]:
     stop = asyncio.Event()
     task = asyncio.create_task(
-        run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock())
+        run_collector(
+            settings,
+            CLUSTER,
+            kube,
+            stop=stop,
+            clock=SystemClock(),
+            renewal_interval=renewal_interval,
+        )
     )
     try:
         yield
@@ -183,6 +196,31 @@ async def test_the_ledger_holds_exactly_what_the_apiservers_publish(
         await agree(settings, kube)
         _, records = await cluster_log(settings, CLUSTER)
         assert_nothing_twice(records)
+
+
+async def test_a_renewal_interval_thins_the_apiservers_renewals_and_keeps_their_leases(
+    settings: KafkaSettings, kube: Kube, kube_cluster: LocalCluster
+) -> None:
+    """``svledger collect --renewal-interval``: the apiservers renew every 2 s, the ledger
+    takes a renewal of a holder only once it is the interval newer than the last one,
+    and never lets it fall half a lease duration behind; membership stays upstream's."""
+    interval = timedelta(seconds=3 * KUBE_RENEW_SECONDS)
+    async with collecting(settings, kube, interval):
+        await agree(settings, kube, renewals=False)
+        await asyncio.sleep(4 * interval.total_seconds())
+        await agree(settings, kube, renewals=False)
+    _, records = await cluster_log(settings, CLUSTER)
+    assert_nothing_twice(records)
+    renewed: dict[tuple[str, str], list[datetime]] = collections.defaultdict(list)
+    for record in records:
+        if isinstance(event := record.event, ApiserverHeartbeat):
+            renewed[event.apiserver_id, event.holder_identity].append(event.renew_time)
+    assert len(renewed) == 3
+    half_a_lease = timedelta(seconds=KUBE_LEASE_SECONDS / 2)
+    for holder, times in renewed.items():
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert len(gaps) >= 2, (holder, times)
+        assert all(interval <= gap <= half_a_lease for gap in gaps), (holder, gaps)
 
 
 def start_collector(settings: KafkaSettings, kubeconfig: str, log: Path) -> subprocess.Popen[bytes]:
