@@ -1110,8 +1110,7 @@ class Renewal:
     """A heartbeat handed out undecoded (:meth:`EventConsumer.fetch_for_fold`): where it
     sits, its cluster (the record's key), its lease term (the ``svledger-lease``
     header), when it occurred (the ``svledger-time`` header, in microseconds since
-    1970; None on a record written without it) and the consumed record, decoded only
-    if the reader needs more.
+    1970) and the consumed record, decoded only if the reader needs more.
 
     Read-only by convention: not frozen, because a frozen dataclass costs three times
     as much to make, and most records of the log are made into one.
@@ -1120,7 +1119,7 @@ class Renewal:
     position: Position
     cluster: str
     term: bytes
-    time: int | None
+    time: int
     message: Any
 
     @property
@@ -1524,8 +1523,9 @@ def dead_letter_headers(message: Any, reason: str) -> Headers:
 
 def read_message(message: Any, *, renewals: bool = False) -> Record | Renewal | str:
     """A consumed record as a reader gets it: decoded, or why it belongs in the
-    dead-letter topic; with ``renewals``, a heartbeat that carries a lease term header
-    stays undecoded (:class:`Renewal`)."""
+    dead-letter topic; with ``renewals``, a heartbeat that carries the lease term and
+    time headers stays undecoded (:class:`Renewal`); one written before the time
+    header is decoded, as every other event."""
     if renewals and message.value is not None and message.key is not None:
         term = time = None
         for name, value in message.headers:
@@ -1533,7 +1533,7 @@ def read_message(message: Any, *, renewals: bool = False) -> Record | Renewal | 
                 term = value
             elif name == TIME_HEADER and len(value) == 8:
                 time = int.from_bytes(value, "big", signed=True)
-        if term is not None:
+        if term is not None and time is not None:
             try:
                 cluster = message.key.decode()
             except UnicodeDecodeError:

@@ -173,10 +173,8 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
             continue
         next_offsets[partition] = moved[partition] = offset + 1
         moment = record.time
-        if moment is None:
-            moment = _decoded_time(record)
         latest = times.get(partition, _NEVER)
-        if latest is not None and moment is not None and moment > latest:
+        if latest is not None and moment > latest:
             times[partition] = moment
         logged = thinning.fold(record)
         if logged is not None:
@@ -204,12 +202,6 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
     )
     result = BatchResult(len(folded) + thinning.renewals, len(changes.rejections), skipped)
     return FoldedBatch(batch, result, thinning.dead)
-
-
-def _decoded_time(record: Renewal | Record) -> int | None:
-    """When a record written without the time header occurred; None if it does not decode."""
-    decoded = record.decode() if isinstance(record, Renewal) else record
-    return decoded.time if isinstance(decoded, Record) else None
 
 
 def _time(moment: int | None) -> datetime | None:

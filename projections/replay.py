@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, TextIO, TypeAlias
+from typing import Final, TextIO, TypeAlias
 
 from sqlalchemy import Engine, exists, select
 
@@ -65,7 +65,7 @@ from projections.projector import (
     fold_batch,
 )
 from projections.schema import ledger_events, projection_checkpoints
-from projections.state import Changes, State
+from projections.state import State
 from projections.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -148,29 +148,31 @@ async def replay(
         projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
         with fewer_collections():
             async with BatchWriter(db_url) as writer:
+                ends = await end_offsets(settings)  # where the log ends as replay starts
                 if snapshots_from is not None:
-                    started = await _from_snapshots(
-                        settings, snapshots_from, projection, until, cluster
+                    started = _from_snapshots(
+                        settings.topic, ends, snapshots_from, projection, until, cluster
                     )
                     if started is not None:
                         await writer.commit(started)
                 return await _replay(
-                    settings, writer, projection, until, cluster, progress, max_batch
+                    settings, ends, writer, projection, until, cluster, progress, max_batch
                 )
     finally:
         db.dispose()
 
 
-async def _from_snapshots(
-    settings: KafkaSettings,
+def _from_snapshots(
+    topic: str,
+    ends: Mapping[int, int],
     source_url: str,
     projection: Projection,
     until: Until,
     cluster: str | None,
 ) -> store.Batch | None:
     """Start ``projection`` from the latest usable snapshot of each partition in
-    ``source_url``; the batch that writes that start, or None if none is usable."""
-    ends = await end_offsets(settings)
+    ``source_url`` that is before ``ends``; the batch that writes that start, or None
+    if none is usable."""
     wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
     source = engine(source_url)
     shown = source.url.render_as_string(hide_password=True)
@@ -184,7 +186,7 @@ async def _from_snapshots(
                 found = snapshots.latest(
                     connection,
                     DEFAULT_PROJECTION,
-                    settings.topic,
+                    topic,
                     partition,
                     limit=limit,
                     until_time=until if isinstance(until, datetime) else None,
@@ -208,22 +210,13 @@ async def _from_snapshots(
     projection.log_times = {
         p: None if s.log_time is None else micros(s.log_time) for p, (s, _) in chosen.items()
     }
-    everything = Changes(
-        leases=set(state.leases),
-        storage_versions=set(state.storage_versions),
-        storage_states=set(state.storage_states),
-        migrations=set(state.migrations),
-    )
-    return store.Batch.of(
+    return store.Batch.whole(
         state,
-        everything,
-        (),
         projection.topic,
         projection.name,
-        {},
-        next_offsets=projection.next_offsets,
-        log_times={p: s.log_time for p, (s, _) in chosen.items()},
-        snapshots=[s for s, _ in chosen.values()],
+        projection.next_offsets,
+        {p: s.log_time for p, (s, _) in chosen.items()},
+        [s for s, _ in chosen.values()],
     )
 
 
@@ -258,6 +251,7 @@ def _starting_point(
 
 async def _replay(
     settings: KafkaSettings,
+    ends: Mapping[int, int],
     writer: BatchWriter,
     projection: Projection,
     until: Until,
@@ -266,7 +260,6 @@ async def _replay(
     max_batch: int,
 ) -> ReplayResult:
     started = time.monotonic()
-    ends = await end_offsets(settings)
     wanted = set(ends) if cluster is None else {partition_of(cluster, sorted(ends))}
     # Partitions without the cluster start at their end, so nothing of them is read.
     starts = {p: ends[p] for p in ends if p not in wanted}
@@ -299,7 +292,7 @@ async def _replay(
                     for record in batch:
                         reached[record.position.partition] = record.position.offset + 1
                 else:
-                    kept = _sorted_out(batch, dead, reached, limits, open_partitions, until_time)
+                    kept = _sorted_out(batch, reached, limits, open_partitions, until_time)
                     if cluster is not None:
                         kept = [record for record in kept if _cluster(record) == cluster]
                 folded = fold_batch(projection, kept)
@@ -325,32 +318,22 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
 
 def _sorted_out(
     batch: list[Record | Renewal],
-    dead: list[tuple[Any, str]],
     reached: dict[int, int],
     limits: Mapping[int, int],
     open_partitions: set[int],
     until_time: int | None,
 ) -> list[Record | Renewal]:
     """The records of ``batch`` to fold: each partition's up to its first event that
-    occurred after ``until_time`` (microseconds; None: all). Moves ``reached``, closes
-    the partitions that are done, and adds records that do not decode to ``dead``."""
+    occurred after ``until_time`` (microseconds; None: all). Moves ``reached`` and
+    closes the partitions that are done."""
     kept: list[Record | Renewal] = []
     for record in batch:
         partition, offset = record.position
         if partition not in open_partitions:
             continue
-        if until_time is not None:
-            moment = record.time
-            if moment is None:  # a heartbeat written without the time header
-                assert isinstance(record, Renewal), "a decoded record has its event's time"
-                decoded = record.decode()
-                if isinstance(decoded, str):
-                    dead.append((record.message, decoded))
-                    continue
-                record, moment = decoded, decoded.time
-            if moment > until_time:
-                open_partitions.discard(partition)
-                continue
+        if until_time is not None and record.time > until_time:
+            open_partitions.discard(partition)
+            continue
         reached[partition] = offset + 1
         if reached[partition] >= limits[partition]:
             open_partitions.discard(partition)

@@ -195,6 +195,36 @@ class Batch:
             tuple(snapshots),
         )
 
+    @classmethod
+    def whole(
+        cls,
+        state: State,
+        topic: str,
+        projection: str,
+        next_offsets: Mapping[int, int],
+        log_times: Mapping[int, datetime | None],
+        snapshots: Sequence[Snapshot],
+    ) -> Batch:
+        """The batch that writes all of ``state`` into a fresh database, checkpointed at
+        ``next_offsets`` with ``log_times``: a fold that starts from ``snapshots``."""
+        everything = Changes(
+            leases=set(state.leases),
+            storage_versions=set(state.storage_versions),
+            storage_states=set(state.storage_states),
+            migrations=set(state.migrations),
+        )
+        return cls.of(
+            state,
+            everything,
+            (),
+            topic,
+            projection,
+            {},
+            next_offsets=next_offsets,
+            log_times=log_times,
+            snapshots=snapshots,
+        )
+
 
 def commit(db: Engine, batch: Batch) -> None:
     """Write ``batch`` and its checkpoint in one transaction, if the database is where it starts.

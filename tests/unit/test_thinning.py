@@ -26,8 +26,9 @@ from ledger.events import (
     Event,
     Meta,
     Position,
+    micros,
 )
-from ledger.kafka import LEASE_HEADER, Record, Renewal, read_message, to_record
+from ledger.kafka import LEASE_HEADER, TIME_HEADER, Record, Renewal, read_message, to_record
 from projections import fold
 from projections.projector import Projection, fold_batch
 from projections.state import HolderKey, State
@@ -139,6 +140,19 @@ def test_an_unreadable_renewal_is_counted_and_left_out_of_the_fold() -> None:
     assert state == fold.fold(history[:2])  # as if the broken one were a dead letter
     assert counts == {("east", "a1", "a1_1"): (0, 1, 2, 2)}
     assert logged == [Position(0, 0)]
+
+
+def test_a_heartbeat_written_before_the_time_header_is_decoded_and_its_time_counts() -> None:
+    history = [heartbeat(0, T0), heartbeat(1, T0 + timedelta(seconds=10))]
+    old = consumed(*history[1])
+    old = dataclasses.replace(old, headers=tuple(h for h in old.headers if h[0] != TIME_HEADER))
+    assert any(name == LEASE_HEADER for name, _ in old.headers)
+    read = read_message(old, renewals=True)
+    assert isinstance(read, Record) and read.event == history[1][0]
+    projection = Projection("views", TOPIC, State(), {})
+    fold_batch(projection, [handed_over(*history[0], True), read])
+    assert projection.state == fold.fold(history)
+    assert projection.log_times == {0: micros(T0 + timedelta(seconds=10))}
 
 
 def test_a_heartbeat_of_a_new_holder_is_logged_and_ends_the_renewals() -> None:
