@@ -67,6 +67,7 @@ from ledger.kafka import (
     end_offsets,
     ledger_consumer,
 )
+from ledger.memory import fewer_collections
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.projector import Projector
@@ -122,8 +123,9 @@ async def _fetch_only(settings: KafkaSettings, end: dict[int, int]) -> dict[str,
     """The physical limit: aiokafka fetching every record of the topic, decoding none.
 
     The same consumer settings every ledger reader uses (``read_committed``, the
-    projector's fetch sizes), so the ratio of a rate to this one is what the rest of
-    the work costs.
+    projector's fetch sizes) and the same garbage collector thresholds
+    (:func:`ledger.memory.fewer_collections`), so the ratio of a rate to this one is
+    what the rest of the work costs.
     """
     rss = _rss_mib()
     consumer = ledger_consumer(
@@ -426,7 +428,8 @@ def main() -> None:
         default=list(STAGES),
         help=f"comma-separated, in order (default: all): {','.join(STAGES)}",
     )
-    report = asyncio.run(_main(parser.parse_args()))
+    with fewer_collections():  # as every reader of the log runs, fetch_only included
+        report = asyncio.run(_main(parser.parse_args()))
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
