@@ -68,7 +68,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from ledger import metrics
 from ledger.events import from_micros, micros
 from ledger.kafka import BROKER_ERRORS, EventConsumer, Record, Renewal
-from ledger.memory import fewer_collections
+from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
@@ -278,6 +278,7 @@ class Projector:
         self._writer = BatchWriter(db_url)  # commits batches in turn, in its own process
         self._writing: asyncio.Future[None] | None = None  # the batch being written
         self._written = BatchResult(0, 0, 0)  # and what it holds
+        self._sweeper = Sweeper()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
@@ -428,6 +429,7 @@ class Projector:
             await self._recover(consumer, stop)
             return
         self._writing = self._writer.commit(folded.batch)
+        self._sweeper.folded(len(records))
         self._written = folded.result
 
     async def _settle(self, stop: asyncio.Event) -> bool:

@@ -53,7 +53,7 @@ from ledger.kafka import (
     partition_of,
     topic_partitions,
 )
-from ledger.memory import fewer_collections
+from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import snapshots, store
 from projections.database import engine, upgrade
@@ -276,6 +276,7 @@ async def _replay(
     open_partitions = {p for p in wanted if reached[p] < limits[p]}
     until_time = micros(until) if isinstance(until, datetime) else None
     events = rejected = 0
+    sweeper = Sweeper()
     writing: asyncio.Future[None] | None = None  # the batch being committed
     if open_partitions:
         begin = dict(reached)
@@ -296,6 +297,7 @@ async def _replay(
                     if cluster is not None:
                         kept = [record for record in kept if _cluster(record) == cluster]
                 folded = fold_batch(projection, kept)
+                sweeper.folded(len(batch))
                 await consumer.send_dead_letters([*dead, *folded.dead])
                 if folded.batch.next_offsets:
                     if writing is not None:
