@@ -287,16 +287,14 @@ async def _replay(
             until={p: limits[p] for p in open_partitions},  # where it stops reading each
         ) as consumer:
             async for batch, dead in consumer.batches_for_fold(max_batch):
-                kept: list[Record | Renewal]
-                if until_time is None and cluster is None:
-                    kept = batch  # every record up to the limits: nothing to sort out
-                    for record in batch:
-                        reached[record.position.partition] = record.position.offset + 1
-                else:
+                kept: list[Record | Renewal] = batch  # up to the limits: nothing to sort out
+                if until_time is not None or cluster is not None:
                     kept = _sorted_out(batch, reached, limits, open_partitions, until_time)
                     if cluster is not None:
                         kept = [record for record in kept if _cluster(record) == cluster]
                 folded = fold_batch(projection, kept)
+                for partition, offset in folded.batch.next_offsets.items():
+                    reached[partition] = max(reached[partition], offset)
                 sweeper.folded(len(batch))
                 await consumer.send_dead_letters([*dead, *folded.dead])
                 if folded.batch.next_offsets:
