@@ -29,8 +29,10 @@ def fewer_collections() -> Iterator[None]:
     time (``bench/projector_bench.py``: 75k against 90k events/s). Above what a fold
     holds at once, the count returns near zero after each batch and a collection runs
     only when objects stay alive. The reference cycles the libraries make (about one
-    object in a hundred records) would then wait for half a million of them: a fold
-    also sweeps them between batches (:class:`Sweeper`).
+    object in a hundred records) would then wait for half a million of them: the
+    projector and replay, which read millions of records an hour, also sweep them
+    between batches (:class:`Sweeper`); the services, which read the live log, let them
+    wait, and hold at most that many more objects.
     """
     before = gc.get_threshold()
     gc.set_threshold(YOUNG_OBJECTS, 20, 100)
