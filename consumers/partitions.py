@@ -30,6 +30,14 @@ migration trigger, the migration worker) has the same needs, served here once:
   acknowledged the commit but never wrote its markers (see
   :class:`~ledger.kafka.PartitionProducer`), and the new producer's start aborts it.
   The fold rebuilt without it, the consumer decides again, exactly once.
+* A log lost because its transaction failed (fenced, most often) is rebuilt only after
+  a jittered backoff that doubles with each such loss in a row (:class:`Backoff`).
+  Within one group a fence means a rebalance gave the partition away, and the
+  revocation says so anyway. But two groups sharing the producer IDs (an old
+  deployment still running beside a new one, or the two racing lease GCs of the
+  tests) fence each other on every rebuild: the one fenced rebuilds at once, which
+  fences the other before its rebuilt fold catches up and commits, and so on for
+  ever, nothing ever committed. Waiting longer each time lets one of them commit.
 * A broker that cannot be reached (down, restarting) stops nothing: joining the
   group, and building a partition's log, are tried again on later polls until the
   broker answers or ``stop`` is set.
@@ -49,6 +57,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import random
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
@@ -72,10 +81,44 @@ from projections.state import Changes, ResourceKey, State
 log = logging.getLogger(__name__)
 
 REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
+REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
+REBUILD_BACKOFF_MAX_SECONDS: Final = 300.0
 
 
 class PartitionLost(Exception):
     """The partition's producer was fenced or its transaction failed; the log is rebuilt."""
+
+
+class Backoff:
+    """When each partition whose transactions failed may be rebuilt.
+
+    The wait after the n-th failure in a row is drawn between half and all of
+    ``base * 2**(n-1)`` (at most ``limit``), so that two members fencing each other
+    drift apart and one of them gets to commit; a commit that succeeds resets it.
+    """
+
+    def __init__(
+        self, base: float = REBUILD_BACKOFF_SECONDS, limit: float = REBUILD_BACKOFF_MAX_SECONDS
+    ) -> None:
+        self._base = base
+        self._limit = limit
+        self._failures: dict[int, int] = {}
+        self._until: dict[int, float] = {}
+
+    def failed(self, partition: int, now: float) -> float:
+        """Count a failure of ``partition``'s transaction; the seconds to wait."""
+        failures = self._failures[partition] = self._failures.get(partition, 0) + 1
+        ceiling = min(self._limit, self._base * 2 ** min(failures - 1, 30))
+        wait = random.uniform(ceiling / 2, ceiling)
+        self._until[partition] = now + wait
+        return wait
+
+    def succeeded(self, partition: int) -> None:
+        self._failures.pop(partition, None)
+
+    def waiting(self, partition: int, now: float) -> bool:
+        """Whether ``partition`` must not be rebuilt yet."""
+        return self._until.get(partition, now) > now
 
 
 class PartitionLog:
@@ -141,12 +184,15 @@ class PartitionLog:
         async with self._lock:
             if self.lost:
                 raise PartitionLost(f"partition {self.partition} was lost")
+            backoff = self._follower.backoff
             try:
                 positions = await self._producer.append(events, consumed=self.position)
             except TransactionFailed as error:
-                log.warning("%s; rebuilding", error)
+                wait = backoff.failed(self.partition, asyncio.get_running_loop().time())
+                log.warning("%s; rebuilding in %.1f s", error, wait)
                 self.lose()
                 raise PartitionLost(str(error)) from error
+            backoff.succeeded(self.partition)
         if positions:
             self.barrier = max(self.barrier, max(p.offset for p in positions) + 1)
             self._unread.append(min(p.offset for p in positions))
@@ -187,6 +233,7 @@ class PartitionFollower:
         self.group_id = group_id
         self.transactional_prefix = transactional_prefix
         self.logs: dict[int, PartitionLog] = {}
+        self.backoff = Backoff()
         self._poll_ms = poll_ms
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._member: GroupMember | None = None
@@ -247,11 +294,12 @@ class PartitionFollower:
     async def _sync_assignment(self) -> None:
         member = self.member
         assigned = member.assignment()
+        now = asyncio.get_running_loop().time()
         for partition in [p for p in self.logs if p not in assigned]:
             await self.logs.pop(partition).close()
         for partition in sorted(assigned):
             current = self.logs.get(partition)
-            if current is not None and not current.lost:
+            if (current is not None and not current.lost) or self.backoff.waiting(partition, now):
                 continue
             if current is not None:
                 await self.logs.pop(partition).close()
