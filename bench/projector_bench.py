@@ -9,6 +9,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 * ``project_postgresql`` / ``project_sqlite``: the projector catching up from an
   empty database to the end of the topic;
 * ``replay_postgresql``: ``svledger replay`` of the whole topic into a fresh database;
+* ``replay_processes_postgresql``: the same with ``--processes 2`` (the partitions
+  dealt out to two processes);
 * ``replay_until``: after ``project_postgresql`` (whose projector writes fold snapshots),
   ``svledger replay --until`` a point in the last 10% of the log (an offset, and the
   time of the event there), once from the snapshots (``--snapshots-from``) and once from
@@ -302,10 +304,10 @@ def _state_views(db_url: str) -> dict[str, list[tuple[Any, ...]]]:
     return {name: rows for name, rows in views.items() if name in STATE_VIEWS}
 
 
-async def _replay(settings: KafkaSettings, db_url: str) -> dict[str, Any]:
+async def _replay(settings: KafkaSettings, db_url: str, processes: int = 1) -> dict[str, Any]:
     rss = _rss_mib()
-    result = await replay(settings, db_url, progress=False)
-    return _result(result.events, result.seconds, rss)
+    result = await replay(settings, db_url, progress=False, processes=processes)
+    return {"processes": processes, **_result(result.events, result.seconds, rss)}
 
 
 def _result(events: int, seconds: float, rss_before: float) -> dict[str, Any]:
@@ -370,6 +372,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             "project_postgresql": project_postgresql,
             "project_sqlite": lambda: _project(settings, f"sqlite:///{tmp}/bench.db", end),
             "replay_postgresql": lambda: _replay(settings, _fresh_postgres(server)),
+            "replay_processes_postgresql": lambda: _replay(settings, _fresh_postgres(server), 2),
             "replay_until": lambda: _replay_until(
                 settings, server, end, projected[-1] if projected else None
             ),
@@ -400,10 +403,17 @@ STAGES = (
     "project_postgresql",
     "project_sqlite",
     "replay_postgresql",
+    "replay_processes_postgresql",
     "replay_until",
     "processes_postgresql",
 )
-RATIOS = ("consume_decode", "project_postgresql", "project_sqlite", "replay_postgresql")
+RATIOS = (
+    "consume_decode",
+    "project_postgresql",
+    "project_sqlite",
+    "replay_postgresql",
+    "replay_processes_postgresql",
+)
 
 
 def _stages(text: str) -> list[str]:

@@ -25,6 +25,15 @@ projector pointed at it afterwards carries on from where the replay stopped.
   snapshot on: their rows before it are the history a snapshot skips (the source
   database has them, and so does the log).
 
+* ``processes``: fold the partitions in that many processes at once (PostgreSQL
+  only), each with its own consumer and writer: partitions hold whole clusters, so
+  their folds, rows and checkpoints are independent, and a machine's cores add up.
+  The partitions are dealt out by how many records each has to read. Each process
+  is ``python -m projections.replay``; it reads its share from stdin and reports its
+  progress and result on stdout. If one fails, the others are stopped and the replay
+  fails: replay into a fresh database again. SQLite takes one writer at a time, so
+  there it stays one process.
+
 Progress goes to stderr: a bar with percentage of the offsets to read, events/s
 and ETA when stderr is a terminal (or ``progress=True``), else a log line every few
 seconds.
@@ -35,11 +44,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Final, TextIO, TypeAlias
+from typing import IO, Any, Final, Protocol, TextIO, TypeAlias
 
 from sqlalchemy import Engine, exists, select
 
@@ -56,7 +67,7 @@ from ledger.kafka import (
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import snapshots, store
-from projections.database import engine, upgrade
+from projections.database import engine, parse_url, upgrade
 from projections.fold import apply
 from projections.projector import (
     DEFAULT_PROJECTION,
@@ -66,7 +77,7 @@ from projections.projector import (
 )
 from projections.schema import ledger_events, projection_checkpoints
 from projections.state import State
-from projections.writer import BatchWriter
+from projections.writer import BatchWriter, frame, read_frame, read_frame_async
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +89,59 @@ LOG_SECONDS: Final = 5.0
 
 class ReplayError(UsageError):
     """The replay cannot run as asked; the message says why and what to do."""
+
+
+class Progress(Protocol):
+    """Where a replay reports how far it is: offsets read of its total, events folded."""
+
+    def update(self, done: int, events: int) -> None: ...
+
+    def finish(self, done: int, events: int) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Span:
+    """What a replay reads: per partition, the offset it starts at and the one it stops
+    before (``until`` an offset, else the log's end as the replay starts)."""
+
+    starts: dict[int, int]
+    limits: dict[int, int]
+
+    @classmethod
+    def of(
+        cls,
+        ends: Mapping[int, int],
+        next_offsets: Mapping[int, int],
+        until: Until,
+        cluster: str | None,
+    ) -> Span:
+        wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
+        limits = {p: ends[p] for p in wanted}
+        if isinstance(until, int):
+            limits = {p: min(end, until + 1) for p, end in limits.items()}
+        return cls({p: next_offsets.get(p, 0) for p in wanted}, limits)
+
+    def records(self, partition: int) -> int:
+        return max(0, self.limits[partition] - self.starts[partition])
+
+    @property
+    def total(self) -> int:
+        return sum(map(self.records, self.limits))
+
+    def split(self, parts: int) -> list[Span]:
+        """At most ``parts`` spans of whole partitions, as even in records as dealing the
+        largest partition to the least loaded span first makes them."""
+        shares: list[list[int]] = [[] for _ in range(parts)]
+        loads = [0] * parts
+        for partition in sorted(self.limits, key=lambda p: (-self.records(p), p)):
+            least = loads.index(min(loads))
+            shares[least].append(partition)
+            loads[least] += self.records(partition)
+        return [
+            Span({p: self.starts[p] for p in share}, {p: self.limits[p] for p in share})
+            for share in shares
+            if share
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,6 +199,7 @@ async def replay(
     snapshots_from: str | None = None,
     progress: bool | None = None,
     max_batch: int = MAX_BATCH,
+    processes: int = 1,
 ) -> ReplayResult:
     """``svledger replay``: rebuild the views in ``db_url`` from the log (module docstring)."""
     if from_snapshot and snapshots_from is not None:
@@ -142,6 +207,10 @@ async def replay(
             "--from-snapshot continues a database and --snapshots-from starts a fresh one"
             " from fold snapshots; pass one of them"
         )
+    if processes < 1:
+        raise ReplayError(f"--processes {processes} must be at least 1, e.g. 2 on two cores")
+    if parse_url(db_url).get_backend_name() == "sqlite":
+        processes = 1  # one writer at a time: more processes would only wait for it
     upgrade(db_url)
     db = engine(db_url)
     try:
@@ -155,8 +224,18 @@ async def replay(
                     )
                     if started is not None:
                         await writer.commit(started)
+                span = Span.of(ends, projection.next_offsets, until, cluster)
+                bar = _ProgressBar(
+                    total=span.total,
+                    tty=sys.stderr.isatty() if progress is None else progress,
+                    stream=sys.stderr,
+                )
+                if processes > 1 and len(span.limits) > 1:
+                    return await _in_processes(
+                        settings, db_url, projection, span.split(processes), until, bar, max_batch
+                    )
                 return await _replay(
-                    settings, ends, writer, projection, until, cluster, progress, max_batch
+                    settings, span, writer, projection, until, cluster, bar, max_batch
                 )
     finally:
         db.dispose()
@@ -251,29 +330,19 @@ def _starting_point(
 
 async def _replay(
     settings: KafkaSettings,
-    ends: Mapping[int, int],
+    span: Span,
     writer: BatchWriter,
     projection: Projection,
     until: Until,
     cluster: str | None,
-    progress: bool | None,
+    bar: Progress,
     max_batch: int,
 ) -> ReplayResult:
+    """Fold ``span`` of the log into ``projection`` and commit it batch by batch."""
     started = time.monotonic()
-    wanted = set(ends) if cluster is None else {partition_of(cluster, sorted(ends))}
-    # Partitions without the cluster start at their end, so nothing of them is read.
-    starts = {p: ends[p] for p in ends if p not in wanted}
-    starts |= {p: o for p, o in projection.next_offsets.items() if p in wanted}
-    limits = {p: ends[p] for p in wanted}
-    if isinstance(until, int):
-        limits = {p: min(end, until + 1) for p, end in limits.items()}
-    reached = {p: starts.get(p, 0) for p in wanted}
-    bar = _ProgressBar(
-        total=sum(max(0, limits[p] - reached[p]) for p in wanted),
-        tty=sys.stderr.isatty() if progress is None else progress,
-        stream=sys.stderr,
-    )
-    open_partitions = {p for p in wanted if reached[p] < limits[p]}
+    starts, limits = span.starts, span.limits
+    reached = dict(starts)
+    open_partitions = {p for p in limits if reached[p] < limits[p]}
     until_time = micros(until) if isinstance(until, datetime) else None
     events = rejected = 0
     sweeper = Sweeper()
@@ -308,12 +377,85 @@ async def _replay(
                     break
     if writing is not None:
         await writing
-    bar.finish(bar.total, events)
+    bar.finish(span.total, events)
     return ReplayResult(events, rejected, time.monotonic() - started, dict(projection.next_offsets))
 
 
 def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:
-    return sum(max(0, min(reached[p], limits[p]) - starts.get(p, 0)) for p in reached)
+    return sum(max(0, min(reached[p], limits[p]) - starts[p]) for p in reached)
+
+
+async def _in_processes(
+    settings: KafkaSettings,
+    db_url: str,
+    projection: Projection,
+    spans: list[Span],
+    until: Until,
+    bar: Progress,
+    max_batch: int,
+) -> ReplayResult:
+    """Replay each span in a process of its own (``python -m projections.replay``)."""
+    started = time.monotonic()
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            __name__,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=environment,
+        )
+        for _ in spans
+    ]
+    done = [0] * len(spans)
+    events = [0] * len(spans)
+
+    async def follow(index: int, child: asyncio.subprocess.Process) -> ReplayResult:
+        assert child.stdin is not None and child.stdout is not None
+        # The job goes through the pipe, not the command line: it holds the secrets.
+        child.stdin.write(frame(_Job(settings, db_url, spans[index], until, max_batch)))
+        await child.stdin.drain()
+        child.stdin.close()
+        while True:
+            try:
+                message = await read_frame_async(child.stdout)
+            except EOFError:
+                code = await child.wait()
+                raise ReplayError(
+                    f"the replay process of partitions {sorted(spans[index].limits)} exited"
+                    f" ({code}) before it finished; see its log above, then replay into a"
+                    " fresh database again"
+                ) from None
+            if isinstance(message, ReplayResult):
+                await child.wait()
+                return message
+            if isinstance(message, str):
+                raise ReplayError(
+                    f"the replay of partitions {sorted(spans[index].limits)} failed: {message};"
+                    " replay into a fresh database again"
+                )
+            done[index], events[index] = message
+            bar.update(sum(done), sum(events))
+
+    tasks = [asyncio.create_task(follow(i, child)) for i, child in enumerate(children)]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    total = sum(result.events for result in results)
+    bar.finish(sum(span.total for span in spans), total)
+    next_offsets = dict(projection.next_offsets)
+    for span, result in zip(spans, results, strict=True):
+        next_offsets.update({p: o for p, o in result.next_offsets.items() if p in span.limits})
+    return ReplayResult(
+        total, sum(result.rejected for result in results), time.monotonic() - started, next_offsets
+    )
 
 
 def _sorted_out(
@@ -395,3 +537,75 @@ def _duration(seconds: float | None) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+# ---------------------------------------------------------------- in a replay process
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Job:
+    """One replay process's share: its span of the log, into the database."""
+
+    settings: KafkaSettings
+    db_url: str
+    span: Span
+    until: Until
+    max_batch: int
+
+
+class _Reports:
+    """A replay process's progress, sent to its parent every :data:`REDRAW_SECONDS`."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.shown = 0.0
+
+    def update(self, done: int, events: int) -> None:
+        now = time.monotonic()
+        if now - self.shown >= REDRAW_SECONDS:
+            self.shown = now
+            self.send((done, events))
+
+    def finish(self, done: int, events: int) -> None:
+        self.send((done, events))
+
+    def send(self, message: Any) -> None:
+        self.out.write(frame(message))
+        self.out.flush()
+
+
+async def _replay_share(job: _Job, reports: _Reports) -> ReplayResult:
+    """Replay the job's partitions from the checkpoints the database holds for them."""
+    db = engine(job.db_url)
+    try:
+        with db.connect() as connection:
+            projection = Projection.load(connection, job.settings.topic, DEFAULT_PROJECTION)
+    finally:
+        db.dispose()
+    with fewer_collections():
+        async with BatchWriter(job.db_url) as writer:
+            return await _replay(
+                job.settings, job.span, writer, projection, job.until, None, reports, job.max_batch
+            )
+
+
+def main() -> None:
+    """Replay the share read from stdin; progress, then the result (or why it failed) on stdout."""
+    # The reports own the real stdout; anything printed goes to stderr instead.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    reports = _Reports(out)
+    try:
+        job = read_frame(sys.stdin.buffer)
+        reports.send(asyncio.run(_replay_share(job, reports)))
+    except Exception as error:
+        traceback.print_exc()
+        reports.send(f"{type(error).__name__}: {error}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    # Run as the module, not as __main__, so what it pickles names this module's classes.
+    from projections.replay import main as replay_process
+
+    replay_process()

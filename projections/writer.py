@@ -111,9 +111,9 @@ class BatchWriter:
         child = self._child or self._start()
         assert child.stdin is not None and child.stdout is not None
         try:
-            child.stdin.write(_frame(batch))
+            child.stdin.write(frame(batch))
             child.stdin.flush()
-            failure: BaseException | None = _read_frame(child.stdout)
+            failure: BaseException | None = read_frame(child.stdout)
         except (OSError, EOFError) as error:
             self._stop_child(kill=True)
             return WriterLost(
@@ -133,7 +133,7 @@ class BatchWriter:
         )
         # The URL goes through the pipe, not the command line, which anyone may read.
         assert self._child.stdin is not None
-        self._child.stdin.write(_frame(self.db_url))
+        self._child.stdin.write(frame(self.db_url))
         return self._child
 
     def _close(self) -> None:
@@ -187,12 +187,13 @@ class _Committer:
             self._db = None
 
 
-def _frame(value: Any) -> bytes:
+def frame(value: Any) -> bytes:
+    """``value`` pickled, after its length: what :func:`read_frame` reads."""
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return len(data).to_bytes(_LENGTH, "big") + data
 
 
-def _read_frame(stream: IO[bytes]) -> Any:
+def read_frame(stream: IO[bytes]) -> Any:
     """The next frame's value; EOFError once the other end closed the pipe or died."""
     header = stream.read(_LENGTH)
     if len(header) < _LENGTH:
@@ -202,6 +203,15 @@ def _read_frame(stream: IO[bytes]) -> Any:
     if len(data) < length:
         raise EOFError
     return pickle.loads(data)
+
+
+async def read_frame_async(stream: asyncio.StreamReader) -> Any:
+    """:func:`read_frame` from an asyncio stream."""
+    try:
+        header = await stream.readexactly(_LENGTH)
+        return pickle.loads(await stream.readexactly(int.from_bytes(header, "big")))
+    except asyncio.IncompleteReadError:
+        raise EOFError from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -223,7 +233,7 @@ def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
-        committer = _Committer(_read_frame(requests))
+        committer = _Committer(read_frame(requests))
     except EOFError:
         return
     try:
@@ -233,7 +243,7 @@ def main() -> None:
             except Exception as error:  # a bug: say so in the parent, keep serving
                 traceback.print_exc()
                 failure = RuntimeError(f"writer process: {type(error).__name__}: {error}")
-            answers.write(_frame(failure))
+            answers.write(frame(failure))
             answers.flush()
     finally:
         committer.dispose()
@@ -243,7 +253,7 @@ def _batches(requests: IO[bytes]) -> Iterator[store.Batch]:
     """The batches read from ``requests`` until the parent closes the pipe, or dies."""
     while True:
         try:
-            yield _read_frame(requests)
+            yield read_frame(requests)
         except EOFError:
             return
 

@@ -15,6 +15,7 @@ from svledger.options import (
     add_kafka_options,
     add_metrics_option,
     kafka_settings,
+    positive,
     run_until_signalled,
 )
 
@@ -170,6 +171,16 @@ def add_replay(subparsers: Subparsers) -> None:
         help="continue the existing database from its checkpoint instead of a fresh one",
     )
     parser.add_argument(
+        "--processes",
+        type=positive(int, "number of processes"),
+        default=1,
+        metavar="N",
+        help=(
+            "fold the partitions in N processes at once, e.g. one per core (PostgreSQL"
+            " only; SQLite takes one writer at a time)"
+        ),
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -191,6 +202,7 @@ def _replay(args: argparse.Namespace) -> int:
             from_snapshot=args.from_snapshot,
             snapshots_from=args.snapshots_from,
             progress=args.progress,
+            processes=args.processes,
         )
     )
     print(

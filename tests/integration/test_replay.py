@@ -17,6 +17,7 @@ from ledger.kafka import create_topics
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections import store
+from projections.database import engine, upgrade
 from projections.history import format_history, history
 from projections.replay import ReplayError, parse_until, replay
 from tests.integration.test_projector import (
@@ -106,6 +107,36 @@ async def test_a_snapshot_continues_from_its_checkpoint(
     rest = await replay(settings, database_url, from_snapshot=True, progress=False)
     assert 0 < rest.events < len(records)
     assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+
+
+async def test_two_processes_replay_what_one_replays(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], postgres_url: str
+) -> None:
+    settings, records = log
+    upgrade(postgres_url)
+    db = engine(postgres_url)
+    try:
+        times = sorted(event.meta.occurred_at for event, _ in records)
+        until = times[len(times) // 2]
+        half = await replay(settings, postgres_url, until=until, processes=2, progress=False)
+        stopped: set[int] = set()
+        prefix = []
+        for event, position in sorted(records, key=lambda record: record[1]):
+            if position.partition in stopped or event.meta.occurred_at > until:
+                stopped.add(position.partition)
+                continue
+            prefix.append((event, position))
+        assert half.events == len(prefix)
+        assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
+        assert checkpoints(db, settings.topic) == half.next_offsets
+        # Continued from there, again in two processes: the whole log.
+        rest = await replay(settings, postgres_url, from_snapshot=True, processes=2, progress=False)
+        assert half.events + rest.events == len(records)
+        assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+        assert checkpoints(db, settings.topic) == rest.next_offsets
+        assert len(rest.next_offsets) == settings.partitions
+    finally:
+        db.dispose()
 
 
 async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
