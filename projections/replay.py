@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any, Final, Protocol, TextIO, TypeAlias
 
@@ -95,8 +96,6 @@ class Progress(Protocol):
     """Where a replay reports how far it is: offsets read of its total, events folded."""
 
     def update(self, done: int, events: int) -> None: ...
-
-    def finish(self, done: int, events: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,7 +147,7 @@ class Span:
 class ReplayResult:
     events: int
     rejected: int
-    seconds: float
+    seconds: float  # the whole replay: upgrading the database, snapshots, helpers and all
     next_offsets: dict[int, int]  # the checkpoint the database ends at
 
 
@@ -209,36 +208,51 @@ async def replay(
         )
     if processes < 1:
         raise ReplayError(f"--processes {processes} must be at least 1, e.g. 2 on two cores")
-    if parse_url(db_url).get_backend_name() == "sqlite":
-        processes = 1  # one writer at a time: more processes would only wait for it
-    upgrade(db_url)
-    db = engine(db_url)
-    try:
-        projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
-        with fewer_collections():
-            async with BatchWriter(db_url) as writer:
-                ends = await end_offsets(settings)  # where the log ends as replay starts
-                if snapshots_from is not None:
-                    started = _from_snapshots(
-                        settings.topic, ends, snapshots_from, projection, until, cluster
+    started = time.monotonic()
+    # SQLite takes one writer at a time, and one cluster is one partition: one process.
+    alone = cluster is not None or parse_url(db_url).get_backend_name() == "sqlite"
+    # Started first, so that their start-up overlaps this process's.
+    async with _Helpers(0 if alone else processes - 1) as helpers:
+        upgrade(db_url)
+        db = engine(db_url)
+        try:
+            projection = _starting_point(db, settings.topic, db_url, from_snapshot, until)
+            with fewer_collections():
+                async with BatchWriter(db_url) as writer:
+                    ends = await end_offsets(settings)  # where the log ends as replay starts
+                    if snapshots_from is not None:
+                        start = _from_snapshots(
+                            settings.topic, ends, snapshots_from, projection, until, cluster
+                        )
+                        if start is not None:
+                            await writer.commit(start)
+                    span = Span.of(ends, projection.next_offsets, until, cluster)
+                    bar = _ProgressBar(
+                        total=span.total,
+                        tty=sys.stderr.isatty() if progress is None else progress,
+                        stream=sys.stderr,
                     )
-                    if started is not None:
-                        await writer.commit(started)
-                span = Span.of(ends, projection.next_offsets, until, cluster)
-                bar = _ProgressBar(
-                    total=span.total,
-                    tty=sys.stderr.isatty() if progress is None else progress,
-                    stream=sys.stderr,
-                )
-                if processes > 1 and len(span.limits) > 1:
-                    return await _in_processes(
-                        settings, db_url, projection, span.split(processes), until, bar, max_batch
+                    own, *shares = span.split(1 + len(helpers.children))
+                    shown = _Shares(bar, 1 + len(shares))
+                    result = await helpers.replay(
+                        _replay(
+                            settings,
+                            own,
+                            writer,
+                            projection,
+                            until,
+                            cluster,
+                            shown.of(0),
+                            max_batch,
+                        ),
+                        _Job(settings, db_url, own, until, max_batch),
+                        shares,
+                        shown,
                     )
-                return await _replay(
-                    settings, span, writer, projection, until, cluster, bar, max_batch
-                )
-    finally:
-        db.dispose()
+        finally:
+            db.dispose()
+    bar.finish(span.total, result.events)
+    return dataclasses.replace(result, seconds=time.monotonic() - started)
 
 
 def _from_snapshots(
@@ -377,7 +391,7 @@ async def _replay(
                     break
     if writing is not None:
         await writing
-    bar.finish(span.total, events)
+    bar.update(span.total, events)
     return ReplayResult(events, rejected, time.monotonic() - started, dict(projection.next_offsets))
 
 
@@ -385,36 +399,106 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
     return sum(max(0, min(reached[p], limits[p]) - starts[p]) for p in reached)
 
 
-async def _in_processes(
-    settings: KafkaSettings,
-    db_url: str,
-    projection: Projection,
-    spans: list[Span],
-    until: Until,
-    bar: Progress,
-    max_batch: int,
-) -> ReplayResult:
-    """Replay each span in a process of its own (``python -m projections.replay``)."""
-    started = time.monotonic()
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            __name__,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=environment,
-        )
-        for _ in spans
-    ]
-    done = [0] * len(spans)
-    events = [0] * len(spans)
+class _Shares:
+    """The progress of the shares of a replay, shown as one."""
 
-    async def follow(index: int, child: asyncio.subprocess.Process) -> ReplayResult:
+    def __init__(self, bar: Progress, count: int) -> None:
+        self.bar = bar
+        self.done = [0] * count
+        self.events = [0] * count
+
+    def of(self, index: int) -> _Share:
+        return _Share(self, index)
+
+    def update(self, index: int, done: int, events: int) -> None:
+        self.done[index], self.events[index] = done, events
+        self.bar.update(sum(self.done), sum(self.events))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Share:
+    """One share's :class:`Progress`."""
+
+    shares: _Shares
+    index: int
+
+    def update(self, done: int, events: int) -> None:
+        self.shares.update(self.index, done, events)
+
+
+class _Helpers:
+    """Replay processes (``python -m projections.replay``), each to replay a share of the
+    partitions beside this one; leaving the ``async with`` ends any still running."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.children: list[asyncio.subprocess.Process] = []
+
+    async def __aenter__(self) -> _Helpers:
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+        for _ in range(self.count):
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                __name__,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=environment,
+            )
+            self.children.append(child)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for child in self.children:
+            if child.returncode is None:
+                assert child.stdin is not None
+                if exc_info[0] is None:
+                    child.stdin.close()  # given no share: it reads the end and exits
+                else:
+                    child.kill()
+                await child.wait()
+
+    async def replay(
+        self,
+        own: Coroutine[Any, Any, ReplayResult],
+        job: _Job,
+        shares: list[Span],
+        shown: _Shares,
+    ) -> ReplayResult:
+        """``own`` (this process's share) and, in helpers, the other ``shares`` as ``job``
+        says, at once; one result for all of them."""
+        tasks = [
+            asyncio.create_task(own),
+            *(
+                asyncio.create_task(self._helped(child, dataclasses.replace(job, span=share), p))
+                for child, share, p in zip(
+                    self.children, shares, map(shown.of, itertools.count(1)), strict=False
+                )
+            ),
+        ]
+        try:
+            mine, *theirs = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        next_offsets = dict(mine.next_offsets)
+        for share, result in zip(shares, theirs, strict=True):
+            next_offsets.update({p: o for p, o in result.next_offsets.items() if p in share.limits})
+        return ReplayResult(
+            mine.events + sum(result.events for result in theirs),
+            mine.rejected + sum(result.rejected for result in theirs),
+            max(result.seconds for result in (mine, *theirs)),
+            next_offsets,
+        )
+
+    @staticmethod
+    async def _helped(
+        child: asyncio.subprocess.Process, job: _Job, progress: Progress
+    ) -> ReplayResult:
+        partitions = sorted(job.span.limits)
         assert child.stdin is not None and child.stdout is not None
         # The job goes through the pipe, not the command line: it holds the secrets.
-        child.stdin.write(frame(_Job(settings, db_url, spans[index], until, max_batch)))
+        child.stdin.write(frame(job))
         await child.stdin.drain()
         child.stdin.close()
         while True:
@@ -423,39 +507,18 @@ async def _in_processes(
             except EOFError:
                 code = await child.wait()
                 raise ReplayError(
-                    f"the replay process of partitions {sorted(spans[index].limits)} exited"
-                    f" ({code}) before it finished; see its log above, then replay into a"
-                    " fresh database again"
+                    f"the replay process of partitions {partitions} exited ({code}) before it"
+                    " finished; see its log above, then replay into a fresh database again"
                 ) from None
             if isinstance(message, ReplayResult):
                 await child.wait()
                 return message
             if isinstance(message, str):
                 raise ReplayError(
-                    f"the replay of partitions {sorted(spans[index].limits)} failed: {message};"
-                    " replay into a fresh database again"
+                    f"the replay of partitions {partitions} failed: {message}; replay into a"
+                    " fresh database again"
                 )
-            done[index], events[index] = message
-            bar.update(sum(done), sum(events))
-
-    tasks = [asyncio.create_task(follow(i, child)) for i, child in enumerate(children)]
-    try:
-        results = await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
-    total = sum(result.events for result in results)
-    bar.finish(sum(span.total for span in spans), total)
-    next_offsets = dict(projection.next_offsets)
-    for span, result in zip(spans, results, strict=True):
-        next_offsets.update({p: o for p, o in result.next_offsets.items() if p in span.limits})
-    return ReplayResult(
-        total, sum(result.rejected for result in results), time.monotonic() - started, next_offsets
-    )
+            progress.update(*message)
 
 
 def _sorted_out(
@@ -566,9 +629,6 @@ class _Reports:
             self.shown = now
             self.send((done, events))
 
-    def finish(self, done: int, events: int) -> None:
-        self.send((done, events))
-
     def send(self, message: Any) -> None:
         self.out.write(frame(message))
         self.out.flush()
@@ -596,7 +656,10 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     reports = _Reports(out)
     try:
-        job = read_frame(sys.stdin.buffer)
+        try:
+            job = read_frame(sys.stdin.buffer)
+        except EOFError:
+            return  # started for a share there was none of
         reports.send(asyncio.run(_replay_share(job, reports)))
     except Exception as error:
         traceback.print_exc()
