@@ -129,8 +129,8 @@ async def test_two_processes_replay_what_one_replays(
         assert half.events == len(prefix)
         assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
         assert checkpoints(db, settings.topic) == half.next_offsets
-        # Continued from there, again in two processes: the whole log.
-        rest = await replay(settings, postgres_url, from_snapshot=True, processes=2, progress=False)
+        # Continued from there in more processes than partitions: the whole log.
+        rest = await replay(settings, postgres_url, from_snapshot=True, processes=5, progress=False)
         assert half.events + rest.events == len(records)
         assert snapshot(db) == reference_snapshot(db, records, settings.topic)
         assert checkpoints(db, settings.topic) == rest.next_offsets
@@ -147,6 +147,8 @@ async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
     before = snapshot(db)
     with pytest.raises(ReplayError, match="--from-snapshot"):
         await replay(settings, database_url, progress=False)
+    with pytest.raises(ReplayError, match="--from-snapshot"):  # its helpers stopped too
+        await replay(settings, database_url, progress=False, processes=2)
     with pytest.raises(ReplayError, match="past --until 5"):
         await replay(settings, database_url, until=5, from_snapshot=True, progress=False)
     assert snapshot(db) == before

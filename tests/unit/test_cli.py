@@ -119,6 +119,7 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
     ("argv", "named"),
     [
         (["replay", "--until", "yesterday", "--db", "sqlite:///x.db"], "'yesterday'"),
+        (["replay", "--processes", "0", "--db", "sqlite:///x.db"], "'0' is not a positive"),
         (
             ["explain", "apps.deployments", "--db", "sqlite:///missing/views.db"],
             "svledger db upgrade",
