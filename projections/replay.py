@@ -30,9 +30,9 @@ projector pointed at it afterwards carries on from where the replay stopped.
   their folds, rows and checkpoints are independent, and a machine's cores add up.
   The partitions are dealt out by how many records each has to read. Each process
   is ``python -m projections.replay``; it reads its share from stdin and reports its
-  progress and result on stdout. If one fails, the others are stopped and the replay
-  fails: replay into a fresh database again. SQLite takes one writer at a time, so
-  there it stays one process.
+  progress, its log records and its result on stdout. If one fails, the others are
+  stopped and the replay fails: replay into a fresh database again. SQLite takes one
+  writer at a time, so there it stays one process.
 
 Progress goes to stderr: a bar with percentage of the offsets to read, events/s
 and ETA when stderr is a terminal (or ``progress=True``), else a log line every few
@@ -245,7 +245,7 @@ async def replay(
                             shown.of(0),
                             max_batch,
                         ),
-                        _Job(settings, db_url, own, until, max_batch),
+                        _Job(settings, db_url, own, until, max_batch, log.getEffectiveLevel()),
                         shares,
                         shown,
                     )
@@ -518,6 +518,10 @@ class _Helpers:
                     f"the replay of partitions {partitions} failed: {message}; replay into a"
                     " fresh database again"
                 )
+            if isinstance(message, dict):  # a log record of the helper's
+                record = logging.makeLogRecord(message)
+                logging.getLogger(record.name).handle(record)
+                continue
             progress.update(*message)
 
 
@@ -614,6 +618,7 @@ class _Job:
     span: Span
     until: Until
     max_batch: int
+    log_level: int  # the parent's: its handlers write what the helper logs
 
 
 class _Reports:
@@ -632,6 +637,24 @@ class _Reports:
     def send(self, message: Any) -> None:
         self.out.write(frame(message))
         self.out.flush()
+
+
+class _Forward(logging.Handler):
+    """Sends each log record to the parent, which hands it to its own handlers: a helper's
+    logs come out as the parent's do (JSON lines or text), in its stream."""
+
+    def __init__(self, reports: _Reports) -> None:
+        super().__init__()
+        self.reports = reports
+
+    def emit(self, record: logging.LogRecord) -> None:
+        entry = dict(record.__dict__, msg=record.getMessage(), args=None, exc_info=None)
+        if record.exc_info:
+            entry["exc_text"] = logging.Formatter().formatException(record.exc_info)
+        try:
+            self.reports.send(entry)
+        except Exception:
+            self.handleError(record)
 
 
 async def _replay_share(job: _Job, reports: _Reports) -> ReplayResult:
@@ -660,6 +683,8 @@ def main() -> None:
             job = read_frame(sys.stdin.buffer)
         except EOFError:
             return  # started for a share there was none of
+        logging.getLogger().addHandler(_Forward(reports))
+        logging.getLogger().setLevel(job.log_level)
         reports.send(asyncio.run(_replay_share(job, reports)))
     except Exception as error:
         traceback.print_exc()

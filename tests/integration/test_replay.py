@@ -7,9 +7,11 @@ prefix it names, a ``--cluster`` replay the fold of that cluster's events.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from sqlalchemy import Engine
 
 from ledger.events import Event, Position
@@ -39,6 +41,20 @@ async def log(
     settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=3)
     await create_topics(settings)
     return settings, await append(settings, mixed_events(EVENTS, clusters=8, seed=5))
+
+
+def until_time(
+    records: list[tuple[Event, Position]], until: datetime
+) -> list[tuple[Event, Position]]:
+    """What a replay ``--until`` that time folds: each partition up to its first later event."""
+    stopped: set[int] = set()
+    prefix = []
+    for event, position in sorted(records, key=lambda record: record[1]):
+        if position.partition in stopped or event.meta.occurred_at > until:
+            stopped.add(position.partition)
+            continue
+        prefix.append((event, position))
+    return prefix
 
 
 def checkpoints(db: Engine, topic: str) -> dict[int, int]:
@@ -78,13 +94,7 @@ async def test_until_a_time_stops_each_partition_at_its_first_later_event(
     times = sorted(event.meta.occurred_at for event, _ in records)
     until = times[len(times) // 3]
     await replay(settings, database_url, until=until, progress=False)
-    stopped: set[int] = set()
-    prefix = []
-    for event, position in sorted(records, key=lambda record: record[1]):
-        if position.partition in stopped or event.meta.occurred_at > until:
-            stopped.add(position.partition)
-            continue
-        prefix.append((event, position))
+    prefix = until_time(records, until)
     assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
 
 
@@ -119,13 +129,7 @@ async def test_two_processes_replay_what_one_replays(
         times = sorted(event.meta.occurred_at for event, _ in records)
         until = times[len(times) // 2]
         half = await replay(settings, postgres_url, until=until, processes=2, progress=False)
-        stopped: set[int] = set()
-        prefix = []
-        for event, position in sorted(records, key=lambda record: record[1]):
-            if position.partition in stopped or event.meta.occurred_at > until:
-                stopped.add(position.partition)
-                continue
-            prefix.append((event, position))
+        prefix = until_time(records, until)
         assert half.events == len(prefix)
         assert snapshot(db) == reference_snapshot(db, prefix, settings.topic)
         assert checkpoints(db, settings.topic) == half.next_offsets
@@ -135,6 +139,43 @@ async def test_two_processes_replay_what_one_replays(
         assert snapshot(db) == reference_snapshot(db, records, settings.topic)
         assert checkpoints(db, settings.topic) == rest.next_offsets
         assert len(rest.next_offsets) == settings.partitions
+    finally:
+        db.dispose()
+
+
+async def test_the_helpers_send_their_dead_letters_and_log_through_the_parent(
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=3)
+    await create_topics(settings)
+    events = list(mixed_events(600, clusters=6, seed=8))
+    records = await append(settings, events[:300])
+    garbage = []
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for partition in range(settings.partitions):
+            sent = await producer.send_and_wait(
+                settings.topic, b"\x00not avro", key=b"c", partition=partition
+            )
+            garbage.append(Position(sent.partition, sent.offset))
+    finally:
+        await producer.stop()
+    records += await append(settings, events[300:])
+    with caplog.at_level(logging.WARNING):
+        result = await replay(settings, postgres_url, processes=3, progress=False)
+    assert result.events == len(records)
+    # Each partition was replayed by its own process; all three said so here.
+    for position in garbage:
+        assert any(
+            f"{settings.topic}:{position.partition}@{position.offset} is a dead letter"
+            in record.getMessage()
+            for record in caplog.records
+        ), position
+    upgrade(postgres_url)
+    db = engine(postgres_url)
+    try:
+        assert snapshot(db) == reference_snapshot(db, records, settings.topic)
     finally:
         db.dispose()
 
