@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import os
 import sys
@@ -352,8 +351,8 @@ async def _replay(
     bar: Progress,
     max_batch: int,
 ) -> ReplayResult:
-    """Fold ``span`` of the log into ``projection`` and commit it batch by batch."""
-    started = time.monotonic()
+    """Fold ``span`` of the log into ``projection`` and commit it batch by batch; the
+    result's ``seconds`` are left to :func:`replay`, which times the whole of it."""
     starts, limits = span.starts, span.limits
     reached = dict(starts)
     open_partitions = {p for p in limits if reached[p] < limits[p]}
@@ -392,7 +391,7 @@ async def _replay(
     if writing is not None:
         await writing
     bar.update(span.total, events)
-    return ReplayResult(events, rejected, time.monotonic() - started, dict(projection.next_offsets))
+    return ReplayResult(events, rejected, 0.0, dict(projection.next_offsets))
 
 
 def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:
@@ -467,13 +466,14 @@ class _Helpers:
     ) -> ReplayResult:
         """``own`` (this process's share) and, in helpers, the other ``shares`` as ``job``
         says, at once; one result for all of them."""
+        helped = zip(self.children, shares, strict=False)  # a helper may get no share
         tasks = [
             asyncio.create_task(own),
             *(
-                asyncio.create_task(self._helped(child, dataclasses.replace(job, span=share), p))
-                for child, share, p in zip(
-                    self.children, shares, map(shown.of, itertools.count(1)), strict=False
+                asyncio.create_task(
+                    self._helped(child, dataclasses.replace(job, span=share), shown.of(index))
                 )
+                for index, (child, share) in enumerate(helped, 1)
             ),
         ]
         try:
@@ -487,7 +487,7 @@ class _Helpers:
         return ReplayResult(
             mine.events + sum(result.events for result in theirs),
             mine.rejected + sum(result.rejected for result in theirs),
-            max(result.seconds for result in (mine, *theirs)),
+            0.0,
             next_offsets,
         )
 
