@@ -61,11 +61,12 @@ that reason: everything that depends on the client library's behaviour is here.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import logging
+import operator
 import ssl
-import typing
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
@@ -1101,35 +1102,24 @@ class Record:
 
     @property
     def time(self) -> int:
-        """When the event occurred, in microseconds since 1970 (as :attr:`Renewal.time`)."""
+        """When the event occurred, in microseconds since 1970 (as :func:`message_time`)."""
         return micros(self.event.meta.occurred_at)
 
-
-@dataclasses.dataclass(slots=True)
-class Renewal:
-    """A heartbeat handed out undecoded (:meth:`EventConsumer.fetch_for_fold`): where it
-    sits, its cluster (the record's key), its lease term (the ``svledger-lease``
-    header), when it occurred (the ``svledger-time`` header, in microseconds since
-    1970) and the consumed record, decoded only if the reader needs more.
-
-    Read-only by convention: not frozen, because a frozen dataclass costs three times
-    as much to make, and most records of the log are made into one.
-    """
-
-    position: Position
-    cluster: str
-    term: bytes
-    time: int
-    message: Any
+    @property
+    def partition(self) -> int:
+        return self.position.partition
 
     @property
-    def value(self) -> bytes:
-        value: bytes = self.message.value
-        return value
+    def offset(self) -> int:
+        return self.position.offset
 
-    def decode(self) -> Record | str:
-        """The decoded record, or why it belongs in the dead-letter topic."""
-        return _decode(self.message)
+
+Message: TypeAlias = Any
+"""A record as the consumer hands it out undecoded (aiokafka's ``ConsumerRecord``):
+``partition``, ``offset``, ``key``, ``value`` and ``headers`` are what the ledger reads."""
+
+Messages: TypeAlias = dict[int, list[Message]]
+"""Consumed records per partition, each partition's in log order: one poll's worth."""
 
 
 class EventConsumer:
@@ -1298,12 +1288,11 @@ class EventConsumer:
 
     async def batches_for_fold(
         self, max_records: int = 10_000, timeout_ms: int = 1_000
-    ) -> AsyncIterator[tuple[list[Record | Renewal], list[tuple[Any, str]]]]:
+    ) -> AsyncIterator[Messages]:
         """As :meth:`batches`, of what :meth:`fetch_for_fold` returns."""
         while self._until is None or self._ends:
-            records, dead = await self.fetch_for_fold(max_records, timeout_ms)
-            if records or dead:
-                yield records, dead
+            if messages := await self.fetch_for_fold(max_records, timeout_ms):
+                yield messages
 
     async def fetch(self, max_records: int = 10_000, timeout_ms: int = 1_000) -> list[Record]:
         """The records that arrive within ``timeout_ms`` (at most ``max_records``); maybe none.
@@ -1311,42 +1300,39 @@ class EventConsumer:
         For a caller that must look up between fetches (a stop signal, positions);
         cancelling it loses nothing, as no record is handed out before it returns.
         """
-        records, dead = await self._fetch(max_records, timeout_ms, renewals=False)
-        await self.send_dead_letters(dead)
-        return typing.cast(list[Record], records)
-
-    async def fetch_for_fold(
-        self, max_records: int = 10_000, timeout_ms: int = 1_000
-    ) -> tuple[list[Record | Renewal], list[tuple[Any, str]]]:
-        """As :meth:`fetch`, for a fold that thins renewals: heartbeats that carry a lease
-        term header are handed out undecoded (:class:`Renewal`), and the records that
-        belong in the dead-letter topic are returned, not sent. The caller sends them,
-        with any it finds itself, by :meth:`send_dead_letters` before it checkpoints past
-        them."""
-        return await self._fetch(max_records, timeout_ms, renewals=True)
-
-    async def _fetch(
-        self, max_records: int, timeout_ms: int, *, renewals: bool
-    ) -> tuple[list[Record | Renewal], list[tuple[Any, str]]]:
-        consumer = self._kafka
-        with self._refusals():
-            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        batch: list[Record | Renewal] = []
-        dead: list[tuple[Any, str]] = []
-        for tp, messages in fetched.items():
-            end = self._ends.get(tp)
+        records: list[Record] = []
+        dead: list[tuple[Message, str]] = []
+        for messages in (await self.fetch_for_fold(max_records, timeout_ms)).values():
             for message in messages:
-                if end is not None and message.offset >= end:
-                    break
-                read = read_message(message, renewals=renewals)
+                read = decode_message(message)
                 if isinstance(read, str):
                     dead.append((message, read))
                 else:
-                    batch.append(read)
+                    records.append(read)
+        await self.send_dead_letters(dead)
+        return records
+
+    async def fetch_for_fold(self, max_records: int = 10_000, timeout_ms: int = 1_000) -> Messages:
+        """As :meth:`fetch`, undecoded: for a fold that decodes only what it must (most
+        heartbeats it need not; :mod:`projections.thinning`). The caller decodes the rest
+        (:func:`decode_message`) and sends those that belong in the dead-letter topic by
+        :meth:`send_dead_letters` before it checkpoints past them."""
+        consumer = self._kafka
+        with self._refusals():
+            fetched = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        batch: Messages = {}
+        for tp, messages in fetched.items():
+            end = self._ends.get(tp)
+            if end is not None and messages and messages[-1].offset >= end:
+                messages = messages[
+                    : bisect.bisect_left(messages, end, key=operator.attrgetter("offset"))
+                ]
+            if messages:
+                batch[tp.partition] = messages
         if self._until is not None:
             with self._refusals():
                 await self._pause_finished(consumer)
-        return batch, dead
+        return batch
 
     async def send_dead_letters(self, dead: Sequence[tuple[Any, str]]) -> None:
         """Copy ``(record, reason)`` s to the dead-letter topic, in log order (a reader
@@ -1521,29 +1507,7 @@ def dead_letter_headers(message: Any, reason: str) -> Headers:
     ]
 
 
-def read_message(message: Any, *, renewals: bool = False) -> Record | Renewal | str:
-    """A consumed record as a reader gets it: decoded, or why it belongs in the
-    dead-letter topic; with ``renewals``, a heartbeat that carries the lease term and
-    time headers stays undecoded (:class:`Renewal`); one written before the time
-    header is decoded, as every other event."""
-    if renewals and message.value is not None and message.key is not None:
-        term = time = None
-        for name, value in message.headers:
-            if name == LEASE_HEADER:
-                term = value
-            elif name == TIME_HEADER and len(value) == 8:
-                time = int.from_bytes(value, "big", signed=True)
-        if term is not None and time is not None:
-            try:
-                cluster = message.key.decode()
-            except UnicodeDecodeError:
-                return _decode(message)
-            position = Position(message.partition, message.offset)
-            return Renewal(position, cluster, term, time, message)
-    return _decode(message)
-
-
-def _decode(message: Any) -> Record | str:
+def decode_message(message: Message) -> Record | str:
     """The record of a consumed message, or why it belongs in the dead-letter topic."""
     if message.value is None:
         return "record has no value (a tombstone); the ledger never deletes"
@@ -1555,6 +1519,17 @@ def _decode(message: Any) -> Record | str:
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
     return Record(Position(message.partition, message.offset), event, message.value)
+
+
+def message_time(message: Message) -> int | None:
+    """When a consumed message's event occurred, in microseconds since 1970: from its
+    ``svledger-time`` header, else (a record written before the header) its decoded
+    event; None if it does not decode (a dead letter)."""
+    for name, value in message.headers:
+        if name == TIME_HEADER and len(value) == 8:
+            return int.from_bytes(value, "big", signed=True)
+    read = decode_message(message)
+    return None if isinstance(read, str) else read.time
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -498,27 +498,27 @@ def _migration_step(
             f" applies only to a migration that is {' or '.join(sorted(sources))}",
         )
         return
-    moved = dataclasses.replace(
-        migration, phase=phase, updated_at=event.meta.occurred_at, revision=revision
-    )
+    fields: dict[str, Any] = {
+        "phase": phase,
+        "updated_at": event.meta.occurred_at,
+        "revision": revision,
+    }
     match event:
         case MigrationStarted() | MigrationFailed() | MigrationCancelled():
-            moved = dataclasses.replace(moved, reason=event.reason, message=event.message)
+            fields.update(reason=event.reason, message=event.message)
         case MigrationProgressed():
-            moved = dataclasses.replace(
-                moved,
-                objects_migrated=event.objects_migrated,
-                continue_token=event.continue_token,
+            fields.update(
+                objects_migrated=event.objects_migrated, continue_token=event.continue_token
             )
         case MigrationSucceeded():
-            moved = dataclasses.replace(
-                moved,
+            fields.update(
                 objects_migrated=event.objects_migrated,
                 continue_token=None,
                 reason=event.reason,
                 message=event.message,
             )
             _refine_persisted_hashes(state, migration, event, revision, changes)
+    moved = dataclasses.replace(migration, **fields)  # one copy: it is the costly part
     _store_migration(state, moved, changes)
 
 

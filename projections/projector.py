@@ -53,13 +53,16 @@ While the broker or the database is out of reach the lag is unknown, and not sho
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
@@ -67,7 +70,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
 from ledger.events import from_micros, micros
-from ledger.kafka import BROKER_ERRORS, EventConsumer, Record, Renewal
+from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
@@ -89,11 +92,11 @@ LOG_INTERVAL_SECONDS: Final = 10.0
 BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
-Fetched: TypeAlias = tuple[list[Record | Renewal], list[tuple[Any, str]]]
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 
 
 _NEVER: Final = micros(NO_EVENTS)
+_OFFSET: Final = operator.attrgetter("offset")
 
 
 @dataclasses.dataclass
@@ -149,12 +152,15 @@ class FoldedBatch:
     dead: Sequence[tuple[Any, str]] = ()
 
 
-def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> FoldedBatch:
-    """Fold the records past ``projection``'s offsets into it, as a batch to commit.
+def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
+    """Fold the consumed records past ``projection``'s offsets into it, as a batch to commit.
 
-    Plain lease renewals are counted, not logged one by one (:mod:`projections.thinning`).
-    ``projection`` moves past the batch at once, so the next batch can be folded
-    while this one is written; if the write fails, reload it (:meth:`Projection.load`).
+    ``batch``: per partition, its records in log order, undecoded (as
+    :meth:`~ledger.kafka.EventConsumer.fetch_for_fold` hands them out); the fold decodes
+    what it must. Plain lease renewals are counted, not logged one by one
+    (:mod:`projections.thinning`). ``projection`` moves past the batch at once, so the
+    next batch can be folded while this one is written; if the write fails, reload it
+    (:meth:`Projection.load`).
     """
     next_offsets = projection.next_offsets
     times = projection.log_times
@@ -163,22 +169,20 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
         projection.terms = LeaseTerms(projection.state)
     changes = Changes()
     thinning = Thinning(projection.state, projection.terms, changes)
-    folded: list[store.LoggedEvent] = []
+    logged: list[Record] = []
     moved: dict[int, int] = {}
     skipped = 0
-    for record in records:
-        partition, offset = record.position
-        if offset < next_offsets.get(partition, 0):
-            skipped += 1
+    for partition, messages in batch.items():
+        first = bisect.bisect_left(messages, next_offsets.get(partition, 0), key=_OFFSET)
+        skipped += first
+        if first == len(messages):
             continue
-        next_offsets[partition] = moved[partition] = offset + 1
-        moment = record.time
-        latest = times.get(partition, _NEVER)
-        if latest is not None and moment > latest:
-            times[partition] = moment
-        logged = thinning.fold(record)
-        if logged is not None:
-            folded.append((logged.value, partition, offset, subject(logged.event)))
+        next_offsets[partition] = moved[partition] = messages[-1].offset + 1
+        latest = thinning.fold(
+            itertools.islice(messages, first, None), logged, times.get(partition, _NEVER)
+        )
+        if latest is not None:
+            times[partition] = latest
     thinning.finish()
     log_times = {p: _time(times.get(p, _NEVER)) for p in moved}
     snapshots: list[Snapshot] = []
@@ -188,10 +192,10 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
             for p, o in sorted(moved.items())
             if o // every > start_offsets.get(p, 0) // every
         )
-    batch = store.Batch.of(
+    folded = store.Batch.of(
         projection.state,
         changes,
-        folded,
+        [(r.value, r.position.partition, r.position.offset, subject(r.event)) for r in logged],
         projection.topic,
         projection.name,
         start_offsets,
@@ -200,8 +204,8 @@ def fold_batch(projection: Projection, records: Sequence[Record | Renewal]) -> F
         log_times=log_times,
         snapshots=snapshots,
     )
-    result = BatchResult(len(folded) + thinning.renewals, len(changes.rejections), skipped)
-    return FoldedBatch(batch, result, thinning.dead)
+    result = BatchResult(len(logged) + thinning.renewals, len(changes.rejections), skipped)
+    return FoldedBatch(folded, result, thinning.dead)
 
 
 def _time(moment: int | None) -> datetime | None:
@@ -312,7 +316,7 @@ class Projector:
                 self.group_id,
                 extra={"topic": self.settings.topic, "projection": self.projection},
             )
-            fetch: asyncio.Future[Fetched] | None = None
+            fetch: asyncio.Future[Messages] | None = None
             stopped = asyncio.ensure_future(stop.wait())
             progress = _Progress(self.metrics, self.log_interval)
             try:
@@ -338,9 +342,9 @@ class Projector:
                         fetch = None
                         await self._recover(consumer, stop)
                         continue
-                    (records, dead), fetch = fetch.result(), None
-                    if records or dead:
-                        await self._project(consumer, records, dead, stop)
+                    messages, fetch = fetch.result(), None
+                    if messages:
+                        await self._project(consumer, messages, stop)
                     # Measured after every poll, empty ones too: a poll that only passes
                     # a transaction's commit marker moves the position to the end.
                     lags = await consumer.lags()
@@ -404,8 +408,7 @@ class Projector:
     async def _project(
         self,
         consumer: EventConsumer,
-        records: Sequence[Record | Renewal],
-        dead: Sequence[tuple[Any, str]],
+        messages: Messages,
         stop: asyncio.Event,
     ) -> None:
         """Fold a batch and start writing it, once the batch before it is committed.
@@ -421,15 +424,15 @@ class Projector:
             if not await self._reload(stop):
                 return
         assert self._state is not None
-        folded = fold_batch(self._state, records)
+        folded = fold_batch(self._state, messages)
         # Before the checkpoint moves past them.
-        await consumer.send_dead_letters([*dead, *folded.dead])
+        await consumer.send_dead_letters(folded.dead)
         if not await self._settle(stop):
             # Folded on top of a batch that did not commit: dropped, read again.
             await self._recover(consumer, stop)
             return
         self._writing = self._writer.commit(folded.batch)
-        self._sweeper.folded(len(records))
+        self._sweeper.folded(sum(map(len, messages.values())))
         self._written = folded.result
 
     async def _settle(self, stop: asyncio.Event) -> bool:
@@ -498,7 +501,7 @@ class Projector:
         await _sleep_unless_stopped(stop, delay)
 
 
-async def _cancel(fetch: asyncio.Future[Fetched]) -> None:
+async def _cancel(fetch: asyncio.Future[Messages]) -> None:
     fetch.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await fetch

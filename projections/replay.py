@@ -58,9 +58,10 @@ from ledger.errors import UsageError
 from ledger.events import micros
 from ledger.kafka import (
     EventConsumer,
+    Messages,
     Record,
-    Renewal,
     end_offsets,
+    message_time,
     partition_of,
     topic_partitions,
 )
@@ -368,17 +369,18 @@ async def _replay(
             start_offsets=lambda partitions: {p: begin[p] for p in partitions},
             until={p: limits[p] for p in open_partitions},  # where it stops reading each
         ) as consumer:
-            async for batch, dead in consumer.batches_for_fold(max_batch):
-                kept: list[Record | Renewal] = batch  # up to the limits: nothing to sort out
+            async for batch in consumer.batches_for_fold(max_batch):
+                kept = batch  # up to the limits: nothing to sort out
                 if until_time is not None or cluster is not None:
                     kept = _sorted_out(batch, reached, limits, open_partitions, until_time)
                     if cluster is not None:
-                        kept = [record for record in kept if _cluster(record) == cluster]
+                        key = cluster.encode()
+                        kept = {p: [m for m in ms if m.key == key] for p, ms in kept.items()}
                 folded = fold_batch(projection, kept)
                 for partition, offset in folded.batch.next_offsets.items():
                     reached[partition] = max(reached[partition], offset)
-                sweeper.folded(len(batch))
-                await consumer.send_dead_letters([*dead, *folded.dead])
+                sweeper.folded(sum(map(len, batch.values())))
+                await consumer.send_dead_letters(folded.dead)
                 if folded.batch.next_offsets:
                     if writing is not None:
                         await writing
@@ -526,32 +528,34 @@ class _Helpers:
 
 
 def _sorted_out(
-    batch: list[Record | Renewal],
+    batch: Messages,
     reached: dict[int, int],
     limits: Mapping[int, int],
     open_partitions: set[int],
     until_time: int | None,
-) -> list[Record | Renewal]:
+) -> Messages:
     """The records of ``batch`` to fold: each partition's up to its first event that
     occurred after ``until_time`` (microseconds; None: all). Moves ``reached`` and
-    closes the partitions that are done."""
-    kept: list[Record | Renewal] = []
-    for record in batch:
-        partition, offset = record.position
+    closes the partitions that are done. A record that does not decode is kept, for
+    the fold to send to the dead-letter topic."""
+    kept: Messages = {}
+    for partition, messages in batch.items():
         if partition not in open_partitions:
             continue
-        if until_time is not None and record.time > until_time:
-            open_partitions.discard(partition)
-            continue
-        reached[partition] = offset + 1
-        if reached[partition] >= limits[partition]:
-            open_partitions.discard(partition)
-        kept.append(record)
+        count = len(messages)
+        if until_time is not None:
+            for index, message in enumerate(messages):
+                moment = message_time(message)
+                if moment is not None and moment > until_time:
+                    open_partitions.discard(partition)
+                    count = index
+                    break
+        if count:
+            kept[partition] = messages[:count]
+            reached[partition] = messages[count - 1].offset + 1
+            if reached[partition] >= limits[partition]:
+                open_partitions.discard(partition)
     return kept
-
-
-def _cluster(record: Record | Renewal) -> str:
-    return record.cluster if isinstance(record, Renewal) else record.event.meta.cluster
 
 
 class _ProgressBar:

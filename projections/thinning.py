@@ -9,10 +9,10 @@ of plain renewals of one lease only the last one's renew time and position reach
 views, unless an expiry of that lease comes in between.
 
 :class:`Thinning` folds a batch that way. A plain renewal is told from its
-``svledger-lease`` record header (:class:`~ledger.kafka.Renewal`, undecoded) or, for
-a heartbeat that was decoded anyway, from its fields: either way by comparing its term
-with the lease's current term, so the same record is classified the same whatever the
-batch boundaries. A plain renewal is counted (per holder: how many, the first and last
+``svledger-lease`` record header, undecoded, or, for a heartbeat written before the
+header (decoded then), from its fields: either way by comparing its term with the
+lease's current term, so the same record is classified the same whatever the batch
+boundaries. A plain renewal is counted (per holder: how many, the first and last
 offset) and kept pending instead of folded. Before an expiry of the lease, and at the
 end of the batch, the pending renewals are folded: the last readable one, preceded by
 the last one with another renew time (so a row whose time went back and forth gets
@@ -46,7 +46,7 @@ from ledger.events import (
     heartbeat_term,
     lease_term,
 )
-from ledger.kafka import Record, Renewal
+from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message, Record, decode_message
 from projections.fold import apply
 from projections.state import Changes, HolderKey, Lease, LeaseKey, RenewalCount, State
 
@@ -69,33 +69,35 @@ class LeaseTerms:
 
     def __init__(self, state: State) -> None:
         self._by_key = {key: _term(lease) for key, lease in state.leases.items()}
-        self._by_term = {term: key for key, term in self._by_key.items()}
+        # term -> (lease, its cluster as a record key): the hot path compares bytes
+        self.by_term = {term: (key, key[0].encode()) for key, term in self._by_key.items()}
 
     def key_of(self, cluster: str, term: bytes) -> LeaseKey | None:
         """The lease whose current term ``term`` is, if it is ``cluster``'s."""
-        key = self._by_term.get(term)
-        return key if key is not None and key[0] == cluster else None
+        found = self.by_term.get(term)
+        return found[0] if found is not None and found[0][0] == cluster else None
 
     def update(self, state: State, key: LeaseKey) -> None:
         """Take the lease ``key``'s term (or its absence) from ``state``."""
         old = self._by_key.pop(key, None)
         if old is not None:
-            del self._by_term[old]
+            del self.by_term[old]
         lease = state.leases.get(key)
         if lease is not None:
             term = self._by_key[key] = _term(lease)
-            self._by_term[term] = key
+            self.by_term[term] = (key, key[0].encode())
 
 
-_Pending: TypeAlias = Renewal | Record
+_Pending: TypeAlias = Message | Record  # undecoded, or decoded for want of the header
 
 
 class Thinning:
-    """Folds one batch of records into ``state``, thinning plain renewals.
+    """Folds one batch of consumed records into ``state``, thinning plain renewals.
 
-    ``fold(record)`` per record in log order, then ``finish()``; ``counts`` then holds
-    the plain renewals per holder, ``dead`` the records that belong in the dead-letter
-    topic (with the reason), and ``changes`` the keys the batch changed.
+    ``fold(messages, ...)`` per partition, each partition's records in log order, then
+    ``finish()``; ``counts`` then holds the plain renewals per holder, ``dead`` the
+    records that belong in the dead-letter topic (with the reason), and ``changes`` the
+    keys the batch changed.
     """
 
     def __init__(self, state: State, terms: LeaseTerms, changes: Changes) -> None:
@@ -103,29 +105,61 @@ class Thinning:
         self.terms = terms
         self.changes = changes
         self.counts: dict[HolderKey, RenewalCount] = {}
-        self.dead: list[tuple[object, str]] = []
+        self.dead: list[tuple[Message, str]] = []
         self.renewals = 0
         self._pending: dict[LeaseKey, list[_Pending]] = {}
 
-    def fold(self, record: Record | Renewal) -> Record | None:
-        """Fold ``record``; the decoded record if it is to be logged in ``ledger_events``,
-        None if it is a plain renewal or a dead letter."""
-        if isinstance(record, Renewal):
-            key = self.terms.key_of(record.cluster, record.term)
-            if key is not None:
-                self._renewed(key, record)
-                return None
-            decoded = record.decode()
-            if isinstance(decoded, str):
-                self.dead.append((record.message, decoded))
-                return None
-            record = decoded
+    def fold(
+        self, messages: Iterable[Message], logged: list[Record], latest: int | None
+    ) -> int | None:
+        """Fold ``messages`` (one partition's, in log order) and append to ``logged``
+        the records to log in ``ledger_events`` (all but plain renewals and dead
+        letters). Returns ``latest`` (microseconds since 1970; None: not kept) moved
+        to the latest time an event of ``messages`` occurred at.
+
+        The hot path, most of the log: a heartbeat as every writer lays out its headers
+        (:func:`ledger.kafka.to_record`: type, time, lease term) whose term is its
+        lease's is counted undecoded, with no object made for it.
+        """
+        by_term = self.terms.by_term
+        pending = self._pending
+        for message in messages:
+            headers = message.headers
+            moment = None
+            if len(headers) == 3:
+                _, (time_name, time), (lease_name, term) = headers
+                if time_name == TIME_HEADER and lease_name == LEASE_HEADER and len(time) == 8:
+                    moment = int.from_bytes(time, "big", signed=True)
+                    found = by_term.get(term)
+                    if found is not None and found[1] == message.key and message.value is not None:
+                        waiting = pending.get(found[0])
+                        if waiting is None:
+                            pending[found[0]] = [message]
+                        else:
+                            waiting.append(message)
+                        if latest is not None and moment > latest:
+                            latest = moment
+                        continue
+            record = self._decoded(message)
+            if record is None:
+                continue
+            if latest is not None:
+                if moment is None:
+                    moment = record.time
+                if moment > latest:
+                    latest = moment
+            if self.fold_record(record):
+                logged.append(record)
+        return latest
+
+    def fold_record(self, record: Record) -> bool:
+        """Fold a decoded ``record``; False if it is a plain renewal (kept pending)."""
         event = record.event
         if isinstance(event, ApiserverHeartbeat):
             key = self.terms.key_of(event.meta.cluster, heartbeat_term(event))
             if key is not None:
                 self._renewed(key, record)
-                return None
+                return False
             key = (event.meta.cluster, event.apiserver_id)
             self._take(key)  # overwritten by this heartbeat
             self._apply(event, record)
@@ -144,7 +178,14 @@ class Thinning:
             self.terms.update(self.state, key)
         else:
             self._apply(event, record)
-        return record
+        return True
+
+    def _decoded(self, message: Message) -> Record | None:
+        read = decode_message(message)
+        if isinstance(read, str):
+            self.dead.append((message, read))
+            return None
+        return read
 
     def finish(self) -> None:
         """Fold the pending renewals of every lease."""
@@ -169,8 +210,8 @@ class Thinning:
             return []
         if holder is None:
             holder = self.state.leases[key].holder_identity
-        partition, first = pending[0].position
-        last = pending[-1].position.offset
+        partition, first = pending[0].partition, pending[0].offset
+        last = pending[-1].offset
         count = self.counts.get((key[0], key[1], holder))
         if count is None:
             self.counts[key[0], key[1], holder] = RenewalCount(partition, first, last, len(pending))
@@ -203,13 +244,14 @@ class Thinning:
             if isinstance(record, Record):
                 yield record
                 continue
-            decoded = record.decode()
+            decoded = decode_message(record)
             if isinstance(decoded, Record):
                 yield decoded
             else:
                 log.warning(
-                    "lease renewal %s is counted but unreadable, left out of the fold: %s",
-                    record.position,
+                    "lease renewal %d:%d is counted but unreadable, left out of the fold: %s",
+                    record.partition,
+                    record.offset,
                     decoded,
                 )
 

@@ -34,15 +34,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumers.lease_gc import run_lease_gc
 from consumers.migrator import run_migrator
 from ledger.clock import SystemClock
-from ledger.codec import encode
 from ledger.events import ApiserverHeartbeat, Meta, Position
 from ledger.identity import apiserver_id
-from ledger.kafka import EventProducer, PartitionProducer, Record, create_topics, partition_of
+from ledger.kafka import EventProducer, PartitionProducer, create_topics, partition_of
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 from projections import database
 from projections.projector import Projection, fold_batch
 from projections.state import State
+from tests.consumed import consumed_log
 from tests.integration.test_projector import CATCH_UP_DEADLINE_SECONDS
 from tests.workloads import START, mixed_events
 
@@ -93,7 +93,7 @@ async def fill(settings: KafkaSettings, count: int, seed: int) -> tuple[int, int
     finally:
         await raw.stop()
     transactional = await end_in_transactions(settings, f"s{seed}")
-    records = [Record(Position(0, i), e, encode(e)) for i, e in enumerate(events)]
+    records = consumed_log((e, Position(0, i)) for i, e in enumerate(events))
     rejected = fold_batch(Projection("views", settings.topic, State(), {}), records).result.rejected
     return len(events) + transactional, rejected
 

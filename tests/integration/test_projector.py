@@ -17,7 +17,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
 from sqlalchemy import Engine, create_engine, delete, func, select, text
 
-from ledger.codec import encode
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -25,12 +24,13 @@ from ledger.events import (
     Position,
     StorageVersionReported,
 )
-from ledger.kafka import EventProducer, Record, create_topics
+from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.projector import Projection, Projector, fold_batch
 from projections.schema import ledger_events, metadata, rejected_events
 from projections.state import State
+from tests.consumed import consumed_log
 from tests.histories import histories
 from tests.workloads import mixed_events
 
@@ -57,7 +57,7 @@ def reference_snapshot(
     clear(db)
     folded = fold_batch(
         Projection("views", topic, State(), {}),
-        [Record(position, event, encode(event)) for event, position in records],
+        consumed_log(records),
     )
     with db.begin() as connection:
         store.write(connection, folded.batch)

@@ -27,11 +27,11 @@ from ledger.events import (
     Position,
     StorageVersionReported,
 )
-from ledger.kafka import Record
 from projections import fold, store
 from projections.projector import Projection, fold_batch
 from projections.schema import metadata
 from projections.state import Changes, State
+from tests.consumed import consumed_log
 from tests.histories import histories, plain_renewals
 
 K = TypeVar("K")
@@ -47,7 +47,7 @@ def write(
     """Fold ``records`` into ``state`` and write them as one batch, as the projector does."""
     folded = fold_batch(
         Projection(PROJECTION, topic, state, {}),
-        [Record(position, event, encode(event)) for event, position in records],
+        consumed_log(records),
     )
     with db.begin() as connection:
         store.write(connection, folded.batch)

@@ -27,6 +27,7 @@ from projections import database, store
 from projections.projector import Projection, fold_batch
 from projections.state import State
 from projections.writer import BatchWriter, WriterLost
+from tests.consumed import consumed_log
 from tests.integration.test_projector import reference_snapshot, snapshot
 from tests.integration.test_projector_crash import checkpoints, start_projector
 from tests.workloads import mixed_events
@@ -78,7 +79,7 @@ async def commit_in_batches(
     writer: BatchWriter, projection: Projection, log: Sequence[Record], size: int
 ) -> None:
     for start in range(0, len(log), size):
-        await writer.commit(fold_batch(projection, log[start : start + size]).batch)
+        await writer.commit(fold_batch(projection, consumed_log(log[start : start + size])).batch)
 
 
 @pytest.mark.parametrize("process_at", [0, 10_000], ids=["in-child", "in-parent"])
@@ -101,17 +102,19 @@ async def test_a_batch_from_a_checkpoint_the_database_left_is_refused(
 ) -> None:
     log = records(1_000)
     async with BatchWriter(database_url, process_at=0) as writer:
-        await writer.commit(fold_batch(Projection("views", TOPIC, State(), {}), log[:600]).batch)
+        await writer.commit(
+            fold_batch(Projection("views", TOPIC, State(), {}), consumed_log(log[:600])).batch
+        )
         before = snapshot(db)
         # A second projector that loaded the database before that commit.
-        late = fold_batch(Projection("views", TOPIC, State(), {}), log)
+        late = fold_batch(Projection("views", TOPIC, State(), {}), consumed_log(log))
         with pytest.raises(store.StaleProjection, match="another projector wrote it"):
             await writer.commit(late.batch)
         assert snapshot(db) == before
         # Reloaded from the database, it carries on.
         with db.connect() as connection:
             reloaded = Projection.load(connection, TOPIC, "views")
-        await writer.commit(fold_batch(reloaded, log).batch)
+        await writer.commit(fold_batch(reloaded, consumed_log(log)).batch)
     assert snapshot(db) == reference_snapshot(db, [(r.event, r.position) for r in log], TOPIC)
 
 
@@ -119,16 +122,16 @@ async def test_a_writer_that_dies_is_reported_then_replaced(db: Engine, database
     log = records(1_500)
     async with BatchWriter(database_url, process_at=0) as writer:
         projection = Projection("views", TOPIC, State(), {})
-        await writer.commit(fold_batch(projection, log[:500]).batch)
+        await writer.commit(fold_batch(projection, consumed_log(log[:500])).batch)
         (child,) = writer_children(os.getpid())
         os.kill(child, signal.SIGKILL)
         wait_until(lambda: not running(child), "the writer is gone")
         with pytest.raises(WriterLost, match="restarted for the next one"):
-            await writer.commit(fold_batch(projection, log[500:1000]).batch)
+            await writer.commit(fold_batch(projection, consumed_log(log[500:1000])).batch)
         with db.connect() as connection:
             projection = Projection.load(connection, TOPIC, "views")
         assert projection.next_offsets == {0: 500}
-        await writer.commit(fold_batch(projection, log[500:]).batch)
+        await writer.commit(fold_batch(projection, consumed_log(log[500:])).batch)
         assert writer_children(os.getpid()) != [child]
     assert snapshot(db) == reference_snapshot(db, [(r.event, r.position) for r in log], TOPIC)
 
