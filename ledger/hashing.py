@@ -10,6 +10,7 @@ migration KEP records which hashes objects may be persisted in.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 
 from ledger.names import parse_group, split_group_version
@@ -31,6 +32,7 @@ def storage_version_hash(group: str, version: str, kind: str) -> str:
     return base64.standard_b64encode(digest[:8]).decode("ascii")
 
 
+@functools.lru_cache(maxsize=4096)  # the fold asks it of every report; a fleet has few pairs
 def hash_of_stored(version: str, kind: str) -> str:
     """The storageVersionHash of ``kind`` stored as ``version``, group-qualified as upstream
     writes it (``apps/v1``; ``v1`` for the core group)."""

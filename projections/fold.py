@@ -54,6 +54,7 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -122,6 +123,10 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
     for row_type in (Lease, StorageVersion, StorageState, Migration)
 }
 
+
+# Every report is checked; reports repeat (each apiserver, each start): a valid one is
+# remembered (an invalid one raises, and is not).
+_check_report = functools.lru_cache(maxsize=4096)(check_report)
 
 def apply(
     state: State, event: Event, position: Position, changes: Changes | None = None
@@ -278,7 +283,7 @@ def _lease_ended(
 def _reported(state: State, event: StorageVersionReported, revision: str, changes: Changes) -> None:
     cluster = event.meta.cluster
     try:
-        check_report(
+        _check_report(
             event.group,
             event.resource,
             event.kind,
