@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from aiokafka.structs import ConsumerRecord
 
@@ -13,14 +13,25 @@ from ledger.kafka import TYPE_HEADER, Messages, Record, to_record
 TOPIC = "svledger.events"
 
 
+Layout: TypeAlias = Literal["written", "old", "moved"]
+LAYOUTS: tuple[Layout, ...] = ("written", "old", "moved")
+
+
 def consumed(
-    event: Event, position: Position, *, value: bytes | None = None, headers: bool = True
+    event: Event, position: Position, *, value: bytes | None = None, headers: Layout = "written"
 ) -> Any:
-    """The record of ``event`` at ``position`` as the broker hands it out; ``headers=False``:
-    as written before the time and lease headers existed (its type header only)."""
+    """The record of ``event`` at ``position`` as the broker hands it out. ``headers``: as
+    every writer lays them out; ``"old"``, as written before the time and lease headers
+    existed (its type header only); ``"moved"``, in another order and with one more (as a
+    tool that copies records between clusters might leave them)."""
     key, encoded, written = to_record(event)
     value = encoded if value is None else value
-    kept = tuple(written) if headers else tuple(h for h in written if h[0] == TYPE_HEADER)
+    if headers == "written":
+        kept = tuple(written)
+    elif headers == "old":
+        kept = tuple(h for h in written if h[0] == TYPE_HEADER)
+    else:
+        kept = (("mirrored-from", b"east"), *reversed(written))
     return ConsumerRecord(
         TOPIC, position.partition, position.offset, 0, 0, key, value, None, len(key), len(value),
         kept,

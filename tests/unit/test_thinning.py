@@ -2,9 +2,10 @@
 
 The reference is folding every event one by one (:func:`projections.fold.fold`) and
 classifying each heartbeat by reading the lease before it, written out here without
-the product's term digests. Whatever the batches and whichever heartbeats reach the
-fold undecoded (with their lease header, as the projector's consumer hands them over)
-or decoded, the state after the batches is the reference's, row and revision alike;
+the product's term digests. Whatever the batches, and whatever each record's headers
+(as every writer lays them out, so a plain renewal is counted undecoded; as written
+before the time and lease headers existed; in another order, with one more), the state
+after the batches is the reference's, row and revision alike;
 the logged events are exactly the others; the counts per holder add up to the
 reference's.
 """
@@ -30,13 +31,13 @@ from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message
 from projections import fold
 from projections.projector import Projection, fold_batch
 from projections.state import HolderKey, State
-from tests.consumed import TOPIC, by_partition, consumed
+from tests.consumed import LAYOUTS, TOPIC, Layout, by_partition, consumed
 from tests.histories import histories, plain_renewals
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
-def handed_over(event: Event, position: Position, headers: bool) -> Message:
+def handed_over(event: Event, position: Position, headers: Layout = "written") -> Message:
     return consumed(event, position, headers=headers)
 
 
@@ -68,10 +69,11 @@ def in_batches(
 def test_any_batching_of_thinned_renewals_folds_as_one_by_one(
     history: list[tuple[Event, Position]], data: st.DataObject
 ) -> None:
-    headers = data.draw(st.lists(st.booleans(), min_size=len(history), max_size=len(history)))
+    layouts = st.sampled_from(LAYOUTS)
+    headers = data.draw(st.lists(layouts, min_size=len(history), max_size=len(history)))
     records = [
-        handed_over(event, position, flag)
-        for (event, position), flag in zip(history, headers, strict=True)
+        handed_over(event, position, layout)
+        for (event, position), layout in zip(history, headers, strict=True)
     ]
     cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=8)))
     state, logged, counts, folded = in_batches(records, cuts)
@@ -90,7 +92,7 @@ def heartbeat(offset: int, renewed: datetime, holder: str = "a1_1") -> tuple[Eve
 def test_a_renew_time_that_goes_back_and_forth_gets_the_revision_one_by_one_gives() -> None:
     t1 = T0 + timedelta(seconds=10)
     history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, T0), heartbeat(3, T0)]
-    records = [handed_over(event, position, True) for event, position in history]
+    records = [handed_over(event, position) for event, position in history]
     state, logged, counts, _ = in_batches(records, [1])
     assert state == fold.fold(history)
     assert state.leases["east", "a1"].revision == "0:2"
@@ -104,7 +106,7 @@ def test_an_expiry_between_renewals_reads_the_renew_time_before_it() -> None:
         meta = Meta("x", "east", t2, "lease-gc")
         expiry = (ApiserverLeaseExpired(meta, "a1", last_renew, 60), Position(0, 2))
         history = [heartbeat(0, T0), heartbeat(1, t1), expiry, heartbeat(3, t2)]
-        records = [handed_over(event, position, True) for event, position in history]
+        records = [handed_over(event, position) for event, position in history]
         state, logged, _, _ = in_batches(records, [])
         assert state == fold.fold(history)
         # Applied, the expiry ends the lease and the next heartbeat starts it again.
@@ -114,7 +116,7 @@ def test_an_expiry_between_renewals_reads_the_renew_time_before_it() -> None:
 def test_an_unreadable_renewal_is_counted_and_left_out_of_the_fold() -> None:
     t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
     history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, t2)]
-    records = [handed_over(event, position, True) for event, position in history]
+    records = [handed_over(event, position) for event, position in history]
     broken = consumed(*history[2], value=b"\xc3\x01garbage")
     assert any(name == LEASE_HEADER for name, _ in broken.headers)
     records[2] = broken
@@ -130,7 +132,7 @@ def test_a_heartbeat_written_before_the_time_header_is_decoded_and_its_time_coun
     old = dataclasses.replace(old, headers=tuple(h for h in old.headers if h[0] != TIME_HEADER))
     assert any(name == LEASE_HEADER for name, _ in old.headers)
     projection = Projection("views", TOPIC, State(), {})
-    fold_batch(projection, by_partition([handed_over(*history[0], True), old]))
+    fold_batch(projection, by_partition([handed_over(*history[0]), old]))
     assert projection.state == fold.fold(history)
     assert projection.log_times == {0: micros(T0 + timedelta(seconds=10))}
 
@@ -142,7 +144,7 @@ def test_a_heartbeat_of_a_new_holder_is_logged_and_ends_the_renewals() -> None:
         heartbeat(2, T0 + timedelta(seconds=20), holder="a1_2"),
         heartbeat(3, T0 + timedelta(seconds=30), holder="a1_2"),
     ]
-    records = [handed_over(event, position, True) for event, position in history]
+    records = [handed_over(event, position) for event, position in history]
     state, logged, counts, _ = in_batches(records, [])
     assert state == fold.fold(history)
     assert logged == [Position(0, 0), Position(0, 2)]
