@@ -21,7 +21,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
-log is in: flat, or growing with the log, and the rows it leaves. Prints one JSON object.
+log is in: flat, or growing with the log, the rows it leaves, and the CPU seconds its
+fold process and its writer process used (``cpu_seconds``). Prints one JSON object.
 ``--stages fetch_only,project_postgresql`` runs only those (a long log, say).
 
 Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
@@ -86,16 +87,42 @@ def _rss_mib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _writer_rss_mib() -> float:
-    """The RSS of this process's writer processes (0 if none is running)."""
-    total = 0
+def _writers() -> Iterator[Path]:
+    """The /proc directories of this process's writer processes."""
     for status in Path("/proc").glob("[0-9]*/status"):
         with contextlib.suppress(OSError):
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
             command = (status.parent / "cmdline").read_bytes()
             if int(fields["PPid"]) == os.getpid() and b"projections.writer" in command:
-                total += int(fields.get("VmRSS", "0 kB").split()[0])
+                yield status.parent
+
+
+def _writer_rss_mib() -> float:
+    """The RSS of this process's writer processes (0 if none is running)."""
+    total = 0
+    for process in _writers():
+        with contextlib.suppress(OSError):
+            for line in (process / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
     return total / 1024
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user and system) this process has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _writer_cpu_seconds() -> float:
+    """CPU seconds this process's running writer processes have used."""
+    total = 0
+    for process in _writers():
+        with contextlib.suppress(OSError):
+            # utime and stime, fields 14 and 15, after the parenthesised command name
+            fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _peak_rss_mib() -> float:
@@ -176,6 +203,7 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     stop = asyncio.Event()
     projector = Projector(settings, db_url, group=False, log_interval=3600)
     started = time.perf_counter()
+    cpu = _cpu_seconds()
     task = asyncio.create_task(projector.run(stop))
     while True:
         await asyncio.sleep(0.2)
@@ -189,6 +217,11 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
         if task.done():
             task.result()
     seconds = time.perf_counter() - started
+    # Where the cores went: this process (the fold, and the bench's polling) and the writer.
+    cpu_seconds = {
+        "fold_process": round(_cpu_seconds() - cpu, 2),
+        "writer_process": round(_writer_cpu_seconds(), 2),
+    }
     stop.set()
     await task
     with db.connect() as connection:
@@ -201,6 +234,7 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
         **_result(projector.metrics.events_folded, seconds, rss),
         "rss_mib_by_quarter": quarters,
         "writer_rss_mib_by_quarter": writer_quarters,
+        "cpu_seconds": cpu_seconds,
         "batches": projector.metrics.batches,
         "rows": rows,  # plain lease renewals are counted in lease_renewals, not logged
     }
