@@ -128,6 +128,7 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
 # remembered (an invalid one raises, and is not).
 _check_report = functools.lru_cache(maxsize=4096)(check_report)
 
+
 def apply(
     state: State, event: Event, position: Position, changes: Changes | None = None
 ) -> Changes:
