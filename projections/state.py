@@ -13,8 +13,9 @@ last event that changed it, the ledger's resourceVersion.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from datetime import datetime
-from typing import Final, Literal, TypeAlias, get_args
+from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 from ledger.names import resource_name, storage_state_name
 
@@ -40,7 +41,27 @@ MigrationKey: TypeAlias = tuple[str, str]  # (cluster, migration_id)
 # (cluster, apiserver ID, holder identity): whose plain lease renewals a count is.
 HolderKey: TypeAlias = tuple[str, str, str]
 
+_Row = TypeVar("_Row")
 
+
+def _pickled_as_fields(cls: type[_Row]) -> type[_Row]:
+    """Pickle rows of ``cls`` as the class and its field values.
+
+    Batches of rows cross to the writer process by pickle (:mod:`projections.writer`),
+    and a slotted dataclass pickles by its generated ``__getstate__``/``__setstate__``,
+    Python code that walks its fields: about 4 µs each way per row, where this takes
+    1 and 2.5. Rows pickled before still load (``__setstate__`` is kept).
+    """
+    values = operator.attrgetter(*(field.name for field in dataclasses.fields(cls)))  # type: ignore[arg-type]
+
+    def reduce(row: Any) -> tuple[type[_Row], tuple[Any, ...]]:
+        return cls, values(row)
+
+    setattr(cls, "__reduce__", reduce)  # noqa: B010 (mypy refuses a method assigned)
+    return cls
+
+
+@_pickled_as_fields
 @dataclasses.dataclass(slots=True)
 class RenewalCount:
     """The plain lease renewals of one holder in a batch (:mod:`projections.thinning`):
@@ -52,6 +73,7 @@ class RenewalCount:
     renewals: int
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lease:
     cluster: str
@@ -68,6 +90,7 @@ class Lease:
         return (self.cluster, self.apiserver_id)
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerStorageVersion:
     """One apiserver's report for one resource (``status.storageVersions[]``)."""
@@ -78,6 +101,7 @@ class ServerStorageVersion:
     served_versions: tuple[str, ...]
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class Condition:
     type: str
@@ -87,6 +111,7 @@ class Condition:
     last_transition_time: datetime
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class StorageVersion:
     cluster: str
@@ -107,6 +132,7 @@ class StorageVersion:
         return resource_name(self.group, self.resource)
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class StorageState:
     cluster: str
@@ -125,6 +151,7 @@ class StorageState:
         return storage_state_name(self.group, self.resource)
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class Migration:
     cluster: str
@@ -160,6 +187,7 @@ class Migration:
         return self.phase in ENDED_PHASES
 
 
+@_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rejection:
     """An event the fold did not apply, and why; never silently dropped."""
