@@ -143,7 +143,7 @@ class BatchResult:
 class FoldedBatch:
     """A batch folded in memory, not yet committed (:func:`projections.store.commit`).
 
-    ``dead``: records the fold found undecodable (the consumer hands heartbeats over
+    ``dead``: records the fold found undecodable (the consumer hands them all over
     undecoded), to be sent to the dead-letter topic before the batch commits.
     """
 
