@@ -18,6 +18,9 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 * ``processes_postgresql``: ``svledger project`` as 1 and as 2 processes in one consumer
   group (they share the partitions), from their start to the last checkpoint: the
   aggregate rate, start-up and the group's joining included;
+* ``consumer_rebuild``: a consumer rebuilding the fold of every partition (joining its
+  group included), reading each event with its changes (the migrator, the worker) and
+  reading the state alone (the lease GC);
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
@@ -59,6 +62,7 @@ from aiokafka import TopicPartition
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
+from consumers.partitions import PartitionFollower
 from deploy.kafka.broker import kafka_bootstrap
 from ledger.events import (
     Event,
@@ -287,6 +291,29 @@ async def _project_processes(
     }
 
 
+async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dict[str, Any]:
+    """A consumer's rebuild of every partition (:class:`consumers.partitions.PartitionFollower`):
+    from joining its group until every partition's fold has caught up, once reading each
+    event with its changes (the migrator, the worker) and once the state alone (the lease
+    GC, which thins plain renewals)."""
+    report: dict[str, Any] = {}
+    for name, events in (("events", True), ("state_alone", False)):
+        rss = _rss_mib()
+        stop = asyncio.Event()
+        group = f"svledger-bench-rebuild-{uuid.uuid4().hex[:8]}"
+        follower = PartitionFollower(
+            settings, group_id=group, transactional_prefix=group, events=events
+        )
+        started = time.perf_counter()
+        async with follower:
+            async for _ in follower.batches(stop):
+                logs = follower.logs
+                if set(logs) == set(end) and all(log.caught_up for log in logs.values()):
+                    break
+        report[name] = _result(sum(end.values()), time.perf_counter() - started, rss)
+    return report
+
+
 async def _replay_until(
     settings: KafkaSettings, server: str, end: dict[int, int], projected: str | None
 ) -> dict[str, Any]:
@@ -411,6 +438,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 settings, server, end, projected[-1] if projected else None
             ),
             "processes_postgresql": lambda: _processes(settings, server, end),
+            "consumer_rebuild": lambda: _consumer_rebuild(settings, end),
         }
         for name in args.stages:
             report[name] = await stages[name]()
@@ -440,6 +468,7 @@ STAGES = (
     "replay_processes_postgresql",
     "replay_until",
     "processes_postgresql",
+    "consumer_rebuild",
 )
 RATIOS = (
     "consume_decode",

@@ -6,7 +6,9 @@ every replay) drops the lease and its StorageVersion entries at the same positio
 
 The GC follows the log with :class:`consumers.partitions.PartitionFollower` (group
 ``svledger-lease-gc``): each partition has its own fold of the leases and a
-transactional producer ``svledger-lease-gc-<topic>-<partition>``. Every
+transactional producer ``svledger-lease-gc-<topic>-<partition>``. It reads the folded
+state alone, so its fold thins plain renewals as the projector's does, and rebuilding a
+partition decodes only the records that are not plain renewals. Every
 ``check_period`` it checks each followed partition:
 
 1. read the partition's last stable offset **now**, and wait until the fold has read
@@ -107,7 +109,10 @@ async def run_lease_gc(
     if check_period <= 0:
         raise ValueError(f"check period {check_period!r} s must be positive, e.g. 3600")
     follower = PartitionFollower(
-        settings, group_id=group_id, transactional_prefix=f"svledger-lease-gc-{settings.topic}"
+        settings,
+        group_id=group_id,
+        transactional_prefix=f"svledger-lease-gc-{settings.topic}",
+        events=False,  # it decides on the leases' state alone
     )
 
     def ages() -> list[tuple[tuple[str, str], float]]:

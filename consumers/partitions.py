@@ -53,10 +53,13 @@ folds the partition's history again) and the events appended, by type.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import random
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
@@ -77,8 +80,11 @@ from ledger.kafka import (
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import Changes, ResourceKey, State
+from projections.thinning import LeaseTerms, Thinning
 
 log = logging.getLogger(__name__)
+
+_OFFSET: Final = operator.attrgetter("offset")
 
 REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
@@ -129,6 +135,7 @@ class PartitionLog:
     ) -> None:
         self.partition = partition
         self.state = State()
+        self.terms: LeaseTerms | None = None  # for a fold that thins renewals, once it has
         self.position = 0  # the next offset the fold will read
         self.barrier = barrier
         self.lost = False
@@ -211,7 +218,8 @@ class PartitionLog:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Folded:
-    """What one poll folded into a partition's state: each event with what it changed."""
+    """What one poll folded into a partition's state: each event with what it changed
+    (none for a follower that asked for the state alone)."""
 
     log: PartitionLog
     events: list[tuple[Event, Changes]]
@@ -228,8 +236,14 @@ class PartitionFollower:
         transactional_prefix: str,
         poll_ms: int = 100,
         fetch_max_wait_ms: int = 10,
+        events: bool = True,
     ) -> None:
+        """``events=False``: the consumer reads only the folded state (the lease GC), not
+        each event with its changes; the fold then thins plain lease renewals as the
+        projector's does (:mod:`projections.thinning`), decoding only the other records,
+        and the state after every poll is the same."""
         self.settings = settings
+        self.events = events
         self.group_id = group_id
         self.transactional_prefix = transactional_prefix
         self.logs: dict[int, PartitionLog] = {}
@@ -343,11 +357,16 @@ class PartitionFollower:
             fetched = await member.fetch(timeout_ms=self._poll_ms)
             self._lag.set(await member.lags())
             for partition, partition_log in list(self.logs.items()):
-                events = self._fold(partition_log, fetched.get(partition, []))
+                messages = fetched.get(partition, [])
+                if self.events:
+                    events = self._fold(partition_log, messages)
+                    folded = len(events)
+                else:
+                    events, folded = [], self._fold_state(partition_log, messages)
                 if partition_log.lost:
                     continue
-                if events:
-                    metrics.EVENTS_FOLDED.labels(self.group_id).inc(len(events))
+                if folded:
+                    metrics.EVENTS_FOLDED.labels(self.group_id).inc(folded)
                 partition_log._advance(await member.position(partition))
                 last_stable = member.last_stable_offset(partition)
                 if partition_log._output_unreadable(last_stable, loop.time()):
@@ -363,6 +382,23 @@ class PartitionFollower:
                     partition_log.lose()
                     continue
                 yield Folded(partition_log, events)
+
+    @staticmethod
+    def _fold_state(partition_log: PartitionLog, messages: list[Any]) -> int:
+        """Fold ``messages`` into the state alone, thinning renewals; how many were folded."""
+        if partition_log.lost:
+            return 0
+        first = bisect.bisect_left(messages, partition_log.position, key=_OFFSET)
+        if partition_log.terms is None:
+            partition_log.terms = LeaseTerms(partition_log.state)
+        thinning = Thinning(partition_log.state, partition_log.terms, Changes())
+        thinning.fold(itertools.islice(messages, first, None), [], None)
+        thinning.finish()
+        for message, reason in thinning.dead:
+            log.warning(
+                "skipping undecodable record %d@%d: %s", message.partition, message.offset, reason
+            )
+        return len(messages) - first - len(thinning.dead)
 
     @staticmethod
     def _fold(partition_log: PartitionLog, messages: list[Any]) -> list[tuple[Event, Changes]]:
