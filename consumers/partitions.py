@@ -53,13 +53,11 @@ folds the partition's history again) and the events appended, by type.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import contextlib
 import dataclasses
 import itertools
 import logging
-import operator
 import random
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
@@ -75,6 +73,7 @@ from ledger.kafka import (
     GroupMember,
     PartitionProducer,
     TransactionFailed,
+    first_at,
     partition_of,
 )
 from ledger.settings import KafkaSettings
@@ -83,8 +82,6 @@ from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Thinning
 
 log = logging.getLogger(__name__)
-
-_OFFSET: Final = operator.attrgetter("offset")
 
 REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
@@ -388,7 +385,7 @@ class PartitionFollower:
         """Fold ``messages`` into the state alone, thinning renewals; how many were folded."""
         if partition_log.lost:
             return 0
-        first = bisect.bisect_left(messages, partition_log.position, key=_OFFSET)
+        first = first_at(messages, partition_log.position)
         if partition_log.terms is None:
             partition_log.terms = LeaseTerms(partition_log.state)
         thinning = Thinning(partition_log.state, partition_log.terms, Changes())

@@ -1324,9 +1324,7 @@ class EventConsumer:
         for tp, messages in fetched.items():
             end = self._ends.get(tp)
             if end is not None and messages and messages[-1].offset >= end:
-                messages = messages[
-                    : bisect.bisect_left(messages, end, key=operator.attrgetter("offset"))
-                ]
+                messages = messages[: first_at(messages, end)]
             if messages:
                 batch[tp.partition] = messages
         if self._until is not None:
@@ -1519,6 +1517,15 @@ def decode_message(message: Message) -> Record | str:
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
     return Record(Position(message.partition, message.offset), event, message.value)
+
+
+_OFFSET: Final = operator.attrgetter("offset")
+
+
+def first_at(messages: Sequence[Message], offset: int) -> int:
+    """The index of the first of ``messages`` (one partition's, in log order) at or after
+    ``offset``; their count if there is none."""
+    return bisect.bisect_left(messages, offset, key=_OFFSET)
 
 
 def message_time(message: Message) -> int | None:

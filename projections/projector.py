@@ -53,12 +53,10 @@ While the broker or the database is out of reach the lag is unknown, and not sho
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import dataclasses
 import itertools
 import logging
-import operator
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -70,7 +68,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
 from ledger.events import from_micros, micros
-from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record
+from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record, first_at
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
@@ -96,7 +94,6 @@ _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 
 
 _NEVER: Final = micros(NO_EVENTS)
-_OFFSET: Final = operator.attrgetter("offset")
 
 
 @dataclasses.dataclass
@@ -173,7 +170,7 @@ def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
     moved: dict[int, int] = {}
     skipped = 0
     for partition, messages in batch.items():
-        first = bisect.bisect_left(messages, next_offsets.get(partition, 0), key=_OFFSET)
+        first = first_at(messages, next_offsets.get(partition, 0))
         skipped += first
         if first == len(messages):
             continue
