@@ -9,4 +9,5 @@ from typing import Final
 # Defaults of ``svledger serve``, here so the command line can show them without
 # importing the server (:mod:`readapi.ledger` uses them).
 CHECKPOINT_EVERY: Final = 20_000  # records of a partition between two kept folds
+RECENT_CHECKPOINTS: Final = 16  # kept at that spacing; older ones twice as sparse, and so on
 WATCH_WINDOW: Final = 2_000  # changes per cluster kept for watches

@@ -11,11 +11,16 @@ each cluster it keeps:
   window is answered 410 Gone, as Kubernetes answers a compacted resourceVersion;
 * checkpoints: every ``checkpoint_every`` records of a partition, a copy of the state
   of each of its clusters (rows are immutable, so a copy is a copy of four dicts).
+  The newest ``recent_checkpoints`` of a partition are kept at that spacing, the ones
+  before them at twice it, then four times, and so on (:func:`kept`), so a partition
+  keeps about ``recent_checkpoints * log2(taken / recent_checkpoints)`` of them and the
+  server's memory grows with the logarithm of the log, not with the log.
 
 A past view (:meth:`LedgerViews.view_at`) starts from the latest checkpoint at or
-before the point and folds at most ``checkpoint_every`` records of the cluster's
-partition read again from Kafka, so its cost does not grow with the log; built views
-are kept in a small LRU cache. A point is an offset in the cluster's partition (the
+before the point and folds the records of the cluster's partition after it, read
+again from Kafka: at most ``checkpoint_every`` for the recent past, and for an older
+point at most about its age in records divided by ``recent_checkpoints / 2``; built
+views are kept in a small LRU cache. A point is an offset in the cluster's partition (the
 resourceVersion the API shows) or a time: the view then holds every event of the
 cluster up to its first event that occurred after that time, as ``replay --until``.
 """
@@ -42,7 +47,7 @@ from projections.fold import apply
 from projections.history import resolve
 from projections.replay import cluster_log
 from projections.state import Changes, State
-from readapi import CHECKPOINT_EVERY, WATCH_WINDOW, timeline
+from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
 from readapi.resources import Created, Row, View
 
 log = logging.getLogger(__name__)
@@ -166,10 +171,30 @@ class ClusterFold:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """The folds of a partition's clusters after every record before ``next_offset``."""
+    """The folds of a partition's clusters after every record before ``next_offset``.
 
+    ``number`` counts the partition's checkpoints from 1, in the order they were taken.
+    """
+
+    number: int
     next_offset: int
     folds: dict[str, ClusterFold]
+
+
+def kept(number: int, taken: int, recent: int) -> bool:
+    """Whether a partition keeps its ``number``-th checkpoint once ``taken`` were taken.
+
+    The newest ``recent`` are kept, the ``2 * recent`` before them every second one, the
+    ``4 * recent`` before those every fourth one, and so on: checkpoint ``number`` at age
+    ``taken - number`` is kept if ``number`` is a multiple of ``2**level``, where
+    ``level = floor(log2(age // recent + 1))``. A checkpoint dropped is never wanted
+    again (the level only grows with age, and a multiple of ``2**(level + 1)`` is one of
+    ``2**level``), so each new checkpoint prunes the list with no bookkeeping. At most
+    ``recent * (log2(taken / recent + 1) + 1)`` are kept, and the kept checkpoint at or
+    before any taken one is fewer than ``2 * (age // recent + 1)`` checkpoints back.
+    """
+    level = ((taken - number) // recent + 1).bit_length() - 1
+    return number % (1 << level) == 0
 
 
 class LedgerViews:
@@ -180,11 +205,13 @@ class LedgerViews:
         settings: KafkaSettings,
         *,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        recent_checkpoints: int = RECENT_CHECKPOINTS,
         watch_window: int = WATCH_WINDOW,
         cached_views: int = CACHED_VIEWS,
     ) -> None:
         self.settings = settings
         self.checkpoint_every = checkpoint_every
+        self.recent_checkpoints = recent_checkpoints
         self.watch_window = watch_window
         self.clusters: dict[str, ClusterFold] = {}
         self.ready = asyncio.Event()
@@ -193,6 +220,7 @@ class LedgerViews:
         self._positions: dict[int, int] = {}  # next offset to read, per partition
         self._since_checkpoint: dict[int, int] = {}
         self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
+        self._taken: dict[int, int] = {}  # checkpoints taken per partition, kept or not
         self._changed = asyncio.Event()
         self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
         self._cached_views = cached_views
@@ -243,7 +271,12 @@ class LedgerViews:
         folds = {
             name: fold.copy() for name, fold in self.clusters.items() if fold.partition == partition
         }
-        self._checkpoints.setdefault(partition, []).append(Checkpoint(next_offset, folds))
+        taken = self._taken[partition] = self._taken.get(partition, 0) + 1
+        checkpoints = self._checkpoints.get(partition, [])
+        self._checkpoints[partition] = [
+            *(c for c in checkpoints if kept(c.number, taken, self.recent_checkpoints)),
+            Checkpoint(taken, next_offset, folds),
+        ]
 
     async def _passed(
         self, positions: Mapping[int, int], targets: Mapping[int, int], folded: bool

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ledger.errors import UsageError
-from readapi import CHECKPOINT_EVERY, WATCH_WINDOW
+from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW
 from svledger.options import (
     Subparsers,
     add_command,
@@ -67,7 +67,17 @@ def add_serve(subparsers: Subparsers) -> None:
         default=CHECKPOINT_EVERY,
         metavar="RECORDS",
         help="keep a copy of the fold every RECORDS records of a partition, so a view of\n"
-        "the past refolds at most that many (default: %(default)s)",
+        "the recent past refolds at most that many (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--recent-checkpoints",
+        type=positive(int, "number of checkpoints"),
+        default=RECENT_CHECKPOINTS,
+        metavar="N",
+        help="keep a partition's newest N copies at --checkpoint-every, the ones before\n"
+        "them at twice that, then four times, and so on: memory grows with the log's\n"
+        "logarithm, and a view of an older point refolds about its age in records / (N/2)\n"
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--watch-window",
@@ -104,6 +114,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     settings = kafka_settings(args)
     views = LedgerViews(
-        settings, checkpoint_every=args.checkpoint_every, watch_window=args.watch_window
+        settings,
+        checkpoint_every=args.checkpoint_every,
+        recent_checkpoints=args.recent_checkpoints,
+        watch_window=args.watch_window,
     )
     return run_until_signalled(lambda stop: serve(views, options, stop), args.metrics_address)
