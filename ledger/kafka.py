@@ -1279,11 +1279,12 @@ class EventConsumer:
                 consumer.pause(tp)
 
     async def batches(
-        self, max_records: int = 10_000, timeout_ms: int = 1_000
+        self, max_records: int = 10_000, timeout_ms: int = 1_000, *, key: bytes | None = None
     ) -> AsyncIterator[list[Record]]:
-        """Yield non-empty lists of records as they arrive, at most ``max_records`` each."""
+        """Yield non-empty lists of records as they arrive, at most ``max_records`` read
+        each; with ``key``, as :meth:`fetch`, only the records of that key."""
         while self._until is None or self._ends:
-            if batch := await self.fetch(max_records, timeout_ms):
+            if batch := await self.fetch(max_records, timeout_ms, key=key):
                 yield batch
 
     async def batches_for_fold(
@@ -1294,15 +1295,22 @@ class EventConsumer:
             if messages := await self.fetch_for_fold(max_records, timeout_ms):
                 yield messages
 
-    async def fetch(self, max_records: int = 10_000, timeout_ms: int = 1_000) -> list[Record]:
+    async def fetch(
+        self, max_records: int = 10_000, timeout_ms: int = 1_000, *, key: bytes | None = None
+    ) -> list[Record]:
         """The records that arrive within ``timeout_ms`` (at most ``max_records``); maybe none.
 
         For a caller that must look up between fetches (a stop signal, positions);
-        cancelling it loses nothing, as no record is handed out before it returns.
+        cancelling it loses nothing, as no record is handed out before it returns. With
+        ``key`` (a cluster's name, encoded), only the records of that key are decoded and
+        returned: one cluster's log, read from its partition with the others' records
+        passed over undecoded.
         """
         records: list[Record] = []
         dead: list[tuple[Message, str]] = []
         for messages in (await self.fetch_for_fold(max_records, timeout_ms)).values():
+            if key is not None:
+                messages = [message for message in messages if message.key == key]
             for message in messages:
                 read = decode_message(message)
                 if isinstance(read, str):

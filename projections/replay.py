@@ -165,10 +165,10 @@ async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, lis
     async with EventConsumer(
         settings, until="end", partitions=[partition], dead_letters=False
     ) as consumer:
-        async for record in consumer:
-            if record.event.meta.cluster == cluster:
+        async for batch in consumer.batches(key=cluster.encode()):
+            for record in batch:
                 apply(state, record.event, record.position)
-                records.append(record)
+            records.extend(batch)
     return state, records
 
 

@@ -387,11 +387,9 @@ class LedgerViews:
             until={partition: stop},
             dead_letters=False,
         ) as consumer:
-            async for batch in consumer.batches():
+            async for batch in consumer.batches(key=fold.cluster.encode()):
                 for record in batch:
                     event = record.event
-                    if event.meta.cluster != fold.cluster:
-                        continue
                     if isinstance(point, datetime) and event.meta.occurred_at > point:
                         return
                     fold.apply(event, record.position, window=0)

@@ -61,10 +61,9 @@ class LogMirror:
         await self._ends.__aexit__(None, None, None)
 
     async def _read(self) -> None:
-        async for batch in self._consumer.batches(timeout_ms=100):
+        async for batch in self._consumer.batches(timeout_ms=100, key=self._cluster.encode()):
             for record in batch:
-                if record.event.meta.cluster == self._cluster:
-                    self._fold(record)
+                self._fold(record)
 
     def _fold(self, record: Record) -> None:
         event = record.event

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import signal
 import socket
 import sys
@@ -45,6 +46,9 @@ from ledger.kafka import (
 )
 from ledger.reporter import Reporter, ResourceReport, ThreadedReporter
 from ledger.settings import KafkaSettings
+from projections.fold import fold
+from projections.replay import cluster_log
+from tests.workloads import mixed_events
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 6
@@ -394,6 +398,40 @@ async def test_undecodable_and_mislabelled_records_go_to_the_dlq_and_the_stream_
         assert int(headers[DLQ_PARTITION_HEADER]) == origin.partition
         assert int(headers[DLQ_OFFSET_HEADER]) == origin.offset
     assert dict(dead[0].headers)[TYPE_HEADER] == b"Nonsense"  # original headers kept
+
+
+async def test_one_clusters_log_is_read_by_key_passing_the_others_over_undecoded(
+    kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    await create_topics(settings)
+    events = list(mixed_events(300, clusters=3))
+    own, other = events[0].meta.cluster, events[1].meta.cluster
+    stray = next(event for event in events if event.meta.cluster == other)
+    async with EventProducer(settings) as producer:
+        await producer.send_many(events[:150])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        garbage = await producer.send_and_wait(unique_topic, b"\xc3\x01 not", key=other.encode())
+        mislabelled = await producer.send_and_wait(
+            unique_topic, to_record(stray).value, key=own.encode()
+        )
+    finally:
+        await producer.stop()
+    async with EventProducer(settings) as producer:
+        await producer.send_many(events[150:])
+
+    with caplog.at_level(logging.WARNING, logger="ledger.kafka"):
+        state, records = await cluster_log(settings, own)
+
+    assert [record.event for record in records] == [e for e in events if e.meta.cluster == own]
+    offsets = [record.position.offset for record in records]
+    assert offsets == sorted(offsets)
+    assert state == fold([(record.event, record.position) for record in records])
+    skipped = caplog.text
+    assert f"@{mislabelled.offset} skipped: record key {own.encode()!r}" in skipped
+    assert f"@{garbage.offset} " not in skipped  # another cluster's record: not decoded
 
 
 async def test_update_reports_changes_withdraws_removed_and_gates_until_acked(
