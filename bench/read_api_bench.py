@@ -12,6 +12,11 @@ its own process on it and measures:
   seconds per request (min, median, max);
 * ``live``: the same request on the live view.
 
+``--checkpoint-every`` and ``--recent-checkpoints`` are passed to the server: a small
+``--checkpoint-every`` takes as many checkpoints on this log as the default takes on a
+log that many times longer, so how many the server keeps, and its memory, can be seen
+without that log.
+
 Prints one JSON object. Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker.
 """
 
@@ -34,6 +39,7 @@ from bench.projector_bench import fill
 from deploy.kafka.broker import free_port, kafka_bootstrap
 from ledger.kafka import EventConsumer, end_offsets, partition_of
 from ledger.settings import KafkaSettings
+from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = "apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
@@ -91,7 +97,12 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             topic=f"svledger-bench.{uuid.uuid4().hex[:8]}",
             partitions=args.partitions,
         )
-        report: dict[str, Any] = {"events": args.events, "clusters": args.clusters}
+        report: dict[str, Any] = {
+            "events": args.events,
+            "clusters": args.clusters,
+            "checkpoint_every": args.checkpoint_every,
+            "recent_checkpoints": args.recent_checkpoints,
+        }
         report["produce"] = await fill(settings, args.events, args.clusters)
         cluster = "cluster-000"
         points = await _points(settings, cluster, args.points)
@@ -101,6 +112,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             [
                 sys.executable, "-m", "svledger", "serve", "--bootstrap", bootstrap,
                 "--topic", settings.topic, "--address", f"127.0.0.1:{port}",
+                "--checkpoint-every", str(args.checkpoint_every),
+                "--recent-checkpoints", str(args.recent_checkpoints),
             ],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -137,6 +150,8 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--points", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY)
+    parser.add_argument("--recent-checkpoints", type=int, default=RECENT_CHECKPOINTS)
     report = asyncio.run(_main(parser.parse_args()))
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
