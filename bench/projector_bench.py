@@ -19,8 +19,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
   group (they share the partitions), from their start to the last checkpoint: the
   aggregate rate, start-up and the group's joining included;
 * ``consumer_rebuild``: a consumer rebuilding the fold of every partition (joining its
-  group included), reading each event with its changes (the migrator, the worker) and
-  reading the state alone (the lease GC);
+  group included), reading each event with its changes (the worker), each but plain
+  lease renewals (the migrator) and the state alone (the lease GC);
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
@@ -293,16 +293,24 @@ async def _project_processes(
 
 async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dict[str, Any]:
     """A consumer's rebuild of every partition (:class:`consumers.partitions.PartitionFollower`):
-    from joining its group until every partition's fold has caught up, once reading each
-    event with its changes (the migrator, the worker) and once the state alone (the lease
-    GC, which thins plain renewals)."""
+    from joining its group until every partition's fold has caught up, reading each
+    event with its changes (the worker), each but plain renewals (the migrator, which
+    thins them) and the state alone (the lease GC, which thins them too)."""
     report: dict[str, Any] = {}
-    for name, events in (("events", True), ("state_alone", False)):
+    for name, events, renewals in (
+        ("events", True, True),
+        ("events_but_renewals", True, False),
+        ("state_alone", False, True),
+    ):
         rss = _rss_mib()
         stop = asyncio.Event()
         group = f"svledger-bench-rebuild-{uuid.uuid4().hex[:8]}"
         follower = PartitionFollower(
-            settings, group_id=group, transactional_prefix=group, events=events
+            settings,
+            group_id=group,
+            transactional_prefix=group,
+            events=events,
+            renewals=renewals,
         )
         started = time.perf_counter()
         async with follower:

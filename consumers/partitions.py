@@ -72,7 +72,9 @@ from ledger.kafka import (
     BrokerUnavailable,
     GroupMember,
     PartitionProducer,
+    Record,
     TransactionFailed,
+    decode_message,
     first_at,
     partition_of,
 )
@@ -216,10 +218,13 @@ class PartitionLog:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Folded:
     """What one poll folded into a partition's state: each event with what it changed
-    (none for a follower that asked for the state alone)."""
+    (none for a follower that asked for the state alone; no plain lease renewal for one
+    that asked for them thinned), and the meta of each cluster's last event folded,
+    renewals included (its time is the cluster's time now)."""
 
     log: PartitionLog
     events: list[tuple[Event, Changes]]
+    latest: dict[str, Meta]
 
 
 class PartitionFollower:
@@ -234,13 +239,19 @@ class PartitionFollower:
         poll_ms: int = 100,
         fetch_max_wait_ms: int = 10,
         events: bool = True,
+        renewals: bool = True,
     ) -> None:
         """``events=False``: the consumer reads only the folded state (the lease GC), not
         each event with its changes; the fold then thins plain lease renewals as the
         projector's does (:mod:`projections.thinning`), decoding only the other records,
-        and the state after every poll is the same."""
+        and the state after every poll is the same. ``renewals=False``: the consumer
+        reads each event with its changes but plain lease renewals (the migrator: a
+        renewal changes only its lease's renew time, which no decision of it reads), and
+        the fold thins them the same way; :attr:`Folded.latest` still names each
+        cluster's last event, renewals included."""
         self.settings = settings
         self.events = events
+        self.renewals = renewals
         self.group_id = group_id
         self.transactional_prefix = transactional_prefix
         self.logs: dict[int, PartitionLog] = {}
@@ -355,11 +366,16 @@ class PartitionFollower:
             self._lag.set(await member.lags())
             for partition, partition_log in list(self.logs.items()):
                 messages = fetched.get(partition, [])
-                if self.events:
+                events: list[tuple[Event, Changes]] = []
+                if not self.events:
+                    folded, latest = self._fold_thinned(partition_log, messages, None), {}
+                elif self.renewals:
                     events = self._fold(partition_log, messages)
                     folded = len(events)
+                    latest = {event.meta.cluster: event.meta for event, _ in events}
                 else:
-                    events, folded = [], self._fold_state(partition_log, messages)
+                    folded = self._fold_thinned(partition_log, messages, events)
+                    latest = self._latest(partition_log, messages)
                 if partition_log.lost:
                     continue
                 if folded:
@@ -378,17 +394,22 @@ class PartitionFollower:
                     )
                     partition_log.lose()
                     continue
-                yield Folded(partition_log, events)
+                yield Folded(partition_log, events, latest)
 
     @staticmethod
-    def _fold_state(partition_log: PartitionLog, messages: list[Any]) -> int:
-        """Fold ``messages`` into the state alone, thinning renewals; how many were folded."""
+    def _fold_thinned(
+        partition_log: PartitionLog,
+        messages: list[Any],
+        events: list[tuple[Event, Changes]] | None,
+    ) -> int:
+        """Fold ``messages`` thinning plain renewals, and append to ``events`` (if a list)
+        every other event with its changes; how many records were folded."""
         if partition_log.lost:
             return 0
         first = first_at(messages, partition_log.position)
         if partition_log.terms is None:
             partition_log.terms = LeaseTerms(partition_log.state)
-        thinning = Thinning(partition_log.state, partition_log.terms, Changes())
+        thinning = Thinning(partition_log.state, partition_log.terms, Changes(), events)
         thinning.fold(itertools.islice(messages, first, None), [], None)
         thinning.finish()
         for message, reason in thinning.dead:
@@ -396,6 +417,23 @@ class PartitionFollower:
                 "skipping undecodable record %d@%d: %s", message.partition, message.offset, reason
             )
         return len(messages) - first - len(thinning.dead)
+
+    @staticmethod
+    def _latest(partition_log: PartitionLog, messages: list[Any]) -> dict[str, Meta]:
+        """The meta of each cluster's last record in ``messages`` that decodes, from the
+        follower's position on: a record of each cluster decoded, most of them not."""
+        if partition_log.lost:
+            return {}
+        latest: dict[str, Meta] = {}
+        found: set[bytes | None] = set()
+        for message in reversed(messages[first_at(messages, partition_log.position) :]):
+            if message.key in found:
+                continue
+            read = decode_message(message)
+            if isinstance(read, Record):
+                found.add(message.key)
+                latest[read.event.meta.cluster] = read.event.meta
+        return latest
 
     @staticmethod
     def _fold(partition_log: PartitionLog, messages: list[Any]) -> list[tuple[Event, Changes]]:

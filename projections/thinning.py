@@ -97,13 +97,23 @@ class Thinning:
     ``fold(messages, ...)`` per partition, each partition's records in log order, then
     ``finish()``; ``counts`` then holds the plain renewals per holder, ``dead`` the
     records that belong in the dead-letter topic (with the reason), and ``changes`` the
-    keys the batch changed.
+    keys the batch changed. With a list as ``folded``, each event folded but plain
+    renewals is appended to it with the keys it changed, in log order: what a consumer
+    that reacts to each event (the migrator) reads; a plain renewal changes only its
+    lease's renew time.
     """
 
-    def __init__(self, state: State, terms: LeaseTerms, changes: Changes) -> None:
+    def __init__(
+        self,
+        state: State,
+        terms: LeaseTerms,
+        changes: Changes,
+        folded: list[tuple[Event, Changes]] | None = None,
+    ) -> None:
         self.state = state
         self.terms = terms
         self.changes = changes
+        self.folded = folded
         self.counts: dict[HolderKey, RenewalCount] = {}
         self.dead: list[tuple[Message, str]] = []
         self.renewals = 0
@@ -162,22 +172,22 @@ class Thinning:
                 return False
             key = (event.meta.cluster, event.apiserver_id)
             self._take(key)  # overwritten by this heartbeat
-            self._apply(event, record)
+            self._fold_own(event, record)
             self.terms.update(self.state, key)
         elif isinstance(event, ApiserverLeaseExpired):
             key = (event.meta.cluster, event.apiserver_id)
             self._flush(key)  # an expiry compares the lease's renew time
-            self._apply(event, record)
+            self._fold_own(event, record)
             self.terms.update(self.state, key)
         elif isinstance(event, ApiserverLeaseReleased):
             key = (event.meta.cluster, event.apiserver_id)
             holder = self.state.leases.get(key)
-            self._apply(event, record)
+            self._fold_own(event, record)
             if holder is not None and key not in self.state.leases:
                 self._take(key, holder.holder_identity)  # renewed, then ended
             self.terms.update(self.state, key)
         else:
-            self._apply(event, record)
+            self._fold_own(event, record)
         return True
 
     def _decoded(self, message: Message) -> Record | None:
@@ -194,6 +204,20 @@ class Thinning:
 
     def _apply(self, event: Event, record: Record) -> None:
         apply(self.state, event, record.position, self.changes)
+
+    def _fold_own(self, event: Event, record: Record) -> None:
+        """Fold the event of a record that is not a plain renewal, in its log order."""
+        if self.folded is None:
+            self._apply(event, record)
+            return
+        own = apply(self.state, event, record.position)
+        self.folded.append((event, own))
+        changes = self.changes
+        changes.leases |= own.leases
+        changes.storage_versions |= own.storage_versions
+        changes.storage_states |= own.storage_states
+        changes.migrations |= own.migrations
+        changes.rejections += own.rejections
 
     def _renewed(self, key: LeaseKey, record: _Pending) -> None:
         pending = self._pending.get(key)

@@ -1,18 +1,19 @@
-"""A follower that reads the state alone (the lease GC) folds what one that reads every
-event folds (:class:`consumers.partitions.PartitionFollower`, ``events=False``)."""
+"""A follower that reads the state alone (the lease GC), or every event but plain lease
+renewals (the migrator), folds what one that reads every event folds
+(:class:`consumers.partitions.PartitionFollower`, ``events=False``, ``renewals=False``)."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, TypeAlias
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.partitions import PartitionFollower, PartitionLog
-from ledger.events import Event, Position
+from ledger.events import ApiserverHeartbeat, Event, Meta, Position
 from projections import fold
-from projections.state import State
+from projections.state import Changes, State
 from tests.consumed import by_partition, consumed
 from tests.histories import histories
 
@@ -22,22 +23,34 @@ def partition_log(partition: int) -> PartitionLog:
     return PartitionLog(None, partition, None, 0)  # type: ignore[arg-type]
 
 
+Polls: TypeAlias = list[tuple[list[tuple[Event, Changes]], dict[str, Meta]]]
+
+
 def polled(
-    history: list[tuple[Event, Position]], cuts: list[int], *, events: bool
-) -> dict[int, PartitionLog]:
+    history: list[tuple[Event, Position]], cuts: list[int], *, mode: str
+) -> tuple[dict[int, PartitionLog], Polls]:
     """Each partition's log after folding ``history`` in polls cut at ``cuts``, each poll
-    handed over as the consumer would, with what was folded before delivered again."""
+    handed over as the consumer would, with what was folded before delivered again; and
+    what each poll of each partition gave a consumer: its events and their changes, and
+    each cluster's latest meta (``mode``: "every event", "state alone", "no renewals")."""
     logs: dict[int, PartitionLog] = {}
+    polls: Polls = []
     messages = [consumed(event, position) for event, position in history]
     for start, end in itertools.pairwise([0, *cuts, len(messages)]):
         for partition, batch in by_partition(messages[max(0, start - 2) : end]).items():
             log = logs.setdefault(partition, partition_log(partition))
-            if events:
-                PartitionFollower._fold(log, batch)
+            events: list[tuple[Event, Changes]] = []
+            if mode == "every event":
+                events = PartitionFollower._fold(log, batch)
+                polls.append((events, {e.meta.cluster: e.meta for e, _ in events}))
+            elif mode == "state alone":
+                PartitionFollower._fold_thinned(log, batch, None)
             else:
-                PartitionFollower._fold_state(log, batch)
+                latest = PartitionFollower._latest(log, batch)
+                PartitionFollower._fold_thinned(log, batch, events)
+                polls.append((events, latest))
             log._advance(batch[-1].offset + 1)
-    return logs
+    return logs, polls
 
 
 def merged(logs: dict[int, PartitionLog]) -> State:
@@ -54,6 +67,31 @@ def test_the_state_alone_is_the_state_of_every_event(
     history: list[tuple[Event, Position]], data: Any
 ) -> None:
     cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=6)))
-    thinned = polled(history, cuts, events=False)
+    thinned, _ = polled(history, cuts, mode="state alone")
     assert merged(thinned) == fold.fold(history)
-    assert merged(thinned) == merged(polled(history, cuts, events=True))
+    every, _ = polled(history, cuts, mode="every event")
+    assert merged(thinned) == merged(every)
+
+
+@settings(max_examples=200, deadline=None)
+@given(history=histories(), data=st.data())
+def test_without_renewals_every_other_event_changes_what_it_changes_one_by_one(
+    history: list[tuple[Event, Position]], data: Any
+) -> None:
+    """What the migrator reacts to: each event but heartbeats, in order, with the keys it
+    changed, and each cluster's latest event (heartbeats included) per poll."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=6)))
+    every, every_polls = polled(history, cuts, mode="every event")
+    thinned, thinned_polls = polled(history, cuts, mode="no renewals")
+    assert merged(thinned) == merged(every) == fold.fold(history)
+    assert len(thinned_polls) == len(every_polls)
+    for (events, latest), (all_events, all_latest) in zip(thinned_polls, every_polls, strict=True):
+        assert latest == all_latest
+        assert _but_heartbeats(events) == _but_heartbeats(all_events)
+        # A heartbeat listed is one that is not a plain renewal: what it changed is as
+        # one by one (its lease).
+        assert all(item in all_events for item in events)
+
+
+def _but_heartbeats(events: list[tuple[Event, Changes]]) -> list[tuple[Event, Changes]]:
+    return [(e, c) for e, c in events if not isinstance(e, ApiserverHeartbeat)]
