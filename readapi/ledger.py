@@ -220,7 +220,6 @@ class LedgerViews:
         self._positions: dict[int, int] = {}  # next offset to read, per partition
         self._since_checkpoint: dict[int, int] = {}
         self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
-        self._taken: dict[int, int] = {}  # checkpoints taken per partition, kept or not
         self._changed = asyncio.Event()
         self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
         self._cached_views = cached_views
@@ -271,8 +270,8 @@ class LedgerViews:
         folds = {
             name: fold.copy() for name, fold in self.clusters.items() if fold.partition == partition
         }
-        taken = self._taken[partition] = self._taken.get(partition, 0) + 1
         checkpoints = self._checkpoints.get(partition, [])
+        taken = checkpoints[-1].number + 1 if checkpoints else 1  # the newest is always kept
         self._checkpoints[partition] = [
             *(c for c in checkpoints if kept(c.number, taken, self.recent_checkpoints)),
             Checkpoint(taken, next_offset, folds),
