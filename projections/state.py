@@ -258,3 +258,11 @@ class Changes:
     def resources(self) -> set[ResourceKey]:
         """Resources whose agreement or storage state this touched."""
         return self.storage_versions | self.storage_states
+
+    def add(self, other: Changes) -> None:
+        """Take in what ``other`` touched too."""
+        self.leases |= other.leases
+        self.storage_versions |= other.storage_versions
+        self.storage_states |= other.storage_states
+        self.migrations |= other.migrations
+        self.rejections += other.rejections

@@ -212,12 +212,7 @@ class Thinning:
             return
         own = apply(self.state, event, record.position)
         self.folded.append((event, own))
-        changes = self.changes
-        changes.leases |= own.leases
-        changes.storage_versions |= own.storage_versions
-        changes.storage_states |= own.storage_states
-        changes.migrations |= own.migrations
-        changes.rejections += own.rejections
+        self.changes.add(own)
 
     def _renewed(self, key: LeaseKey, record: _Pending) -> None:
         pending = self._pending.get(key)
