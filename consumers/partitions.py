@@ -42,8 +42,9 @@ migration trigger, the migration worker) has the same needs, served here once:
   group, and building a partition's log, are tried again on later polls until the
   broker answers or ``stop`` is set.
 
-Records that do not decode are skipped with a warning (the projector sends them to
-the dead-letter topic); they never stop a consumer.
+Records that do not decode, or whose key is not their event's cluster, are skipped
+with a warning (:func:`ledger.kafka.decode_message`, the projector's rule: it sends them
+to the dead-letter topic); they never stop a consumer.
 
 The Prometheus metrics (:mod:`ledger.metrics`) show every follower under its group
 id: each followed partition's lag after every poll, the events folded (a rebuild
@@ -64,7 +65,6 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from ledger import metrics
-from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position, type_name
 from ledger.kafka import (
     BROKER_ERRORS,
@@ -441,16 +441,11 @@ class PartitionFollower:
         for message in messages:
             if partition_log.lost or message.offset < partition_log.position:
                 continue
-            try:
-                event = decode(message.value or b"")
-            except CodecError as error:
+            read = decode_message(message)
+            if isinstance(read, str):
                 log.warning(
-                    "skipping undecodable record %d@%d: %s",
-                    message.partition,
-                    message.offset,
-                    error,
+                    "skipping undecodable record %d@%d: %s", message.partition, message.offset, read
                 )
                 continue
-            changes = apply(partition_log.state, event, Position(message.partition, message.offset))
-            folded.append((event, changes))
+            folded.append((read.event, apply(partition_log.state, read.event, read.position)))
         return folded
