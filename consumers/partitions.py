@@ -42,9 +42,8 @@ migration trigger, the migration worker) has the same needs, served here once:
   group, and building a partition's log, are tried again on later polls until the
   broker answers or ``stop`` is set.
 
-Records that do not decode, or whose key is not their event's cluster, are skipped
-with a warning (:func:`ledger.kafka.decode_message`, the projector's rule: it sends them
-to the dead-letter topic); they never stop a consumer.
+Records that do not decode are skipped with a warning (the projector sends them to
+the dead-letter topic); they never stop a consumer.
 
 The Prometheus metrics (:mod:`ledger.metrics`) show every follower under its group
 id: each followed partition's lag after every poll, the events folded (a rebuild
@@ -65,6 +64,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from ledger import metrics
+from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position, type_name
 from ledger.kafka import (
     BROKER_ERRORS,
@@ -441,11 +441,16 @@ class PartitionFollower:
         for message in messages:
             if partition_log.lost or message.offset < partition_log.position:
                 continue
-            read = decode_message(message)
-            if isinstance(read, str):
+            try:
+                event = decode(message.value or b"")
+            except CodecError as error:
                 log.warning(
-                    "skipping undecodable record %d@%d: %s", message.partition, message.offset, read
+                    "skipping undecodable record %d@%d: %s",
+                    message.partition,
+                    message.offset,
+                    error,
                 )
                 continue
-            folded.append((read.event, apply(partition_log.state, read.event, read.position)))
+            changes = apply(partition_log.state, event, Position(message.partition, message.offset))
+            folded.append((event, changes))
         return folded
