@@ -208,6 +208,14 @@ def next_migrations(state: State, cluster: str | None = None) -> list[Migration]
     return sorted(active, key=lambda m: (m.requested_at, m.migration_id))
 
 
+def migration_cancelled(state: State, key: MigrationKey) -> bool:
+    """Whether the migration ``key`` should stop: it ended (cancelled, most often), or it
+    is no longer in the view at all, as an ended migration is dropped when its resource's
+    next one is requested (the migrator cancels and requests again in one transaction)."""
+    migration = state.migrations.get(key)
+    return migration is None or not migration.active
+
+
 def next_migration(state: State, cluster: str | None = None) -> Migration | None:
     """The oldest Pending or Running migration of the partition's clusters, or of ``cluster``."""
     return next(iter(next_migrations(state, cluster)), None)
@@ -290,7 +298,7 @@ async def run_worker(
             positions.extend(p.offset for p in await partition_log.commit(events))
 
         def cancelled() -> bool:
-            return not partition_log.state.migrations[key].active
+            return migration_cancelled(partition_log.state, key)
 
         await executor.run(migration, append=append, cancelled=cancelled)
         # Done only once its last event is folded, so it is not picked again.

@@ -81,6 +81,7 @@ from aiokafka.errors import (
     IllegalStateError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
@@ -443,7 +444,8 @@ async def _await_leaders(
 
 async def topic_partitions(settings: KafkaSettings, topic: str | None = None) -> list[int]:
     """The partitions of the events topic (or ``topic``); :class:`TopicMissing` at once if
-    there is none.
+    there is none, :class:`BrokerUnavailable` if the broker cannot be reached or is lost
+    on the way (a killed broker's closed connection, a node not ready).
 
     Asked of the admin client, whose metadata request neither creates the topic nor
     waits for it: a consumer or producer would retry for its whole request timeout,
@@ -453,6 +455,14 @@ async def topic_partitions(settings: KafkaSettings, topic: str | None = None) ->
     admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
     try:
         (described,) = await admin.describe_topics([topic])
+    except KafkaError as error:
+        if not (error.retriable or isinstance(error, KafkaTimeoutError)):
+            raise
+        # The broker went away after the connection was made: an outage, as at connect.
+        raise BrokerUnavailable(
+            f"lost Kafka at {settings.bootstrap_servers!r} while describing topic"
+            f" {topic!r}: {error}. Check that the broker is running; services try again."
+        ) from error
     finally:
         await admin.close()
     _check_described(settings, described)

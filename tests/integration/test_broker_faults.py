@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 
 from consumers import partitions
@@ -403,6 +404,42 @@ async def test_a_commit_gives_up_in_time_while_the_broker_is_down(
     assert logged == ["h1", "h3"]
     stable, high = await stable_and_high(settings)
     assert stable == high
+
+
+async def test_a_follower_whose_broker_dies_as_it_joins_joins_once_it_is_back(
+    broker: LocalKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker is killed between a follower's connection and its first request, the
+    topic's description: the follower (the collector, the migrator, the worker) waits
+    for the broker and joins, as through any outage. It used to exit."""
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-join", partitions=1
+    )
+    await create_topics(settings)
+    killed = asyncio.Event()
+    describe = AIOKafkaAdminClient.describe_topics
+
+    async def kill_then_describe(self: Any, *args: Any, **options: Any) -> Any:
+        if not killed.is_set():
+            killed.set()
+            broker.kill()
+        return await describe(self, *args, **options)
+
+    monkeypatch.setattr(AIOKafkaAdminClient, "describe_topics", kill_then_describe)
+    stop = asyncio.Event()
+
+    async def first_partition() -> int | None:
+        async with PartitionFollower(settings, group_id="join", transactional_prefix="join") as f:
+            async for folded in f.batches(stop):
+                return folded.log.partition
+        return None
+
+    joining = asyncio.create_task(first_partition())
+    await asyncio.wait_for(killed.wait(), 60)
+    await asyncio.sleep(1)
+    assert not joining.done(), "the follower gave up while the broker was away"
+    await asyncio.to_thread(broker.restart)
+    assert await asyncio.wait_for(joining, 120) == 0
 
 
 async def test_a_collector_started_while_the_broker_is_down_collects_once_it_is_back(

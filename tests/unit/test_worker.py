@@ -18,14 +18,19 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
-from consumers.worker import RetryPolicy, migrate, next_migration
+from consumers.worker import RetryPolicy, migrate, migration_cancelled, next_migration
 from ledger.events import (
     Event,
+    Meta,
+    MigrationCancelled,
     MigrationFailed,
     MigrationProgressed,
+    MigrationRequested,
     MigrationStarted,
     MigrationSucceeded,
+    Position,
 )
+from projections import fold
 from projections.state import Migration, Phase, State
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
@@ -264,3 +269,27 @@ def test_next_migration_is_the_oldest_active_one_of_the_cluster_asked_for() -> N
     assert next_migration(state) == rows[1]
     assert next_migration(state, "east") == rows[2]
     assert next_migration(state, "north") is None
+
+
+def test_a_migration_superseded_before_its_runner_looks_counts_as_cancelled() -> None:
+    """The migrator cancels a migration and requests the resource's next one; a runner
+    that looks only after both are folded finds its migration gone from the view."""
+    state = State()
+    first = migration()
+    meta = Meta.new("east", "svledger-migrator", START)
+
+    def requested(migration_id: str, offset: int) -> None:
+        event = MigrationRequested(
+            meta, migration_id, first.group, first.resource, "v2", "h2", f"0:{offset}"
+        )
+        fold.apply(state, event, Position(0, offset))
+
+    requested("m-1", 1)
+    fold.apply(state, MigrationStarted(meta, "m-1"), Position(0, 2))
+    assert not migration_cancelled(state, first.key)
+    fold.apply(state, MigrationCancelled(meta, "m-1", reason="Changed"), Position(0, 3))
+    assert migration_cancelled(state, first.key)
+    requested("m-2", 4)
+    assert first.key not in state.migrations  # dropped: its resource's next one came
+    assert migration_cancelled(state, first.key)
+    assert not migration_cancelled(state, ("east", "m-2"))
