@@ -214,7 +214,7 @@ async def run_migrator(
         settings,
         group_id=group_id,
         transactional_prefix=f"svledger-migrator-{settings.topic}",
-        renewals=False,  # they touch no resource; their time comes in Folded.latest
+        renewals=False,  # they touch no resource; their time comes in Folded.latest()
     )
     failed: dict[int, set[ResourceKey]] = {}  # per partition: resources backing off
 
@@ -239,10 +239,10 @@ async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: B
             migration = log.state.migrations.get((event.meta.cluster, event.migration_id))
             if migration is not None:
                 backing_off.add(migration.resource_key)
-    if folded.latest:
+    if backing_off:
         # Time moved: every resource backing off in a cluster that had an event is
         # decided again at that event's time.
-        latest = folded.latest
+        latest = folded.latest()
         for key in backing_off:
             if key[0] in latest:
                 log.touched.setdefault(key, latest[key[0]])

@@ -56,10 +56,11 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -219,12 +220,18 @@ class PartitionLog:
 class Folded:
     """What one poll folded into a partition's state: each event with what it changed
     (none for a follower that asked for the state alone; no plain lease renewal for one
-    that asked for them thinned), and the meta of each cluster's last event folded,
-    renewals included (its time is the cluster's time now)."""
+    that asked for them thinned), and (:meth:`latest`) the meta of each cluster's last
+    event folded, renewals included (its time is the cluster's time now)."""
 
     log: PartitionLog
     events: list[tuple[Event, Changes]]
-    latest: dict[str, Meta]
+    _latest: Callable[[], dict[str, Meta]]
+
+    def latest(self) -> dict[str, Meta]:
+        """Each cluster's last event's meta; a follower that thins renewals decodes a
+        record per cluster for it, so only when asked (the migrator asks only while a
+        resource backs off)."""
+        return self._latest()
 
 
 class PartitionFollower:
@@ -247,7 +254,7 @@ class PartitionFollower:
         and the state after every poll is the same. ``renewals=False``: the consumer
         reads each event with its changes but plain lease renewals (the migrator: a
         renewal changes only its lease's renew time, which no decision of it reads), and
-        the fold thins them the same way; :attr:`Folded.latest` still names each
+        the fold thins them the same way; :meth:`Folded.latest` still names each
         cluster's last event, renewals included."""
         self.settings = settings
         self.events = events
@@ -367,15 +374,17 @@ class PartitionFollower:
             for partition, partition_log in list(self.logs.items()):
                 messages = fetched.get(partition, [])
                 events: list[tuple[Event, Changes]] = []
+                latest: Callable[[], dict[str, Meta]] = dict
                 if not self.events:
-                    folded, latest = self._fold_thinned(partition_log, messages, None), {}
+                    folded = self._fold_thinned(partition_log, messages, None)
                 elif self.renewals:
                     events = self._fold(partition_log, messages)
                     folded = len(events)
-                    latest = {event.meta.cluster: event.meta for event, _ in events}
+                    latest = {event.meta.cluster: event.meta for event, _ in events}.copy
                 else:
+                    unread = messages[first_at(messages, partition_log.position) :]
                     folded = self._fold_thinned(partition_log, messages, events)
-                    latest = self._latest(partition_log, messages)
+                    latest = functools.partial(self._latest, unread)
                 if partition_log.lost:
                     continue
                 if folded:
@@ -419,14 +428,12 @@ class PartitionFollower:
         return len(messages) - first - len(thinning.dead)
 
     @staticmethod
-    def _latest(partition_log: PartitionLog, messages: list[Any]) -> dict[str, Meta]:
-        """The meta of each cluster's last record in ``messages`` that decodes, from the
-        follower's position on: a record of each cluster decoded, most of them not."""
-        if partition_log.lost:
-            return {}
+    def _latest(messages: list[Any]) -> dict[str, Meta]:
+        """The meta of each cluster's last record in ``messages`` that decodes: a record
+        of each cluster decoded, most of them not."""
         latest: dict[str, Meta] = {}
         found: set[bytes | None] = set()
-        for message in reversed(messages[first_at(messages, partition_log.position) :]):
+        for message in reversed(messages):
             if message.key in found:
                 continue
             read = decode_message(message)

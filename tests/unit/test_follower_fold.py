@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from consumers.partitions import PartitionFollower, PartitionLog
 from ledger.events import ApiserverHeartbeat, Event, Meta, Position
+from ledger.kafka import first_at
 from projections import fold
 from projections.state import Changes, State
 from tests.consumed import by_partition, consumed
@@ -46,7 +47,7 @@ def polled(
             elif mode == "state alone":
                 PartitionFollower._fold_thinned(log, batch, None)
             else:
-                latest = PartitionFollower._latest(log, batch)
+                latest = PartitionFollower._latest(batch[first_at(batch, log.position) :])
                 PartitionFollower._fold_thinned(log, batch, events)
                 polls.append((events, latest))
             log._advance(batch[-1].offset + 1)
