@@ -119,6 +119,8 @@ async def run_lease_gc(
         # Partitions still being rebuilt would show renewals long since superseded.
         logs = [log for log in follower.logs.values() if log.caught_up]
         now = clock.now()
+        for partition_log in logs:
+            partition_log.settle()  # the renew times
         return [sample for log in logs for sample in heartbeat_ages(log.state, now).items()]
 
     async with follower:
@@ -156,6 +158,7 @@ async def _check_periodically(
 async def _check(follower: PartitionFollower, partition_log: PartitionLog, clock: Clock) -> None:
     end = await follower.end_offset(partition_log.partition)
     await partition_log.wait_folded(end)
+    partition_log.settle()  # every renewal read is in the renew times compared
     expiries = expired(partition_log.state, clock.now())
     if expiries:
         await partition_log.commit(expiries)

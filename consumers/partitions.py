@@ -82,10 +82,14 @@ from ledger.kafka import (
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import Changes, ResourceKey, State
-from projections.thinning import LeaseTerms, Thinning
+from projections.thinning import LeaseTerms, Pending, Thinning
 
 log = logging.getLogger(__name__)
 
+# A follower that thins renewals folds those still pending at least this often, and
+# once it has read this many records since (what it holds meanwhile).
+SETTLE_SECONDS: Final = 1.0
+SETTLE_RECORDS: Final = 50_000
 REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
 REBUILD_BACKOFF_MAX_SECONDS: Final = 300.0
@@ -136,6 +140,11 @@ class PartitionLog:
         self.partition = partition
         self.state = State()
         self.terms: LeaseTerms | None = None  # for a fold that thins renewals, once it has
+        # Its plain renewals read but not folded yet, and how many records were read and
+        # when (loop time) since it last folded them (:meth:`settle`).
+        self.pending: Pending = {}
+        self.unsettled = 0
+        self.settled_at = 0.0
         self.position = 0  # the next offset the fold will read
         self.barrier = barrier
         self.lost = False
@@ -154,6 +163,27 @@ class PartitionLog:
     @property
     def caught_up(self) -> bool:
         return not self.lost and self.position >= self.barrier
+
+    def lease_terms(self) -> LeaseTerms:
+        if self.terms is None:
+            self.terms = LeaseTerms(self.state)
+        return self.terms
+
+    def settle(self) -> None:
+        """Fold the plain renewals still pending: the state is then exactly the fold of
+        every record read. A follower that thins renewals carries them from poll to
+        poll and folds them every :data:`SETTLE_SECONDS`; live, with polls of a few
+        records each, that decodes a lease's last renewal once a second, not once a
+        poll. Until then only the leases' renew times lag, which no decision of the
+        migrator reads; the lease GC, which reads them, settles first."""
+        if self.pending:
+            Thinning(self.state, self.lease_terms(), Changes(), pending=self.pending).finish()
+        self.unsettled = 0
+
+    def _settle_if_due(self, now: float) -> None:
+        if self.unsettled >= SETTLE_RECORDS or now - self.settled_at >= SETTLE_SECONDS:
+            self.settle()
+            self.settled_at = now
 
     def _advance(self, position: int) -> None:
         self.position = position
@@ -251,11 +281,12 @@ class PartitionFollower:
         """``events=False``: the consumer reads only the folded state (the lease GC), not
         each event with its changes; the fold then thins plain lease renewals as the
         projector's does (:mod:`projections.thinning`), decoding only the other records,
-        and the state after every poll is the same. ``renewals=False``: the consumer
-        reads each event with its changes but plain lease renewals (the migrator: a
-        renewal changes only its lease's renew time, which no decision of it reads), and
-        the fold thins them the same way; :meth:`Folded.latest` still names each
-        cluster's last event, renewals included."""
+        and the state after :meth:`PartitionLog.settle` is the same (the renewals left
+        pending are folded then, and at least every :data:`SETTLE_SECONDS`).
+        ``renewals=False``: the consumer reads each event with its changes but plain
+        lease renewals (the migrator: a renewal changes only its lease's renew time,
+        which no decision of it reads), and the fold thins them the same way;
+        :meth:`Folded.latest` still names each cluster's last event, renewals included."""
         self.settings = settings
         self.events = events
         self.renewals = renewals
@@ -387,6 +418,8 @@ class PartitionFollower:
                     latest = functools.partial(self._latest, unread)
                 if partition_log.lost:
                     continue
+                if not (self.events and self.renewals):
+                    partition_log._settle_if_due(loop.time())
                 if folded:
                     metrics.EVENTS_FOLDED.labels(self.group_id).inc(folded)
                 partition_log._advance(await member.position(partition))
@@ -412,15 +445,20 @@ class PartitionFollower:
         events: list[tuple[Event, Changes]] | None,
     ) -> int:
         """Fold ``messages`` thinning plain renewals, and append to ``events`` (if a list)
-        every other event with its changes; how many records were folded."""
+        every other event with its changes; how many records were folded. The plain
+        renewals are left pending in the log (:meth:`PartitionLog.settle`)."""
         if partition_log.lost:
             return 0
         first = first_at(messages, partition_log.position)
-        if partition_log.terms is None:
-            partition_log.terms = LeaseTerms(partition_log.state)
-        thinning = Thinning(partition_log.state, partition_log.terms, Changes(), events)
+        thinning = Thinning(
+            partition_log.state,
+            partition_log.lease_terms(),
+            Changes(),
+            events,
+            pending=partition_log.pending,
+        )
         thinning.fold(itertools.islice(messages, first, None), [], None)
-        thinning.finish()
+        partition_log.unsettled += len(messages) - first
         for message, reason in thinning.dead:
             log.warning(
                 "skipping undecodable record %d@%d: %s", message.partition, message.offset, reason

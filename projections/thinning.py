@@ -89,18 +89,23 @@ class LeaseTerms:
 
 
 _Pending: TypeAlias = Message | Record  # undecoded, or decoded for want of the header
+# Each lease's plain renewals not folded yet, in log order.
+Pending: TypeAlias = dict[LeaseKey, list[_Pending]]
 
 
 class Thinning:
     """Folds one batch of consumed records into ``state``, thinning plain renewals.
 
     ``fold(messages, ...)`` per partition, each partition's records in log order, then
-    ``finish()``; ``counts`` then holds the plain renewals per holder, ``dead`` the
-    records that belong in the dead-letter topic (with the reason), and ``changes`` the
-    keys the batch changed. With a list as ``folded``, each event folded but plain
-    renewals is appended to it with the keys it changed, in log order: what a consumer
-    that reacts to each event (the migrator) reads; a plain renewal changes only its
-    lease's renew time.
+    ``finish()``. A consumer that folds poll after poll may hand each poll's thinning
+    the same ``pending`` and call ``finish()`` only now and then: renewals still
+    pending then carry over to the next poll, and the state lags only in its leases'
+    renew times (and those rows' revisions) until it is called. ``counts`` then holds
+    the plain renewals per holder, ``dead`` the records that belong in the dead-letter
+    topic (with the reason), and ``changes`` the keys the batch changed. With a list
+    as ``folded``, each event folded but plain renewals is appended to it with the keys
+    it changed, in log order: what a consumer that reacts to each event (the migrator)
+    reads; a plain renewal changes only its lease's renew time.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class Thinning:
         terms: LeaseTerms,
         changes: Changes,
         folded: list[tuple[Event, Changes]] | None = None,
+        pending: Pending | None = None,
     ) -> None:
         self.state = state
         self.terms = terms
@@ -117,7 +123,7 @@ class Thinning:
         self.counts: dict[HolderKey, RenewalCount] = {}
         self.dead: list[tuple[Message, str]] = []
         self.renewals = 0
-        self._pending: dict[LeaseKey, list[_Pending]] = {}
+        self._pending: Pending = {} if pending is None else pending
 
     def fold(
         self, messages: Iterable[Message], logged: list[Record], latest: int | None

@@ -4,6 +4,7 @@ renewals (the migrator), folds what one that reads every event folds
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any, TypeAlias
 
@@ -28,16 +29,30 @@ Polls: TypeAlias = list[tuple[list[tuple[Event, Changes]], dict[str, Meta]]]
 
 
 def polled(
-    history: list[tuple[Event, Position]], cuts: list[int], *, mode: str
+    history: list[tuple[Event, Position]],
+    cuts: list[int],
+    *,
+    mode: str,
+    settles: frozenset[int] = frozenset(),
+    settled: list[tuple[int, State]] | None = None,
 ) -> tuple[dict[int, PartitionLog], Polls]:
     """Each partition's log after folding ``history`` in polls cut at ``cuts``, each poll
     handed over as the consumer would, with what was folded before delivered again; and
     what each poll of each partition gave a consumer: its events and their changes, and
-    each cluster's latest meta (``mode``: "every event", "state alone", "no renewals")."""
+    each cluster's latest meta (``mode``: "every event", "state alone", "no renewals").
+
+    A thinning follower folds its pending renewals after the polls ending at
+    ``settles`` (appending to ``settled`` how far it had read and the state then), and
+    at the end."""
     logs: dict[int, PartitionLog] = {}
     polls: Polls = []
     messages = [consumed(event, position) for event, position in history]
     for start, end in itertools.pairwise([0, *cuts, len(messages)]):
+        if start in settles:
+            for log in logs.values():
+                log.settle()
+            if settled is not None:
+                settled.append((start, copy.deepcopy(merged(logs))))
         for partition, batch in by_partition(messages[max(0, start - 2) : end]).items():
             log = logs.setdefault(partition, partition_log(partition))
             events: list[tuple[Event, Changes]] = []
@@ -51,6 +66,8 @@ def polled(
                 PartitionFollower._fold_thinned(log, batch, events)
                 polls.append((events, latest))
             log._advance(batch[-1].offset + 1)
+    for log in logs.values():
+        log.settle()
     return logs, polls
 
 
@@ -68,8 +85,14 @@ def test_the_state_alone_is_the_state_of_every_event(
     history: list[tuple[Event, Position]], data: Any
 ) -> None:
     cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=6)))
-    thinned, _ = polled(history, cuts, mode="state alone")
+    settles = frozenset(data.draw(st.sets(st.sampled_from(cuts)))) if cuts else frozenset()
+    settled: list[tuple[int, State]] = []
+    thinned, _ = polled(history, cuts, mode="state alone", settles=settles, settled=settled)
     assert merged(thinned) == fold.fold(history)
+    # Renewals carried over polls: once folded, the state is that of what was read.
+    assert [read for read, _ in settled] == sorted(settles)
+    for read, state in settled:
+        assert state == fold.fold(history[:read])
     every, _ = polled(history, cuts, mode="every event")
     assert merged(thinned) == merged(every)
 
@@ -82,8 +105,9 @@ def test_without_renewals_every_other_event_changes_what_it_changes_one_by_one(
     """What the migrator reacts to: each event but heartbeats, in order, with the keys it
     changed, and each cluster's latest event (heartbeats included) per poll."""
     cuts = sorted(data.draw(st.sets(st.integers(1, max(len(history) - 1, 1)), max_size=6)))
+    settles = frozenset(data.draw(st.sets(st.sampled_from(cuts)))) if cuts else frozenset()
     every, every_polls = polled(history, cuts, mode="every event")
-    thinned, thinned_polls = polled(history, cuts, mode="no renewals")
+    thinned, thinned_polls = polled(history, cuts, mode="no renewals", settles=settles)
     assert merged(thinned) == merged(every) == fold.fold(history)
     assert len(thinned_polls) == len(every_polls)
     for (events, latest), (all_events, all_latest) in zip(thinned_polls, every_polls, strict=True):
