@@ -19,8 +19,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
   group (they share the partitions), from their start to the last checkpoint: the
   aggregate rate, start-up and the group's joining included;
 * ``consumer_rebuild``: a consumer rebuilding the fold of every partition (joining its
-  group included), reading each event with its changes (the worker), each but plain
-  lease renewals (the migrator) and the state alone (the lease GC);
+  group included), reading each event with its changes (the collector), each but plain
+  lease renewals (the migrator) and the state alone (the lease GC, the worker);
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
@@ -294,8 +294,8 @@ async def _project_processes(
 async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dict[str, Any]:
     """A consumer's rebuild of every partition (:class:`consumers.partitions.PartitionFollower`):
     from joining its group until every partition's fold has caught up, reading each
-    event with its changes (the worker), each but plain renewals (the migrator, which
-    thins them) and the state alone (the lease GC, which thins them too)."""
+    event with its changes (the collector), each but plain renewals (the migrator, which
+    thins them) and the state alone (the lease GC and the worker, which thin them too)."""
     report: dict[str, Any] = {}
     for name, events, renewals in (
         ("events", True, True),

@@ -286,7 +286,10 @@ async def run_worker(
     derive from ``group_id``, so they do not fence one another.
     """
     follower = PartitionFollower(
-        settings, group_id=group_id, transactional_prefix=f"{group_id}-{settings.topic}"
+        settings,
+        group_id=group_id,
+        transactional_prefix=f"{group_id}-{settings.topic}",
+        events=False,  # it runs what the migrations' state says, and reads no lease
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
 
