@@ -124,6 +124,7 @@ _TOPIC_AUTHORIZATION_FAILED: Final = TopicAuthorizationFailedError.errno
 # A transaction (or a producer's stop) that has not completed by then is given up.
 TRANSACTION_TIMEOUT_SECONDS: Final = 60.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
+METADATA_MAX_AGE_MS: Final = 5_000  # a reader's metadata refresh (ledger_consumer)
 DEAD_LETTER_SENDERS: Final = "svledger-dead-letters"  # prefix of their transactional IDs
 
 
@@ -897,7 +898,13 @@ def ledger_consumer(
     Only committed records (``read_committed`` hides those of aborted transactions),
     offsets committed by the caller and never automatically, and the beginning of a
     partition where the group has no committed offset. ``options`` tune fetching.
+
+    Metadata is refreshed every :data:`METADATA_MAX_AGE_MS`, not aiokafka's 5 min: a
+    member that joined its group while the broker, just restarted, did not yet list
+    the topic's partitions was assigned none, and it rejoins only once a refresh shows
+    them (the group's leader then sees the topic's metadata change).
     """
+    options.setdefault("metadata_max_age_ms", METADATA_MAX_AGE_MS)
     return AIOKafkaConsumer(
         **settings.client_kwargs(),
         group_id=group_id,

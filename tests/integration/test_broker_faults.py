@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
 
 from consumers import partitions
 from consumers.partitions import PartitionFollower, PartitionLost
@@ -440,6 +441,51 @@ async def test_a_follower_whose_broker_dies_as_it_joins_joins_once_it_is_back(
     assert not joining.done(), "the follower gave up while the broker was away"
     await asyncio.to_thread(broker.restart)
     assert await asyncio.wait_for(joining, 120) == 0
+
+
+async def test_a_follower_that_joined_before_its_topic_was_listed_is_assigned_once_it_is(
+    kafka_bootstrap: str, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker just restarted may answer a metadata request before it lists the
+    topic's partitions; a member that joins its group then is assigned none. It must
+    get its partitions once the metadata lists them, not after aiokafka's 5 minutes."""
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    await create_topics(settings)
+    listed = asyncio.Event()
+    partitions_for_topic = ClusterMetadata.partitions_for_topic
+
+    def unlisted_at_first(self: Any, topic: str) -> Any:
+        return partitions_for_topic(self, topic) if listed.is_set() else None
+
+    monkeypatch.setattr(ClusterMetadata, "partitions_for_topic", unlisted_at_first)
+    stop = asyncio.Event()
+    follower = PartitionFollower(settings, group_id="unlisted", transactional_prefix="unlisted")
+
+    async def first_partition() -> int | None:
+        async with follower:
+            async for folded in follower.batches(stop):
+                return folded.log.partition
+        return None
+
+    def joined() -> bool:  # the group answered its join (its generation is set)
+        member = follower._member
+        consumer = None if member is None else member._consumer
+        return consumer is not None and consumer._coordinator.generation > 0
+
+    joining = asyncio.create_task(first_partition())
+    try:
+        async with asyncio.timeout(60):
+            while not joined():
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(2)  # its assignment (none) is synced
+        assert not joining.done() and follower.member.assignment() == set()
+        listed.set()
+        assert await asyncio.wait_for(joining, 60) == 0
+    finally:
+        stop.set()
+        joining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await joining
 
 
 async def test_a_collector_started_while_the_broker_is_down_collects_once_it_is_back(
