@@ -35,7 +35,8 @@ a batch and the inbox offset after it are committed in one transaction. A new ow
 the partition (a rebalance, a restart) starts its producer first, which fences the
 last owner, then reads the committed offset and goes on from there, so every inbox
 record reaches the ledger or the dead-letter topic once, in the inbox's order. New
-inboxes are found by the subscription's pattern within :data:`METADATA_MAX_AGE_MS`.
+inboxes are found by the subscription's pattern within
+:data:`ledger.kafka.METADATA_MAX_AGE_MS`.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ GROUP_ID: Final = "svledger-admission"
 REPORTER_EVENTS: Final = frozenset(
     {ApiserverHeartbeat, ApiserverLeaseReleased, StorageVersionReported, StorageVersionWithdrawn}
 )
-METADATA_MAX_AGE_MS: Final = 5_000
 MAX_RECORDS: Final = 5_000
 
 
@@ -144,9 +144,7 @@ class Admission:
         self.settings = settings
         self.group_id = group_id
         self._partitions: list[int] = []
-        self._member = PatternMember(
-            settings, group_id, inbox_pattern(settings), metadata_max_age_ms=METADATA_MAX_AGE_MS
-        )
+        self._member = PatternMember(settings, group_id, inbox_pattern(settings))
         self._inboxes: dict[TopicPartition, _Inbox] = {}
 
     async def __aenter__(self) -> Admission:

@@ -1045,24 +1045,18 @@ class PatternMember(_Member):
     For consumers that move records from many topics in transactions of their own
     (:mod:`consumers.admission`): before moving a newly assigned partition, the caller
     fences its last owner and then :meth:`resume` s it from the group's committed offset.
-    Topics created later are found within ``metadata_max_age_ms``.
+    Topics created later are found within :data:`METADATA_MAX_AGE_MS`.
     """
 
-    def __init__(
-        self, settings: KafkaSettings, group_id: str, pattern: str, *, metadata_max_age_ms: int
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, group_id: str, pattern: str) -> None:
         self.settings = settings
         self.group_id = group_id
         self._pattern = pattern
-        self._metadata_max_age_ms = metadata_max_age_ms
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> Self:
         self._consumer = await connect(
-            lambda: ledger_consumer(
-                self.settings, self.group_id, metadata_max_age_ms=self._metadata_max_age_ms
-            ),
-            self.settings,
+            lambda: ledger_consumer(self.settings, self.group_id), self.settings
         )
         self._consumer.subscribe(pattern=self._pattern)
         return self

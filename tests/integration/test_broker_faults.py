@@ -407,6 +407,14 @@ async def test_a_commit_gives_up_in_time_while_the_broker_is_down(
     assert stable == high
 
 
+async def first_partition(follower: PartitionFollower, stop: asyncio.Event) -> int | None:
+    """The partition of the follower's first batch, once it has joined and folded one."""
+    async with follower:
+        async for folded in follower.batches(stop):
+            return folded.log.partition
+    return None
+
+
 async def test_a_follower_whose_broker_dies_as_it_joins_joins_once_it_is_back(
     broker: LocalKafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,15 +435,8 @@ async def test_a_follower_whose_broker_dies_as_it_joins_joins_once_it_is_back(
         return await describe(self, *args, **options)
 
     monkeypatch.setattr(AIOKafkaAdminClient, "describe_topics", kill_then_describe)
-    stop = asyncio.Event()
-
-    async def first_partition() -> int | None:
-        async with PartitionFollower(settings, group_id="join", transactional_prefix="join") as f:
-            async for folded in f.batches(stop):
-                return folded.log.partition
-        return None
-
-    joining = asyncio.create_task(first_partition())
+    follower = PartitionFollower(settings, group_id="join", transactional_prefix="join")
+    joining = asyncio.create_task(first_partition(follower, asyncio.Event()))
     await asyncio.wait_for(killed.wait(), 60)
     await asyncio.sleep(1)
     assert not joining.done(), "the follower gave up while the broker was away"
@@ -461,18 +462,12 @@ async def test_a_follower_that_joined_before_its_topic_was_listed_is_assigned_on
     stop = asyncio.Event()
     follower = PartitionFollower(settings, group_id="unlisted", transactional_prefix="unlisted")
 
-    async def first_partition() -> int | None:
-        async with follower:
-            async for folded in follower.batches(stop):
-                return folded.log.partition
-        return None
-
     def joined() -> bool:  # the group answered its join (its generation is set)
         member = follower._member
         consumer = None if member is None else member._consumer
         return consumer is not None and consumer._coordinator.generation > 0
 
-    joining = asyncio.create_task(first_partition())
+    joining = asyncio.create_task(first_partition(follower, stop))
     try:
         async with asyncio.timeout(60):
             while not joined():
