@@ -237,8 +237,12 @@ async def probe(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--probes", type=int, default=200)
-    parser.add_argument("--load", type=int, default=1000, help="background events per second")
+    parser.add_argument(
+        "--probes", type=int, default=200, help="probes measured after the warm-up (default 200)"
+    )
+    parser.add_argument(
+        "--load", type=int, default=1000, help="background events per second (default 1000)"
+    )
     parser.add_argument(
         "--warmup-seconds",
         type=float,
@@ -249,7 +253,7 @@ def main() -> None:
         "--load-seconds",
         type=int,
         default=90,
-        help="seconds of load encoded before measuring (each heartbeat its own event)",
+        help="seconds of load encoded before measuring, each heartbeat its own event (default 90)",
     )
     args = parser.parse_args()
     with kafka_bootstrap() as bootstrap:
