@@ -17,9 +17,9 @@ and encoding it meanwhile would take most of a core from the migrator and the br
 
 The measured probes run in the steady state: first, for ``--warmup-seconds``, probes
 run under the full load and are reported apart (``warmup``), not counted. A broker
-just started (as this bench starts one when no bootstrap is given) compiles its hot
-paths meanwhile: on a 2-core machine its first minute under this load has a p99 up
-to half again as high as later, which is the broker's start, not the migrator's
+just started (as this bench starts one when no bootstrap is given) is slower at
+first: on a 2-core machine its first minute under this load had a p99 up to nearly
+twice that of later probes, which is the broker's start, not the migrator's
 reaction. The warm-up's own p99 is printed, so the difference stays visible.
 
 Prints one JSON object: p50 and p99 in milliseconds, the probes and the load achieved,
