@@ -55,6 +55,7 @@ from ledger.clock import Clock
 from ledger.events import ApiserverLeaseExpired, Meta
 from ledger.kafka import BROKER_ERRORS
 from ledger.settings import KafkaSettings
+from projections.snapshots import SnapshotSource
 from projections.state import State
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,13 @@ async def run_lease_gc(
     clock: Clock,
     check_period: float = DEFAULT_CHECK_PERIOD,
     group_id: str = GROUP_ID,
+    snapshots: SnapshotSource | None = None,
 ) -> None:
-    """Follow the log and expire leases every ``check_period`` seconds until ``stop`` is set."""
+    """Follow the log and expire leases every ``check_period`` seconds until ``stop`` is set.
+
+    ``snapshots``: the projector's database, to rebuild partitions from their latest
+    fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
+    """
     if check_period <= 0:
         raise ValueError(f"check period {check_period!r} s must be positive, e.g. 3600")
     follower = PartitionFollower(
@@ -113,6 +119,7 @@ async def run_lease_gc(
         group_id=group_id,
         transactional_prefix=f"svledger-lease-gc-{settings.topic}",
         events=False,  # it decides on the leases' state alone
+        snapshots=snapshots,
     )
 
     def ages() -> list[tuple[tuple[str, str], float]]:

@@ -76,6 +76,7 @@ from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, Migr
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.fold import active_migrations
+from projections.snapshots import SnapshotSource
 from projections.state import PHASES, Changes, Migration, ResourceKey, State
 
 SOURCE: Final = "svledger-migrator"
@@ -208,13 +209,19 @@ async def run_migrator(
     stop: asyncio.Event,
     group_id: str = GROUP_ID,
     backoff: Backoff = Backoff(),
+    snapshots: SnapshotSource | None = None,
 ) -> None:
-    """Follow the log and append the trigger's decisions, exactly once, until ``stop`` is set."""
+    """Follow the log and append the trigger's decisions, exactly once, until ``stop`` is set.
+
+    ``snapshots``: the projector's database, to rebuild partitions from their latest
+    fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
+    """
     follower = PartitionFollower(
         settings,
         group_id=group_id,
         transactional_prefix=f"svledger-migrator-{settings.topic}",
         renewals=False,  # they touch no resource; their time comes in Folded.latest()
+        snapshots=snapshots,
     )
     failed: dict[int, set[ResourceKey]] = {}  # per partition: resources backing off
 
@@ -232,6 +239,13 @@ async def run_migrator(
 async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:
     log = folded.log
     backing_off = failed.setdefault(log.partition, set())
+    if log.resumed:
+        # Rebuilt from a fold snapshot: the events before it, and what the migrator
+        # would have decided on them (a request it missed while down, a failure to
+        # back off from), were not seen one by one. So every resource of the state
+        # is decided as a backing-off one is: at the time of its cluster's next event.
+        log.resumed = False
+        backing_off |= touched_resources(log.state, Changes.everything(log.state))
     for event, changes in folded.events:
         for key in touched_resources(log.state, changes):
             log.touched[key] = event.meta

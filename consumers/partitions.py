@@ -17,8 +17,16 @@ migration trigger, the migration worker) has the same needs, served here once:
   offset). Until the fold reaches that *barrier* the log is not ``caught_up`` and the
   consumer must not act: up to the barrier the state holds everything ever committed
   for the partition, including the consumer's own earlier output, so a decision is
-  never taken on a state that misses an event it already appended. Rebuilding from
-  the beginning is correctness over speed: the state needs the whole history.
+  never taken on a state that misses an event it already appended. The state needs
+  the whole history, so without snapshots the rebuild reads it all.
+* With a :class:`~projections.snapshots.SnapshotSource` (``--snapshots-from URL``, the
+  projector's database) the rebuild starts instead from the latest sound fold snapshot
+  of the partition at or before the barrier: the same state the fold of every record
+  before the snapshot's offset gives (the projector folds with the same
+  :func:`~projections.fold.apply`), then the records from there to the barrier are
+  folded as above. The log is then ``resumed``: the consumer did not see the events
+  before the snapshot, which a consumer that reacts to events (the migrator) must
+  make up for. No database, or no sound snapshot: from the beginning, as without.
 * :meth:`PartitionLog.commit` appends events to the partition and sends the consumed
   offsets in one transaction, then moves the barrier past its own output, so the
   next decision waits until the output has come back through the log and been
@@ -81,6 +89,7 @@ from ledger.kafka import (
 )
 from ledger.settings import KafkaSettings
 from projections.fold import apply
+from projections.snapshots import SnapshotSource
 from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Pending, Thinning
 
@@ -147,6 +156,9 @@ class PartitionLog:
         self.settled_at = 0.0
         self.position = 0  # the next offset the fold will read
         self.barrier = barrier
+        # Whether the fold started at a snapshot (at ``position`` then), not at the
+        # beginning: the events before it were folded, but not seen one by one.
+        self.resumed = False
         self.lost = False
         # Resources touched since the consumer last decided on them, with the last
         # event that touched each (the cause of what is decided).
@@ -277,6 +289,7 @@ class PartitionFollower:
         fetch_max_wait_ms: int = 10,
         events: bool = True,
         renewals: bool = True,
+        snapshots: SnapshotSource | None = None,
     ) -> None:
         """``events=False``: the consumer reads only the folded state (the lease GC), not
         each event with its changes; the fold then thins plain lease renewals as the
@@ -286,8 +299,10 @@ class PartitionFollower:
         ``renewals=False``: the consumer reads each event with its changes but plain
         lease renewals (the migrator: a renewal changes only its lease's renew time,
         which no decision of it reads), and the fold thins them the same way;
-        :meth:`Folded.latest` still names each cluster's last event, renewals included."""
+        :meth:`Folded.latest` still names each cluster's last event, renewals included.
+        ``snapshots``: where to start rebuilt partitions from (the module docstring)."""
         self.settings = settings
+        self.snapshots = snapshots
         self.events = events
         self.renewals = renewals
         self.group_id = group_id
@@ -312,6 +327,8 @@ class PartitionFollower:
             await partition_log.close()
         self.logs.clear()
         self._lag.clear()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self._member is not None:
             await self._member.__aexit__(None, None, None)
 
@@ -383,8 +400,25 @@ class PartitionFollower:
         try:
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
-            if await self.member.seek_to_beginning(partition):
-                return PartitionLog(self, partition, producer, barrier)
+            start = None
+            if self.snapshots is not None:
+                start = await asyncio.to_thread(
+                    self.snapshots.start, self.settings.topic, partition, barrier
+                )
+            partition_log = PartitionLog(self, partition, producer, barrier)
+            if start is not None:
+                partition_log.position, partition_log.state = start
+                partition_log.resumed = True
+                log.info(
+                    "%s: partition %d starts from its fold snapshot at offset %d (the log"
+                    " ends at %d)",
+                    self.group_id,
+                    partition,
+                    partition_log.position,
+                    barrier,
+                )
+            if await self.member.seek(partition, partition_log.position):
+                return partition_log
         except BaseException:
             await producer.stop()
             raise

@@ -66,6 +66,7 @@ from ledger.events import (
 )
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
+from projections.snapshots import SnapshotSource
 from projections.state import Migration, MigrationKey, State
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,7 @@ async def run_worker(
     group_id: str = GROUP_ID,
     cluster: str | None = None,
     concurrency: int = 1,
+    snapshots: SnapshotSource | None = None,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
@@ -284,12 +286,16 @@ async def run_worker(
     cluster's apiserver must not run another's. Workers of different clusters then
     need groups of their own (each follows every partition); the transactional ids
     derive from ``group_id``, so they do not fence one another.
+
+    ``snapshots``: the projector's database, to rebuild partitions from their latest
+    fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
     """
     follower = PartitionFollower(
         settings,
         group_id=group_id,
         transactional_prefix=f"{group_id}-{settings.topic}",
         events=False,  # it runs what the migrations' state says, and reads no lease
+        snapshots=snapshots,
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
 

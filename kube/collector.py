@@ -61,6 +61,7 @@ from kube.upstream import (
 from ledger.clock import Clock
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
+from projections.snapshots import SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -284,11 +285,14 @@ async def run_collector(
     group_id: str = GROUP_ID,
     apiservers: Mapping[str, Kube] | None = None,
     renewal_interval: timedelta = timedelta(0),
+    snapshots: SnapshotSource | None = None,
 ) -> None:
     """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set.
 
     ``apiservers`` (apiserver ID -> a client that reaches that apiserver itself, not
     through a load balancer) adds custom resources, from each one's discovery.
+    ``snapshots``: the projector's database, to rebuild partitions from their latest
+    fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
     """
     watcher = ClusterWatch(kube, apiservers or {})
     discovery = Discovery(kube, clock)
@@ -296,7 +300,10 @@ async def run_collector(
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
     group = f"{group_id}.{cluster}"
     follower = PartitionFollower(
-        settings, group_id=group, transactional_prefix=f"{group}-{settings.topic}"
+        settings,
+        group_id=group,
+        transactional_prefix=f"{group}-{settings.topic}",
+        snapshots=snapshots,
     )
     try:
         async with follower:

@@ -1011,14 +1011,18 @@ class GroupMember(_Member):
         end: int | None = self._kafka.last_stable_offset(self._tp(partition))
         return None if end is None or end < 0 else end
 
-    async def seek_to_beginning(self, partition: int) -> bool:
-        """Read ``partition`` from its start; False if a rebalance has taken it meanwhile."""
+    async def seek(self, partition: int, offset: int = 0) -> bool:
+        """Read ``partition`` from ``offset`` (0: its start, whatever the log's retention
+        left); False if a rebalance has taken it meanwhile."""
         tp = self._tp(partition)
         if tp not in self._kafka.assignment():
             return False
         try:
             with self._refusals():
-                await self._kafka.seek_to_beginning(tp)
+                if offset:
+                    self._kafka.seek(tp, offset)
+                else:
+                    await self._kafka.seek_to_beginning(tp)
         except IllegalStateError:  # revoked between the check and the seek
             return False
         return True

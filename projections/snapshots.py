@@ -17,7 +17,10 @@ is an offset (the snapshot's offset is at most the one after it) or a time (no e
 of the partition before the snapshot occurred after it, by its log time). A snapshot
 whose digest or content is wrong is logged and passed over for an older one, and
 with none left the partition is read from the beginning: snapshots make a replay
-faster, never different.
+faster, never different. The consumers that keep a fold per partition (the lease GC,
+the migrator, the worker, the collector; ``--snapshots-from URL``) rebuild it the same
+way, from the latest sound snapshot at or before the partition's end
+(:class:`SnapshotSource`).
 
 The payload is the rows pickled (protocol 5) and compressed with zlib, under a
 BLAKE2b digest. It is read back with an unpickler that knows only the row classes
@@ -37,8 +40,10 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy.exc import SQLAlchemyError
 
+from projections.database import DatabaseNotReady, engine, parse_url
 from projections.schema import fold_snapshots
 from projections.state import (
     Condition,
@@ -194,6 +199,54 @@ def latest(
                 error,
             )
     return None
+
+
+class SnapshotSource:
+    """A projection database (the projector's) to start partitions' folds from.
+
+    For a consumer that rebuilds a partition's fold from the log whenever it is
+    assigned one (:mod:`consumers.partitions`): :meth:`start` gives the state and the
+    offset of the latest sound snapshot of the partition, from which the fold reads
+    on instead of from the log's beginning. A database that cannot be read (down,
+    not migrated, a wrong URL) is logged, naming it, and the partition is read from
+    its beginning: slower, never different.
+    """
+
+    def __init__(self, url: str, projection: str) -> None:
+        self.url = url
+        self.projection = projection
+        # As logs show it, without the password; a URL that is no database's fails here.
+        self.shown = parse_url(url).render_as_string(hide_password=True)
+        self._db: Engine | None = None
+
+    def start(self, topic: str, partition: int, limit: int) -> tuple[int, State] | None:
+        """The offset and fold state of the latest sound snapshot of ``partition`` of
+        ``topic`` at or before offset ``limit``; None to read it from the beginning."""
+        try:
+            if self._db is None:
+                self._db = engine(self.url)
+            with self._db.connect() as connection:
+                found = latest(
+                    connection, self.projection, topic, partition, limit=limit, source=self.shown
+                )
+        except (DatabaseNotReady, SQLAlchemyError) as error:
+            log.warning(
+                "cannot read fold snapshots of partition %d from %s, so it is read from the"
+                " log's beginning: %s",
+                partition,
+                self.shown,
+                str(error).strip().splitlines()[0],
+            )
+            return None
+        if found is None:
+            return None
+        snapshot, rows = found
+        return snapshot.next_offset, state_of([rows])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.dispose()
+            self._db = None
 
 
 def row_values(snapshot: Snapshot) -> dict[str, Any]:

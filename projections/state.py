@@ -254,6 +254,16 @@ class Changes:
     migrations: set[MigrationKey] = dataclasses.field(default_factory=set)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
 
+    @classmethod
+    def everything(cls, state: State) -> Changes:
+        """Changes that touch every row of ``state``."""
+        return cls(
+            leases=set(state.leases),
+            storage_versions=set(state.storage_versions),
+            storage_states=set(state.storage_states),
+            migrations=set(state.migrations),
+        )
+
     @property
     def resources(self) -> set[ResourceKey]:
         """Resources whose agreement or storage state this touched."""

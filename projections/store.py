@@ -207,15 +207,9 @@ class Batch:
     ) -> Batch:
         """The batch that writes all of ``state`` into a fresh database, checkpointed at
         ``next_offsets`` with ``log_times``: a fold that starts from ``snapshots``."""
-        everything = Changes(
-            leases=set(state.leases),
-            storage_versions=set(state.storage_versions),
-            storage_states=set(state.storage_states),
-            migrations=set(state.migrations),
-        )
         return cls.of(
             state,
-            everything,
+            Changes.everything(state),
             (),
             topic,
             projection,

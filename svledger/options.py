@@ -24,6 +24,7 @@ from ledger.names import parse_group
 if TYPE_CHECKING:
     from ledger.kafka import NotAuthorized
     from ledger.settings import KafkaSettings
+    from projections.snapshots import SnapshotSource
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -91,6 +92,32 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
             f"{DEFAULT_DB})"
         ),
     )
+
+
+def add_snapshots_option(parser: argparse.ArgumentParser) -> None:
+    """``--snapshots-from``: for a consumer that keeps a fold per partition."""
+    parser.add_argument(
+        "--snapshots-from",
+        metavar="URL",
+        type=database_url,
+        default=os.environ.get("SVLEDGER_SNAPSHOTS_FROM"),
+        help=(
+            "the projector's database: rebuild each assigned partition's fold from its\n"
+            "latest fold snapshot there, reading the log on from it instead of from its\n"
+            "beginning (the same state). Unreachable, or no snapshot: from the beginning\n"
+            "(default: $SVLEDGER_SNAPSHOTS_FROM, else none)"
+        ),
+    )
+
+
+def snapshot_source(args: argparse.Namespace) -> SnapshotSource | None:
+    """Where ``--snapshots-from`` says to start partitions' folds from, if anywhere."""
+    if args.snapshots_from is None:
+        return None
+    from projections.projector import DEFAULT_PROJECTION
+    from projections.snapshots import SnapshotSource
+
+    return SnapshotSource(args.snapshots_from, DEFAULT_PROJECTION)
 
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:

@@ -11,9 +11,11 @@ from svledger.options import (
     add_command,
     add_kafka_options,
     add_metrics_option,
+    add_snapshots_option,
     kafka_settings,
     positive,
     run_until_signalled,
+    snapshot_source,
 )
 
 
@@ -60,6 +62,7 @@ def add_lease_gc(subparsers: Subparsers) -> None:
     )
     add_kafka_options(parser, "lease-gc")
     add_metrics_option(parser)
+    add_snapshots_option(parser)
     parser.add_argument(
         "--check-period",
         type=positive(float, "number of seconds"),
@@ -76,7 +79,11 @@ def _lease_gc(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     return run_until_signalled(
         lambda stop: run_lease_gc(
-            settings, stop=stop, clock=SystemClock(), check_period=args.check_period
+            settings,
+            stop=stop,
+            clock=SystemClock(),
+            check_period=args.check_period,
+            snapshots=snapshot_source(args),
         ),
         args.metrics_address,
     )
@@ -99,6 +106,7 @@ def add_migrator(subparsers: Subparsers) -> None:
     )
     add_kafka_options(parser, "migrator")
     add_metrics_option(parser)
+    add_snapshots_option(parser)
     parser.add_argument(
         "--retry-backoff",
         type=positive(float, "number of seconds"),
@@ -121,7 +129,10 @@ def _migrator(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     backoff = Backoff(args.retry_backoff, max(args.retry_backoff, args.max_retry_backoff))
     return run_until_signalled(
-        lambda stop: run_migrator(settings, stop=stop, backoff=backoff), args.metrics_address
+        lambda stop: run_migrator(
+            settings, stop=stop, backoff=backoff, snapshots=snapshot_source(args)
+        ),
+        args.metrics_address,
     )
 
 
@@ -157,6 +168,7 @@ def add_worker(subparsers: Subparsers) -> None:
     )
     add_kafka_options(parser, "worker")
     add_metrics_option(parser)
+    add_snapshots_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(
         "--executor",
@@ -206,6 +218,7 @@ def _worker(args: argparse.Namespace) -> int:
                 group_id=f"{GROUP_ID}.{args.cluster}",
                 cluster=args.cluster,
                 concurrency=args.concurrency or (1 if args.executor == "rewrite" else 16),
+                snapshots=snapshot_source(args),
             )
         finally:
             await kube.close()
@@ -237,6 +250,7 @@ def add_collect(subparsers: Subparsers) -> None:
     )
     add_kafka_options(parser, "collector")
     add_metrics_option(parser)
+    add_snapshots_option(parser)
     add_kubeconfig_options(parser)
     parser.add_argument(
         "--apiserver",
@@ -309,6 +323,7 @@ def _collect(args: argparse.Namespace) -> int:
                 clock=SystemClock(),
                 apiservers=direct,
                 renewal_interval=timedelta(seconds=args.renewal_interval),
+                snapshots=snapshot_source(args),
             )
         finally:
             for client in [kube, *direct.values()]:
