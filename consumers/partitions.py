@@ -156,8 +156,9 @@ class PartitionLog:
         self.settled_at = 0.0
         self.position = 0  # the next offset the fold will read
         self.barrier = barrier
-        # Whether the fold started at a snapshot (at ``position`` then), not at the
-        # beginning: the events before it were folded, but not seen one by one.
+        self.start = 0  # the offset the fold started at: 0, or a snapshot's
+        # Whether it started at a snapshot: the events before it are in the state but
+        # were not seen one by one (a consumer that makes up for that clears it).
         self.resumed = False
         self.lost = False
         # Resources touched since the consumer last decided on them, with the last
@@ -407,7 +408,8 @@ class PartitionFollower:
                 )
             partition_log = PartitionLog(self, partition, producer, barrier)
             if start is not None:
-                partition_log.position, partition_log.state = start
+                partition_log.start, partition_log.state = start
+                partition_log.position = partition_log.start
                 partition_log.resumed = True
                 log.info(
                     "%s: partition %d starts from its fold snapshot at offset %d (the log"

@@ -10,21 +10,27 @@ older one, and with none the replay reads the log from its beginning.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
 
-from ledger.events import Event, Position
+from consumers.migrator import run_migrator
+from consumers.partitions import PartitionFollower
+from ledger.events import ApiserverHeartbeat, Event, Meta, Position, StorageVersionReported
 from ledger.kafka import create_topics
 from ledger.settings import KafkaSettings
 from projections import database, store
 from projections.replay import ReplayError, replay
 from projections.schema import fold_snapshots
+from projections.snapshots import SnapshotSource
+from projections.state import State
+from tests.integration.test_migrator import read_log, requested, wait_for
 from tests.integration.test_projector import (
     append,
     caught_up,
@@ -225,3 +231,128 @@ async def test_snapshots_start_only_a_fresh_database(
         await replay(
             settings, database_url, from_snapshot=True, snapshots_from=source_url, progress=False
         )
+
+
+# ------------------------------------------------- consumers rebuilt from snapshots
+
+
+async def rebuilt(
+    settings: KafkaSettings, group: str, snapshots: SnapshotSource | None, **mode: bool
+) -> dict[int, tuple[int, State]]:
+    """Per partition, where a follower's fold started and its state once caught up."""
+    follower = PartitionFollower(
+        settings, group_id=group, transactional_prefix=group, snapshots=snapshots, **mode
+    )
+    stop = asyncio.Event()
+    async with follower, asyncio.timeout(60):
+        async for _ in follower.batches(stop):
+            logs = follower.logs.values()
+            if len(logs) == settings.partitions and all(log.caught_up for log in logs):
+                stop.set()
+        for partition_log in follower.logs.values():
+            partition_log.settle()  # the renewals a thinning fold left pending
+        return {p: (log.start, log.state) for p, log in follower.logs.items()}
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"events": False},  # the lease GC and the worker: the state alone
+        {"renewals": False},  # the migrator: each event but plain renewals
+        {},  # the collector: each event
+    ],
+    ids=["state", "events-but-renewals", "events"],
+)
+async def test_a_consumer_rebuilds_its_fold_from_the_latest_snapshot_to_the_same_state(
+    projected: Log, unique_topic: str, mode: dict[str, bool]
+) -> None:
+    settings, _, source_url = projected
+    from_beginning = await rebuilt(settings, f"{unique_topic}.log", None, **mode)
+    from_snapshots = await rebuilt(
+        settings, f"{unique_topic}.snap", SnapshotSource(source_url, "views"), **mode
+    )
+
+    taken = snapshots_in(source_url)
+    for partition, (start, state) in from_snapshots.items():
+        assert start == max(o for p, o, _ in taken if p == partition) > 0
+        assert from_beginning[partition] == (0, state)
+        assert state.leases, "a partition of several clusters, not an empty fold"
+
+
+async def test_a_consumer_whose_snapshot_database_cannot_be_read_rebuilds_from_the_beginning(
+    projected: Log, unique_topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings, _, _ = projected
+    reference = await rebuilt(settings, f"{unique_topic}.log", None, events=False)
+    missing = f"sqlite:///{tmp_path / 'no-such.db'}"
+
+    with caplog.at_level(logging.WARNING):
+        rebuilt_anyway = await rebuilt(
+            settings, f"{unique_topic}.snap", SnapshotSource(missing, "views"), events=False
+        )
+
+    assert rebuilt_anyway == reference
+    warnings = [r.getMessage() for r in caplog.records if "fold snapshots" in r.getMessage()]
+    assert len(warnings) == settings.partitions
+    assert all("no-such.db" in w and "log's beginning" in w for w in warnings)
+
+
+async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it(
+    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+) -> None:
+    """Agreement was reached while no migrator ran, and the projector's snapshot is past
+    it: a migrator that starts from that snapshot never sees the reports one by one,
+    and must still request the migration (once), at its cluster's next event."""
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=1)
+    await create_topics(settings)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def heartbeat(apiserver: str, seconds: int) -> ApiserverHeartbeat:
+        at = start + timedelta(seconds=seconds)
+        meta = Meta.new("east", apiserver, at)
+        return ApiserverHeartbeat(meta, apiserver, f"{apiserver}_1", apiserver, 3600, at, "1.35")
+
+    def report(apiserver: str) -> StorageVersionReported:
+        meta = Meta.new("east", apiserver, start + timedelta(seconds=1))
+        versions = ("v1", "v2")
+        return StorageVersionReported(meta, apiserver, "", "pods", "Pod", "v1", versions, versions)
+
+    apiservers = ["apiserver-a", "apiserver-b"]
+    records = await append(
+        settings, [*(heartbeat(a, 0) for a in apiservers), *(report(a) for a in apiservers)]
+    )
+    source_url = f"sqlite:///{tmp_path / 'source.db'}"
+    database.upgrade(source_url)
+    source = database.engine(source_url)
+    try:
+        async with projecting(settings, source_url, group=False, snapshot_every=1) as projector:
+            await caught_up(source, projector, next_offsets(records))
+    finally:
+        source.dispose()
+    assert snapshots_in(source_url)[-1][1] == len(records)
+    assert not requested(await read_log(settings))
+
+    stop = asyncio.Event()
+    migrating = asyncio.create_task(
+        run_migrator(
+            settings,
+            stop=stop,
+            group_id=f"{unique_topic}.migrator",
+            snapshots=SnapshotSource(source_url, "views"),
+        )
+    )
+    try:
+        await asyncio.sleep(3)  # joined, rebuilt from the snapshot, caught up: nothing to do
+        assert not requested(await read_log(settings))
+        await append(settings, [heartbeat("apiserver-a", 10)])  # a plain renewal
+        events = await wait_for(settings, lambda es: len(requested(es)) == 1)
+        (request,) = requested(events)
+        assert request.target_version == "v1"
+        assert request.meta.occurred_at == start + timedelta(seconds=10), "at its cause's time"
+        await append(settings, [heartbeat("apiserver-b", 20)])
+        await wait_for(settings, lambda es: len(es) == len(records) + 3)
+        await asyncio.sleep(2)
+        assert len(requested(await read_log(settings))) == 1, "requested once"
+    finally:
+        stop.set()
+        await asyncio.wait_for(migrating, 60)
