@@ -20,7 +20,10 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
   aggregate rate, start-up and the group's joining included;
 * ``consumer_rebuild``: a consumer rebuilding the fold of every partition (joining its
   group included), reading each event with its changes (the collector), each but plain
-  lease renewals (the migrator) and the state alone (the lease GC, the worker);
+  lease renewals (the migrator) and the state alone (the lease GC, the worker); after
+  ``project_postgresql`` also the last from that projector's fold snapshots
+  (``--snapshots-from``: ``state_alone_from_snapshots``, with the offsets it started at
+  and the records it read);
 
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
@@ -77,9 +80,10 @@ from ledger.kafka import (
 from ledger.memory import fewer_collections
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
-from projections.projector import Projector
+from projections.projector import DEFAULT_PROJECTION, Projector
 from projections.replay import replay
 from projections.schema import lease_renewals, ledger_events
+from projections.snapshots import SnapshotSource
 from projections.store import STATE_VIEWS, load_checkpoints, views_snapshot
 from tests.workloads import mixed_events
 
@@ -291,17 +295,24 @@ async def _project_processes(
     }
 
 
-async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dict[str, Any]:
+async def _consumer_rebuild(
+    settings: KafkaSettings, end: dict[int, int], projected: str | None
+) -> dict[str, Any]:
     """A consumer's rebuild of every partition (:class:`consumers.partitions.PartitionFollower`):
     from joining its group until every partition's fold has caught up, reading each
     event with its changes (the collector), each but plain renewals (the migrator, which
-    thins them) and the state alone (the lease GC and the worker, which thin them too)."""
+    thins them) and the state alone (the lease GC and the worker, which thin them too);
+    with ``projected`` (a projector's database) the last also from its fold snapshots."""
     report: dict[str, Any] = {}
-    for name, events, renewals in (
-        ("events", True, True),
-        ("events_but_renewals", True, False),
-        ("state_alone", False, True),
-    ):
+    runs: list[tuple[str, bool, bool, SnapshotSource | None]] = [
+        ("events", True, True, None),
+        ("events_but_renewals", True, False, None),
+        ("state_alone", False, True, None),
+    ]
+    if projected is not None:
+        snapshots = SnapshotSource(projected, DEFAULT_PROJECTION)
+        runs.append(("state_alone_from_snapshots", False, True, snapshots))
+    for name, events, renewals, source in runs:
         rss = _rss_mib()
         stop = asyncio.Event()
         group = f"svledger-bench-rebuild-{uuid.uuid4().hex[:8]}"
@@ -311,6 +322,7 @@ async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dic
             transactional_prefix=group,
             events=events,
             renewals=renewals,
+            snapshots=source,
         )
         started = time.perf_counter()
         async with follower:
@@ -318,7 +330,11 @@ async def _consumer_rebuild(settings: KafkaSettings, end: dict[int, int]) -> dic
                 logs = follower.logs
                 if set(logs) == set(end) and all(log.caught_up for log in logs.values()):
                     break
-        report[name] = _result(sum(end.values()), time.perf_counter() - started, rss)
+            starts = {p: log.start for p, log in sorted(logs.items())}
+        read = sum(end.values()) - sum(starts.values())
+        report[name] = _result(read, time.perf_counter() - started, rss)
+        if source is not None:
+            report[name]["started_at"] = {str(p): offset for p, offset in starts.items()}
     return report
 
 
@@ -446,7 +462,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 settings, server, end, projected[-1] if projected else None
             ),
             "processes_postgresql": lambda: _processes(settings, server, end),
-            "consumer_rebuild": lambda: _consumer_rebuild(settings, end),
+            "consumer_rebuild": lambda: _consumer_rebuild(
+                settings, end, projected[-1] if projected else None
+            ),
         }
         for name in args.stages:
             report[name] = await stages[name]()
