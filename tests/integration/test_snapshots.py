@@ -298,11 +298,12 @@ async def test_a_consumer_whose_snapshot_database_cannot_be_read_rebuilds_from_t
 
 
 async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it(
-    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+    kafka_bootstrap: str, unique_topic: str, database_url: str
 ) -> None:
     """Agreement was reached while no migrator ran, and the projector's snapshot is past
     it: a migrator that starts from that snapshot never sees the reports one by one,
-    and must still request the migration (once), at its cluster's next event."""
+    and must still request the migration (once), at its cluster's next event. The
+    projector's database is SQLite, then PostgreSQL."""
     settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=1)
     await create_topics(settings)
     start = datetime(2026, 1, 1, tzinfo=UTC)
@@ -321,7 +322,7 @@ async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it
     records = await append(
         settings, [*(heartbeat(a, 0) for a in apiservers), *(report(a) for a in apiservers)]
     )
-    source_url = f"sqlite:///{tmp_path / 'source.db'}"
+    source_url = database_url
     database.upgrade(source_url)
     source = database.engine(source_url)
     try:
