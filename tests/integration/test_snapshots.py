@@ -1,11 +1,15 @@
-"""Replays from the projector's fold snapshots, on the real broker, SQLite and PostgreSQL.
+"""Replays and consumers from the projector's fold snapshots, on the real broker, SQLite
+and PostgreSQL.
 
 A source database is projected by a real projector that takes a snapshot of each
 partition every 150 offsets. A replay that starts from those snapshots must write
 the views a replay from the log's beginning writes, bit for bit, to any point
 (an offset, a time, the end) and for one cluster; its history tables hold exactly
 the reference's rows from the snapshot on. A corrupt snapshot is passed over for an
-older one, and with none the replay reads the log from its beginning.
+older one, and with none the replay reads the log from its beginning. A consumer's
+fold of a partition (each kind: the lease GC's, the migrator's, the collector's)
+rebuilt from the snapshots reaches the state a rebuild from the beginning reaches,
+and a migrator that starts from a snapshot still decides on what came before it.
 """
 
 from __future__ import annotations
