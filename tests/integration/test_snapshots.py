@@ -304,7 +304,7 @@ async def test_a_consumer_whose_snapshot_database_cannot_be_read_rebuilds_from_t
 
 
 async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it(
-    kafka_bootstrap: str, unique_topic: str, database_url: str
+    kafka_bootstrap: str, unique_topic: str, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Agreement was reached while no migrator ran, and the projector's snapshot is past
     it: a migrator that starts from that snapshot never sees the reports one by one,
@@ -340,6 +340,7 @@ async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it
     assert not requested(await read_log(settings))
 
     stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="consumers.partitions")
     migrating = asyncio.create_task(
         run_migrator(
             settings,
@@ -349,7 +350,12 @@ async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it
         )
     )
     try:
-        await asyncio.sleep(3)  # joined, rebuilt from the snapshot, caught up: nothing to do
+        started = f"partition 0 starts from its fold snapshot at offset {len(records)}"
+        async with asyncio.timeout(60):
+            while started not in caplog.text:
+                await asyncio.sleep(0.1)
+        # Caught up at once (the snapshot is at the log's end), and no event came since.
+        await asyncio.sleep(1)
         assert not requested(await read_log(settings))
         await append(settings, [heartbeat("apiserver-a", 10)])  # a plain renewal
         events = await wait_for(settings, lambda es: len(requested(es)) == 1)
