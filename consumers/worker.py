@@ -31,6 +31,14 @@ lost the partition (rebalance, or a zombie after a restart) is fenced at its nex
 append and stops. After each terminal event the runner waits until the fold has read
 it back before picking the next migration, and a cancellation appended by the
 migrator reaches the runner through the same fold.
+
+The migrator decides on the log as far as it has read it, so a request can land after
+an event that already voids it (an apiserver that stopped agreeing a moment before):
+no log can make an append conditional on what others appended meanwhile. The worker
+therefore runs a migration only while its own fold finds it current
+(:func:`projections.fold.stale_reason`, the rule that would refuse its success): it
+does not start a stale one, and stops a running one that becomes stale, without
+waiting for the migrator's cancellation, which follows.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from ledger.events import (
 )
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
+from projections.fold import stale_reason
 from projections.snapshots import SnapshotSource
 from projections.state import Migration, MigrationKey, State
 
@@ -198,28 +207,39 @@ def _shown(ref: ObjectRef) -> str:
     return ref.name if ref.namespace is None else f"{ref.namespace}/{ref.name}"
 
 
-def next_migrations(state: State, cluster: str | None = None) -> list[Migration]:
+def next_migrations(
+    state: State, cluster: str | None = None, *, current_only: bool = True
+) -> list[Migration]:
     """The Pending or Running migrations of the partition's clusters (or of ``cluster``),
-    oldest request first."""
+    oldest request first; with ``current_only``, not those that are stale already
+    (:func:`projections.fold.stale_reason`)."""
     active = [
         m
         for m in state.migrations.values()
-        if m.active and (cluster is None or m.cluster == cluster)
+        if m.active
+        and (cluster is None or m.cluster == cluster)
+        and not (current_only and stale_reason(state, m) is not None)
     ]
     return sorted(active, key=lambda m: (m.requested_at, m.migration_id))
 
 
-def migration_cancelled(state: State, key: MigrationKey) -> bool:
-    """Whether the migration ``key`` should stop: it ended (cancelled, most often), or it
-    is no longer in the view at all, as an ended migration is dropped when its resource's
-    next one is requested (the migrator cancels and requests again in one transaction)."""
+def migration_cancelled(state: State, key: MigrationKey, *, current_only: bool = True) -> bool:
+    """Whether the migration ``key`` should stop: it ended (cancelled, most often), it is
+    no longer in the view at all (an ended migration is dropped when its resource's next
+    one is requested: the migrator cancels and requests again in one transaction), or,
+    with ``current_only``, it is stale: its StorageVersion moved since the request, so
+    its success would not count and the migrator cancels it once it reads the same."""
     migration = state.migrations.get(key)
-    return migration is None or not migration.active
+    if migration is None or not migration.active:
+        return True
+    return current_only and stale_reason(state, migration) is not None
 
 
-def next_migration(state: State, cluster: str | None = None) -> Migration | None:
-    """The oldest Pending or Running migration of the partition's clusters, or of ``cluster``."""
-    return next(iter(next_migrations(state, cluster)), None)
+def next_migration(
+    state: State, cluster: str | None = None, *, current_only: bool = True
+) -> Migration | None:
+    """The oldest migration :func:`next_migrations` gives, if any."""
+    return next(iter(next_migrations(state, cluster, current_only=current_only)), None)
 
 
 Append: TypeAlias = Callable[[Sequence[Event]], Awaitable[object]]
@@ -274,6 +294,7 @@ async def run_worker(
     cluster: str | None = None,
     concurrency: int = 1,
     snapshots: SnapshotSource | None = None,
+    current_only: bool = True,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
@@ -289,6 +310,11 @@ async def run_worker(
 
     ``snapshots``: the projector's database, to rebuild partitions from their latest
     fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
+
+    ``current_only=False`` runs every migration requested, stale or not, as upstream's
+    migrator runs every StorageVersionMigration it is given: only for the baselines
+    that show what a trigger without the ledger's agreement does (``simulate
+    --trigger discovery-hash``, :mod:`deploy.kube.rolling_upgrade`).
     """
     follower = PartitionFollower(
         settings,
@@ -307,7 +333,7 @@ async def run_worker(
             positions.extend(p.offset for p in await partition_log.commit(events))
 
         def cancelled() -> bool:
-            return migration_cancelled(partition_log.state, key)
+            return migration_cancelled(partition_log.state, key, current_only=current_only)
 
         await executor.run(migration, append=append, cancelled=cancelled)
         # Done only once its last event is folded, so it is not picked again.
@@ -320,7 +346,9 @@ async def run_worker(
                 await partition_log.wait_folded()
                 for key in [k for k, task in running.items() if task.done()]:
                     running.pop(key).result()  # a failure is the runner's, served again
-                for migration in next_migrations(partition_log.state, cluster):
+                for migration in next_migrations(
+                    partition_log.state, cluster, current_only=current_only
+                ):
                     if len(running) >= concurrency:
                         break
                     if migration.key not in running:

@@ -38,7 +38,9 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   target) is stale: objects may have been written in another version after the
   worker rewrote them. The migration still becomes Succeeded (its work did finish),
   but the persisted hashes stay as they were and a Rejection records why; the
-  migrator then requests a migration for the current revision.
+  migrator then requests a migration for the current revision. :func:`stale_reason`
+  is that rule; the worker asks it too, and does not start or go on with a migration
+  that is stale already in its own fold.
 * A MigrationRequested drops the resource's Succeeded and Cancelled migrations from
   the views (their events stay in the log and in ``ledger_events``), as upstream's
   storage version migrator deletes a resource's migrations before it creates a new
@@ -528,6 +530,33 @@ def _migration_step(
     _store_migration(state, moved, changes)
 
 
+def stale_reason(state: State, migration: Migration) -> str | None:
+    """Why work done for ``migration`` would no longer count in ``state``, or None.
+
+    A migration is valid for the StorageVersion revision it was requested at, and only
+    while the common encoding version still hashes to its target: after any other
+    change an apiserver may have written objects in another version meanwhile.
+    """
+    key = migration.resource_key
+    name = resource_name(migration.group, migration.resource)
+    storage_version = state.storage_versions.get(key)
+    storage_state = state.storage_states.get(key)
+    if storage_version is None or storage_state is None:
+        return f"StorageVersion {name!r} no longer exists (no apiserver reports it)"
+    if storage_version.revision != migration.storage_version_revision:
+        return (
+            f"StorageVersion {name!r} changed at revision {storage_version.revision} after"
+            f" the migration was requested for revision {migration.storage_version_revision}"
+        )
+    if storage_state.current_storage_version_hash != migration.target_hash:
+        return (
+            f"the common encoding version of {name!r} is"
+            f" {storage_version.common_encoding_version!r}, not the migration's target"
+            f" {migration.target_version!r} (hash {migration.target_hash!r})"
+        )
+    return None
+
+
 def _refine_persisted_hashes(
     state: State,
     migration: Migration,
@@ -536,26 +565,11 @@ def _refine_persisted_hashes(
     changes: Changes,
 ) -> None:
     """After a fresh success every stored object is in the target version: persisted = [it]."""
-    key = migration.resource_key
-    name = resource_name(migration.group, migration.resource)
-    storage_version = state.storage_versions.get(key)
-    storage_state = state.storage_states.get(key)
-    if storage_version is None or storage_state is None:
-        stale = f"StorageVersion {name!r} no longer exists (no apiserver reports it)"
-    elif storage_version.revision != migration.storage_version_revision:
-        stale = (
-            f"StorageVersion {name!r} changed at revision {storage_version.revision} after"
-            f" the migration was requested for revision {migration.storage_version_revision}"
-        )
-    elif storage_state.current_storage_version_hash != migration.target_hash:
-        stale = (
-            f"the common encoding version of {name!r} is"
-            f" {storage_version.common_encoding_version!r}, not the migration's target"
-            f" {migration.target_version!r} (hash {migration.target_hash!r})"
-        )
-    else:
+    stale = stale_reason(state, migration)
+    if stale is None:
+        key = migration.resource_key
         refined = dataclasses.replace(
-            storage_state,
+            state.storage_states[key],
             persisted_storage_version_hashes=(migration.target_hash,),
             revision=revision,
         )

@@ -222,6 +222,7 @@ class _Run:
                 Rewriter(self.cluster.target, self.clock),
                 stop=stop,
                 group_id=group("worker"),
+                current_only=self.trigger == "agreement",
             ),
             "lease-gc": run_lease_gc(
                 self.settings,
@@ -342,7 +343,7 @@ class _Run:
                 owed = migrator.decide(state, key, cause)
                 if owed:
                     return f"the migration trigger to append {[type(e).__name__ for e in owed]}"
-        running = next_migration(state)
+        running = next_migration(state, current_only=self.trigger == "agreement")
         if running is not None and not self.cluster.allowance.waiting:
             return f"the worker to run migration {running.migration_id} ({running.phase})"
         # Nothing may have been appended while this was checked.

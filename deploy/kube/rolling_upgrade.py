@@ -12,8 +12,8 @@ Two triggers:
 
 * ``agreement``, the ledger's migrator: a migration is requested only once every live
   apiserver encodes the resource in the same version, and cancelled when they stop
-  agreeing. Expected: every object ends in v1, and no migration ran while the
-  apiservers disagreed.
+  agreeing. Expected: every object ends in v1, no migration was requested on a
+  disagreement and none succeeded while the apiservers disagreed (:func:`while_disagreeing`).
 * ``discovery-hash``, the way of the automated-migration KEP without its HA design:
   poll one apiserver's discovery and migrate as soon as its ``storageVersionHash``
   changes. It migrates right after the first apiserver is upgraded, believes the
@@ -200,28 +200,47 @@ async def discovery_hash_trigger(
 
 
 def while_disagreeing(records: Sequence[Any]) -> list[str]:
-    """Migrations requested, or that succeeded, while the apiservers disagreed."""
+    """Migrations requested on a disagreement, or that succeeded while the apiservers
+    disagreed, each named with its event, position, target and the common version.
+
+    A request is judged by the StorageVersion revision it names, the state it was
+    decided on, not by where it landed: a trigger decides on the log as far as it has
+    read it, and a report appended meanwhile can land first. Such a request is stale
+    when it lands; the worker does not run it and the migrator cancels it. A request
+    that names no revision (the discovery-hash trigger knows none) was decided on no
+    agreement. A success counts if it moved an active migration (not one cancelled
+    before).
+    """
     state = State()
+    common_at: dict[tuple[str, str], str | None] = {}  # (resource, revision) -> common
     bad: list[str] = []
     for record in records:
         event = record.event
-        key = None
-        if isinstance(event, MigrationRequested):
-            key = (CLUSTER, event.group, event.resource)
+        if isinstance(event, MigrationRequested) and event.group == GROUP:
+            decided_on = common_at.get((event.resource, event.storage_version_revision))
+            if decided_on != event.target_version:
+                bad.append(
+                    f"MigrationRequested {event.migration_id} of {event.resource} at"
+                    f" {record.position}: target {event.target_version}, decided at revision"
+                    f" {event.storage_version_revision!r} on common {decided_on}"
+                )
         elif isinstance(event, MigrationSucceeded):
             migration = state.migrations.get((CLUSTER, event.migration_id))
-            key = migration.resource_key if migration else None
-        if key is not None and key[1] == GROUP:
+            if migration is not None and migration.active and migration.group == GROUP:
+                storage_version = state.storage_versions.get(migration.resource_key)
+                common = storage_version.common_encoding_version if storage_version else None
+                if common != migration.target_version:
+                    bad.append(
+                        f"MigrationSucceeded {event.migration_id} of {migration.resource} at"
+                        f" {record.position}: target {migration.target_version}, common {common}"
+                    )
+        changes = apply(state, event, record.position)
+        for key in changes.storage_versions:
             storage_version = state.storage_versions.get(key)
-            common = storage_version.common_encoding_version if storage_version else None
-            target = (
-                event.target_version
-                if isinstance(event, MigrationRequested)
-                else state.migrations[(CLUSTER, event.migration_id)].target_version
-            )
-            if common != target:
-                bad.append(event.migration_id)
-        apply(state, event, record.position)
+            if key[1] == GROUP and storage_version is not None:
+                common_at[(key[2], storage_version.revision)] = (
+                    storage_version.common_encoding_version
+                )
     return bad
 
 
@@ -259,6 +278,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
                 cluster=CLUSTER,
                 group_id="rolling-worker",
                 concurrency=1 if executor_name == "rewrite" else 100,
+                current_only=trigger == "agreement",
             ),
             clients(servers, clients_stop, created),
         ]

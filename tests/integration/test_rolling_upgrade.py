@@ -3,9 +3,10 @@
 MutatingAdmissionPolicy(Binding) moves its storage version from v1beta1 to v1 between
 these releases; clients keep creating such objects through every apiserver while the
 apiservers are upgraded one by one (``deploy/kube/rolling_upgrade.py``). With the
-ledger's agreement trigger, with either executor, etcd ends with every object in v1 and
-no migration ran while the apiservers disagreed. The old discovery-hash trigger
-believes the resource migrated while etcd still holds objects in v1beta1.
+ledger's agreement trigger, with either executor, etcd ends with every object in v1, no
+migration was requested on a disagreement and none succeeded while the apiservers
+disagreed. The old discovery-hash trigger believes the resource migrated while etcd
+still holds objects in v1beta1.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumers.migrator import decide
 from consumers.targets import (
     Conflict,
     NotFound,
@@ -29,9 +30,11 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
     Position,
+    StorageVersionReported,
 )
 from projections import fold
-from projections.state import Migration, Phase, State
+from projections.state import Migration, MigrationKey, Phase, State
+from tests.unit.test_migrator_rules import PODS, Ledger
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
 POLICY = RetryPolicy(max_retries=3, backoff=1.0)
@@ -266,9 +269,11 @@ def test_next_migration_is_the_oldest_active_one_of_the_cluster_asked_for() -> N
         at("east", "e-new", 3),
     ]
     state = State(migrations={m.key: m for m in rows})
-    assert next_migration(state) == rows[1]
-    assert next_migration(state, "east") == rows[2]
-    assert next_migration(state, "north") is None
+    # No StorageVersions in this state, so every one is stale: order alone is tested here.
+    assert next_migration(state, current_only=False) == rows[1]
+    assert next_migration(state, "east", current_only=False) == rows[2]
+    assert next_migration(state, "north", current_only=False) is None
+    assert next_migration(state) is None
 
 
 def test_a_migration_superseded_before_its_runner_looks_counts_as_cancelled() -> None:
@@ -284,12 +289,75 @@ def test_a_migration_superseded_before_its_runner_looks_counts_as_cancelled() ->
         )
         fold.apply(state, event, Position(0, offset))
 
+    def cancelled(key: MigrationKey) -> bool:
+        # No StorageVersion in this state (staleness is tested below).
+        return migration_cancelled(state, key, current_only=False)
+
     requested("m-1", 1)
     fold.apply(state, MigrationStarted(meta, "m-1"), Position(0, 2))
-    assert not migration_cancelled(state, first.key)
+    assert not cancelled(first.key)
     fold.apply(state, MigrationCancelled(meta, "m-1", reason="Changed"), Position(0, 3))
-    assert migration_cancelled(state, first.key)
+    assert cancelled(first.key)
     requested("m-2", 4)
     assert first.key not in state.migrations  # dropped: its resource's next one came
-    assert migration_cancelled(state, first.key)
-    assert not migration_cancelled(state, ("east", "m-2"))
+    assert cancelled(first.key)
+    assert not cancelled(("east", "m-2"))
+
+
+def agreeing_on_v1() -> tuple[Ledger, MigrationRequested]:
+    """Two apiservers report pods in v1, and the request the migrator decides on that."""
+    ledger = Ledger()
+    for apiserver in ("a1", "a2"):
+        ledger.heartbeat(apiserver)
+    for apiserver in ("a1", "a2"):
+        encodes(ledger, apiserver, "v1")
+    (request,) = decide(ledger.state, PODS, ledger.meta("a2"))
+    assert isinstance(request, MigrationRequested)
+    return ledger, request
+
+
+def encodes(ledger: Ledger, apiserver: str, version: str) -> None:
+    """Append a report, without the migrator's decision on it."""
+    ledger.append(
+        StorageVersionReported(
+            ledger.meta(apiserver),
+            apiserver,
+            "",
+            "pods",
+            "Pod",
+            version,
+            ("v1", "v2"),
+            ("v1", "v2"),
+        )
+    )
+
+
+def test_a_migration_made_stale_by_a_disagreement_is_not_run_on() -> None:
+    ledger, request = agreeing_on_v1()
+    key = ("east", request.migration_id)
+    ledger.append(request)
+    assert next_migration(ledger.state) == ledger.state.migrations[key]
+    assert not migration_cancelled(ledger.state, key)
+    ledger.append(MigrationStarted(ledger.meta("worker"), request.migration_id))
+    encodes(ledger, "a1", "v2")
+    # Running and now stale: the runner stops before the migrator's cancellation lands.
+    assert migration_cancelled(ledger.state, key)
+    assert next_migration(ledger.state) is None
+    # The baselines' worker runs on, as upstream's migrator would.
+    assert not migration_cancelled(ledger.state, key, current_only=False)
+
+
+def test_a_request_that_lands_after_a_disagreement_is_not_started() -> None:
+    """The migrator decided on agreement, but a report it had not read yet landed first."""
+    ledger, request = agreeing_on_v1()
+    encodes(ledger, "a1", "v2")
+    ledger.append(request)
+    key = ("east", request.migration_id)
+    assert ledger.state.migrations[key].phase == "Pending"
+    assert next_migration(ledger.state) is None
+    assert migration_cancelled(ledger.state, key)
+    assert next_migration(ledger.state, current_only=False) == ledger.state.migrations[key]
+    # And the migrator, reading the same log, cancels it.
+    (cancel,) = decide(ledger.state, PODS, ledger.meta("a1"))
+    assert isinstance(cancel, MigrationCancelled)
+    assert cancel.migration_id == request.migration_id
