@@ -9,7 +9,12 @@
 * a common version with hash ``h``, persisted hashes not just ``[h]``, and no active
   migration for ``(h, current StorageVersion revision)`` -> ``MigrationCancelled``
   (``StorageVersionChanged``) for every other active migration of the resource, then
-  ``MigrationRequested(h, revision)``.
+  ``MigrationRequested(h, revision)``;
+* persisted hashes already ``[h]`` (DESIGN.md is silent here): nothing is requested,
+  and an active migration for another ``(hash, revision)`` is cancelled
+  (``StorageVersionChanged``). Only an operator's forced migration can be in that
+  state; it can no longer count, and the worker does not run a stale migration, so
+  without this it would stay active for good.
 
 Only live apiservers have entries in a StorageVersion (the fold drops the entries of
 an expired or released lease), so "all live apiservers agree" is "the common version
@@ -129,8 +134,19 @@ def decide(
         message = f"the live apiservers do not agree on an encoding version of {name!r}"
         return [_cancel(m, cause, REASON_DISAGREE, message) for m in active]
     revision = storage_version.revision
+    message = (
+        f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
+        f" at revision {revision}"
+    )
     if storage_state.persisted_storage_version_hashes == (target_hash,):
-        return []
+        # Nothing to migrate. A migration for another state (one an operator forced
+        # before the StorageVersion moved) can no longer count, and the worker does
+        # not run it: it ends here rather than stay active.
+        return [
+            _cancel(m, cause, REASON_CHANGED, message)
+            for m in active
+            if m.target_hash != target_hash or m.storage_version_revision != revision
+        ]
     if any(m.target_hash == target_hash and m.storage_version_revision == revision for m in active):
         return []
     attempt = 0
@@ -144,10 +160,6 @@ def decide(
         attempt += 1
         if cause.occurred_at < earlier.updated_at + backoff.after(attempt):
             return []  # backing off; a later event of the cluster decides again
-    message = (
-        f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
-        f" at revision {revision}"
-    )
     events: list[Event] = [_cancel(m, cause, REASON_CHANGED, message) for m in active]
     events.append(
         MigrationRequested(

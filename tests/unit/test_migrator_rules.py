@@ -154,6 +154,24 @@ def test_no_request_when_persisted_is_already_the_common_version() -> None:
     assert kinds(decided) == ["MigrationRequested"]
 
 
+def test_a_forced_migration_the_storage_version_moved_under_is_cancelled() -> None:
+    """Everything is stored in v1 and an operator forces a migration anyway; an apiserver
+    leaving moves the StorageVersion. That migration can no longer count (the worker
+    does not run a stale one), so it is cancelled; nothing new is requested."""
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.react(MigrationSucceeded(ledger.meta("worker"), first.migration_id))
+    storage_version = ledger.state.storage_versions[PODS]
+    forced = MigrationRequested(
+        ledger.meta("ops"), "forced", "", "pods", "v1", pods_hash("v1"), storage_version.revision
+    )
+    assert kinds(ledger.react(forced)) == []  # current: it stands
+    assert kinds(ledger.expire("a3")) == [f"MigrationCancelled({REASON_CHANGED})"]
+    assert ledger.active() == []
+    assert decide(ledger.state, PODS, ledger.meta("gc")) == []
+
+
 def test_a_failed_migration_is_not_requested_again_until_the_resource_changes() -> None:
     ledger = three_on_v1()
     (first,) = active_migrations(ledger.state, PODS)
