@@ -311,7 +311,9 @@ async def test_the_migrator_and_lease_gc_show_migrations_reactions_and_heartbeat
             ]
 
             def requested(samples: Samples) -> bool:
-                # Lag 0 also means the migrator has read its own transaction back.
+                # The lag is measured against the end the last fetch saw, which may
+                # precede the migrator's own transaction: its fold has read the request
+                # back once the gauge counts the cluster's migrations at all.
                 partitions = lags(samples, migrator)
                 appended = value(
                     samples,
@@ -319,7 +321,13 @@ async def test_the_migrator_and_lease_gc_show_migrations_reactions_and_heartbeat
                     reader=migrator,
                     type="MigrationRequested",
                 )
-                return appended == 1 and bool(partitions) and not any(partitions.values())
+                read_back = value(samples, "svledger_migrations", cluster="east", phase="Failed")
+                return (
+                    appended == 1
+                    and read_back is not None
+                    and bool(partitions)
+                    and not any(partitions.values())
+                )
 
             samples = await wait_until("requested", requested)
             assert value(samples, "svledger_migrations", cluster="east", phase="Pending") == 1
