@@ -61,12 +61,15 @@ class Ledger:
             )
         )
 
-    def report(self, apiserver: str, version: str) -> list[Event]:
-        """Append a report and then what the trigger decides on it; return the decision."""
-        event = StorageVersionReported(
+    def reported(self, apiserver: str, version: str) -> StorageVersionReported:
+        """``apiserver`` encodes pods in ``version``, decoding and serving v1 and v2."""
+        return StorageVersionReported(
             self.meta(apiserver), apiserver, "", "pods", "Pod", version, ("v1", "v2"), ("v1", "v2")
         )
-        return self.react(event)
+
+    def report(self, apiserver: str, version: str) -> list[Event]:
+        """Append a report and then what the trigger decides on it; return the decision."""
+        return self.react(self.reported(apiserver, version))
 
     def react(self, event: Event) -> list[Event]:
         self.append(event)

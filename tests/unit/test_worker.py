@@ -30,7 +30,6 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
     Position,
-    StorageVersionReported,
 )
 from projections import fold
 from projections.state import Migration, MigrationKey, Phase, State
@@ -310,26 +309,10 @@ def agreeing_on_v1() -> tuple[Ledger, MigrationRequested]:
     for apiserver in ("a1", "a2"):
         ledger.heartbeat(apiserver)
     for apiserver in ("a1", "a2"):
-        encodes(ledger, apiserver, "v1")
+        ledger.append(ledger.reported(apiserver, "v1"))  # no decision on each
     (request,) = decide(ledger.state, PODS, ledger.meta("a2"))
     assert isinstance(request, MigrationRequested)
     return ledger, request
-
-
-def encodes(ledger: Ledger, apiserver: str, version: str) -> None:
-    """Append a report, without the migrator's decision on it."""
-    ledger.append(
-        StorageVersionReported(
-            ledger.meta(apiserver),
-            apiserver,
-            "",
-            "pods",
-            "Pod",
-            version,
-            ("v1", "v2"),
-            ("v1", "v2"),
-        )
-    )
 
 
 def test_a_migration_made_stale_by_a_disagreement_is_not_run_on() -> None:
@@ -339,7 +322,7 @@ def test_a_migration_made_stale_by_a_disagreement_is_not_run_on() -> None:
     assert next_migration(ledger.state) == ledger.state.migrations[key]
     assert not migration_cancelled(ledger.state, key)
     ledger.append(MigrationStarted(ledger.meta("worker"), request.migration_id))
-    encodes(ledger, "a1", "v2")
+    ledger.append(ledger.reported("a1", "v2"))
     # Running and now stale: the runner stops before the migrator's cancellation lands.
     assert migration_cancelled(ledger.state, key)
     assert next_migration(ledger.state) is None
@@ -350,7 +333,7 @@ def test_a_migration_made_stale_by_a_disagreement_is_not_run_on() -> None:
 def test_a_request_that_lands_after_a_disagreement_is_not_started() -> None:
     """The migrator decided on agreement, but a report it had not read yet landed first."""
     ledger, request = agreeing_on_v1()
-    encodes(ledger, "a1", "v2")
+    ledger.append(ledger.reported("a1", "v2"))
     ledger.append(request)
     key = ("east", request.migration_id)
     assert ledger.state.migrations[key].phase == "Pending"
