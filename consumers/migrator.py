@@ -134,21 +134,23 @@ def decide(
         message = f"the live apiservers do not agree on an encoding version of {name!r}"
         return [_cancel(m, cause, REASON_DISAGREE, message) for m in active]
     revision = storage_version.revision
-    message = (
-        f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
-        f" at revision {revision}"
-    )
+    others = [
+        m for m in active if (m.target_hash, m.storage_version_revision) != (target_hash, revision)
+    ]
     if storage_state.persisted_storage_version_hashes == (target_hash,):
         # Nothing to migrate. A migration for another state (one an operator forced
         # before the StorageVersion moved) can no longer count, and the worker does
         # not run it: it ends here rather than stay active.
-        return [
-            _cancel(m, cause, REASON_CHANGED, message)
-            for m in active
-            if m.target_hash != target_hash or m.storage_version_revision != revision
-        ]
-    if any(m.target_hash == target_hash and m.storage_version_revision == revision for m in active):
-        return []
+        if not others:
+            return []
+        return _changed(
+            others,
+            cause,
+            f"the storage version of {name!r} is at revision {revision}, and every object"
+            f" is stored in {common!r} already",
+        )
+    if len(others) < len(active):
+        return []  # a migration for this very state is under way
     attempt = 0
     while True:
         new_id = migration_id(resource_key, target_hash, revision, storage_state.revision, attempt)
@@ -160,7 +162,12 @@ def decide(
         attempt += 1
         if cause.occurred_at < earlier.updated_at + backoff.after(attempt):
             return []  # backing off; a later event of the cluster decides again
-    events: list[Event] = [_cancel(m, cause, REASON_CHANGED, message) for m in active]
+    events = _changed(
+        active,
+        cause,
+        f"the storage version of {name!r} is now {common!r} (hash {target_hash!r})"
+        f" at revision {revision}",
+    )
     events.append(
         MigrationRequested(
             meta=_meta(cause, f"requested/{cluster}/{new_id}"),
@@ -173,6 +180,11 @@ def decide(
         )
     )
     return events
+
+
+def _changed(migrations: list[Migration], cause: Meta, message: str) -> list[Event]:
+    """``MigrationCancelled`` (``StorageVersionChanged``) for each of ``migrations``."""
+    return [_cancel(m, cause, REASON_CHANGED, message) for m in migrations]
 
 
 def _cancel(migration: Migration, cause: Meta, reason: str, message: str) -> MigrationCancelled:
