@@ -7,7 +7,9 @@ reporter turns that into an error at the caller, with nothing half-sent.
 
 * group: a DNS-1123 subdomain, or ``""`` for the core group. ``"core"`` is refused:
   it would share the StorageVersion name ``core.<resource>`` with the core group.
-* resource: a DNS-1123 label (lowercase plural, e.g. ``deployments``).
+* resource: a DNS-1035 label (lowercase plural, e.g. ``deployments``): upstream's
+  ``ValidateStorageVersionName`` holds the resource segment of a StorageVersion's name
+  to that rule (a CRD's plural too), so a resource cannot start with a digit.
 * version: group-qualified as upstream writes it, ``<group>/<version>`` or ``<version>``
   for the core group (``apps/v1``, ``v1``); the version part a DNS-1035 label (``v1``,
   ``v1beta2``, a CRD's ``v2alpha1``), the group part a DNS-1123 subdomain. A resource
@@ -72,12 +74,13 @@ def check_group(group: str) -> None:
 
 
 def check_resource(resource: str) -> None:
-    if not is_dns1123_label(resource):
+    if not is_dns1035_label(resource):
         raise InvalidReport(
             "resource",
             resource,
-            "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
-            f"ending alphanumeric, at most {LABEL_MAX} characters (e.g. 'deployments')",
+            "must be a DNS-1035 label: lowercase letters, digits and '-', starting with a "
+            f"letter and ending alphanumeric, at most {LABEL_MAX} characters "
+            "(e.g. 'deployments')",
         )
 
 

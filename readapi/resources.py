@@ -15,8 +15,11 @@ request parameters; :mod:`readapi.server` moves them over HTTP.
   and created again gets a new uid, as in Kubernetes.
 * A migration's phase maps onto upstream's conditions: ``Running`` and ``Succeeded``
   as such; ``Failed`` and ``Cancelled`` as ``Failed`` with the ledger's reason
-  (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition, as a
-  migration upstream has not yet been picked up. The ledger's exact phase and the
+  (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition (an
+  empty status), as a migration upstream has not yet been picked up.
+* Fields upstream's types mark ``omitempty`` are left out when empty, as upstream's
+  JSON leaves them: the core group's ``group: ""``, an apiserver's empty
+  ``servedVersions``, a condition's empty reason or message. The ledger's exact phase and the
   number of objects migrated are in labels and annotations under ``svledger.io/``.
 * Table columns are those a reader of ``kubectl get`` wants (see each kind's
   ``columns``); ages are relative to the view's time, so a past view shows the ages
@@ -228,6 +231,9 @@ def _none(value: str | None) -> str:
 
 
 def _storage_version_body(row: StorageVersion, view: View) -> JSON:
+    """Upstream's ``StorageVersionStatus``, its fields in upstream's order and its empty
+    ones (``servedVersions`` of an apiserver that reports none) left out, as upstream's
+    ``omitempty`` leaves them."""
     condition = row.condition
     status: JSON = {
         "storageVersions": [
@@ -235,22 +241,24 @@ def _storage_version_body(row: StorageVersion, view: View) -> JSON:
                 "apiServerID": entry.apiserver_id,
                 "encodingVersion": entry.encoding_version,
                 "decodableVersions": list(entry.decodable_versions),
-                "servedVersions": list(entry.served_versions),
+                **(
+                    {"servedVersions": list(entry.served_versions)} if entry.served_versions else {}
+                ),
             }
             for entry in row.entries
-        ],
-        "conditions": [
-            {
-                "type": condition.type,
-                "status": condition.status,
-                "lastTransitionTime": kube_time(condition.last_transition_time),
-                "reason": condition.reason,
-                "message": condition.message,
-            }
         ],
     }
     if row.common_encoding_version is not None:
         status["commonEncodingVersion"] = row.common_encoding_version
+    status["conditions"] = [
+        {
+            "type": condition.type,
+            "status": condition.status,
+            "lastTransitionTime": kube_time(condition.last_transition_time),
+            "reason": condition.reason,
+            "message": condition.message,
+        }
+    ]
     return {"spec": {}, "status": status}
 
 
@@ -360,7 +368,13 @@ def _storage_state_body(row: StorageState, view: View) -> JSON:
     status: JSON = {"persistedStorageVersionHashes": list(row.persisted_storage_version_hashes)}
     if row.current_storage_version_hash is not None:
         status["currentStorageVersionHash"] = row.current_storage_version_hash
-    return {"spec": {"resource": {"group": row.group, "resource": row.resource}}, "status": status}
+    return {"spec": {"resource": _group_resource(row.group, row.resource)}, "status": status}
+
+
+def _group_resource(group: str, resource: str, **more: str) -> JSON:
+    """Upstream's ``GroupResource`` (``GroupVersionResource`` with ``version``): the core
+    group's empty name is left out (``omitempty``)."""
+    return {**({"group": group} if group else {}), **more, "resource": resource}
 
 
 def _storage_state_cells(row: StorageState, view: View) -> list[Any]:
@@ -407,22 +421,22 @@ _CONDITION_OF_PHASE: Final = {
 
 def _migration_body(row: Migration, view: View) -> JSON:
     _, version = split_group_version(row.target_version)
-    spec: JSON = {"resource": {"group": row.group, "version": version, "resource": row.resource}}
+    spec: JSON = {"resource": _group_resource(row.group, row.resource, version=version)}
     if row.continue_token:
         spec["continueToken"] = row.continue_token
-    conditions = []
-    if row.phase in _CONDITION_OF_PHASE:
-        reason = row.reason or ("Cancelled" if row.phase == "Cancelled" else row.phase)
-        conditions.append(
-            {
-                "type": _CONDITION_OF_PHASE[row.phase],
-                "status": "True",
-                "lastUpdateTime": kube_time(row.updated_at),
-                "reason": reason,
-                "message": row.message or "",
-            }
-        )
-    return {"spec": spec, "status": {"conditions": conditions}}
+    if row.phase not in _CONDITION_OF_PHASE:
+        return {"spec": spec, "status": {}}  # Pending: no condition yet, as upstream
+    condition: JSON = {
+        "type": _CONDITION_OF_PHASE[row.phase],
+        "status": "True",
+        "lastUpdateTime": kube_time(row.updated_at),
+    }
+    reason = row.reason or ("Cancelled" if row.phase == "Cancelled" else None)
+    if reason:
+        condition["reason"] = reason
+    if row.message:
+        condition["message"] = row.message
+    return {"spec": spec, "status": {"conditions": [condition]}}
 
 
 def _migration_resource(row: Migration) -> str:

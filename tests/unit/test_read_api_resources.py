@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from ledger.hashing import hash_of_stored
 from projections.state import (
+    UNKNOWN_HASH,
     Condition,
     Lease,
     Migration,
@@ -80,6 +82,34 @@ def test_a_storage_version_has_upstreams_shape() -> None:
     assert obj["status"]["conditions"][0]["status"] == "False"
 
 
+def test_empty_fields_are_left_out_and_the_status_is_in_upstreams_order() -> None:
+    # Upstream's types: servedVersions, GroupResource.group and
+    # StorageVersionMigrationStatus.conditions are omitempty; StorageVersionStatus
+    # lists storageVersions, commonEncodingVersion, conditions.
+    agreed = dataclasses.replace(
+        storage_version("v1"),
+        entries=tuple(
+            dataclasses.replace(entry, served_versions=())
+            for entry in storage_version("v1").entries
+        ),
+    )
+    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1")
+    pending = dataclasses.replace(migration("Pending"), group="", resource="pods")
+    state = State(
+        storage_versions={("c", "apps", "deployments"): agreed},
+        storage_states={core_state.key: core_state},
+        migrations={pending.key: pending},
+    )
+    ((_, sv),) = STORAGE_VERSIONS.selected(view(state))
+    assert list(sv["status"]) == ["storageVersions", "commonEncodingVersion", "conditions"]
+    assert all("servedVersions" not in entry for entry in sv["status"]["storageVersions"])
+    ((_, storage_state),) = STORAGE_STATES.selected(view(state))
+    assert storage_state["spec"] == {"resource": {"resource": "pods"}}
+    ((_, svm),) = STORAGE_VERSION_MIGRATIONS.selected(view(state))
+    assert svm["spec"]["resource"] == {"version": "v2", "resource": "pods"}
+    assert svm["status"] == {}
+
+
 def test_a_uid_is_stable_and_new_for_a_row_created_again() -> None:
     state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
     first = STORAGE_VERSIONS.selected(view(state))[0][1]["metadata"]["uid"]
@@ -114,19 +144,19 @@ def migration(phase: str, reason: str | None = None) -> Migration:
     ("phase", "reason", "conditions"),
     [
         ("Pending", None, []),
-        ("Running", None, [("Running", "Running")]),
-        ("Succeeded", None, [("Succeeded", "Succeeded")]),
+        ("Running", None, [("Running", None)]),
+        ("Succeeded", None, [("Succeeded", None)]),
         ("Failed", "Forbidden", [("Failed", "Forbidden")]),
         ("Cancelled", "EncodingVersionsDisagree", [("Failed", "EncodingVersionsDisagree")]),
     ],
 )
 def test_a_migration_phase_is_one_of_upstreams_conditions(
-    phase: str, reason: str | None, conditions: list[tuple[str, str]]
+    phase: str, reason: str | None, conditions: list[tuple[str, str | None]]
 ) -> None:
     row = migration(phase, reason)
     ((_, obj),) = STORAGE_VERSION_MIGRATIONS.selected(view(State(migrations={row.key: row})))
     assert obj["spec"]["resource"] == {"group": "apps", "version": "v2", "resource": "deployments"}
-    got = [(c["type"], c["reason"]) for c in obj["status"]["conditions"]]
+    got = [(c["type"], c.get("reason")) for c in obj["status"].get("conditions", [])]
     assert got == conditions
     assert obj["metadata"]["labels"]["svledger.io/phase"] == phase
 

@@ -41,7 +41,10 @@ def _report(**fields: object) -> ResourceReport:
     return ResourceReport(**values)  # type: ignore[arg-type]
 
 
-@given(group=st.one_of(st.just(""), subdomains), resource=dns_labels(), version=versions)
+resources = dns_labels(first=string.ascii_lowercase)
+
+
+@given(group=st.one_of(st.just(""), subdomains), resource=resources, version=versions)
 def test_valid_names_are_accepted(group: str, resource: str, version: str) -> None:
     report = _report(
         group=group,
@@ -66,7 +69,9 @@ def _break(name: str, how: int, position: int) -> str:
     ][how]
 
 
-@given(dns_labels(max_size=40), st.integers(0, 4), st.integers(0, 100))
+@given(
+    dns_labels(max_size=40, first=string.ascii_lowercase), st.integers(0, 4), st.integers(0, 100)
+)
 def test_invalid_resource_names_are_refused(name: str, how: int, position: int) -> None:
     bad = _break(name, how, position)
     with pytest.raises(InvalidReport) as raised:
@@ -74,7 +79,15 @@ def test_invalid_resource_names_are_refused(name: str, how: int, position: int) 
     assert raised.value.field == "resource"
     assert raised.value.value == bad
     assert repr(bad) in str(raised.value)
-    assert "DNS-1123 label" in str(raised.value)
+    assert "DNS-1035 label" in str(raised.value)
+
+
+@given(dns_labels(max_size=40, first=string.digits))
+def test_a_resource_starting_with_a_digit_is_refused(name: str) -> None:
+    # Upstream's ValidateStorageVersionName: the resource segment is a DNS-1035 label.
+    with pytest.raises(InvalidReport, match="starting with a letter") as raised:
+        _report(resource=name)
+    assert raised.value.field == "resource"
 
 
 @given(subdomains, st.integers(0, 3), st.integers(0, 100))
