@@ -50,16 +50,22 @@ class NotFound(TargetError):
     """The object no longer exists (HTTP 404): nothing left to migrate."""
 
 
-class TooManyRequests(TargetError):
-    """The target asks to slow down (HTTP 429), optionally saying for how long."""
+class _MayRetryAfter(TargetError):
+    """An error after which the target may say how long to wait (``retry_after``, s)."""
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class Transient(TargetError):
-    """A timeout or unavailable server (HTTP 5xx, 503): retry with backoff."""
+class TooManyRequests(_MayRetryAfter):
+    """The target asks to slow down (HTTP 429), optionally saying for how long."""
+
+
+class Transient(_MayRetryAfter):
+    """A timeout or unavailable server (HTTP 5xx, 503): retry with backoff, or after
+    the time the server asks for (``Retry-After``, a ``ServerTimeout``'s
+    ``retryAfterSeconds``)."""
 
 
 class Target(Protocol):

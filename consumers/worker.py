@@ -4,17 +4,23 @@ Upstream semantics (kube-storage-version-migrator): list the resource in chunks 
 500 with continue tokens and rewrite each object unchanged (a no-op update makes the
 apiserver re-encode it in its storage version); a conflict means the object changed
 since it was read, so read it again and retry; not found means it is gone, which
-counts as done; 429 and timeouts are retried with backoff, honouring Retry-After
-(each retry is counted in ``svledger_worker_retries_total``, :mod:`ledger.metrics`).
+counts as done; 429, 5xx and timeouts are retried with backoff, or after the wait the
+server asks for (``Retry-After``, or a ``Status``'s ``retryAfterSeconds``, as upstream's
+``SuggestsClientDelay``) (each retry is counted in ``svledger_worker_retries_total``,
+:mod:`ledger.metrics`).
 
 :func:`migrate` runs one migration against a :class:`~consumers.targets.Target` and
 reports through ``append``: ``MigrationStarted`` (when it was Pending), one
 ``MigrationProgressed(objects_migrated, continue_token)`` after each chunk, then
 ``MigrationSucceeded``, or ``MigrationFailed(reason, message)``. As in upstream's
-migrator, an object whose rewrite fails for good (retries exhausted, or a refusal
-that retrying cannot cure, such as 403) does not stop its chunk: every object of the
+migrator, an object whose rewrite fails does not stop its chunk: every object of the
 chunk gets its rewrite, then the migration fails naming the first failure, at the
-chunk's starting token so that a new run redoes the chunk. A migration that is already
+chunk's starting token. The migrator's next attempt of the same decision resumes
+there (:func:`resumed`). Where upstream's migrator retries every error but 405 without
+end, the worker gives up after ``RetryPolicy.max_retries`` and at once on a refusal
+that retrying cannot cure (401, 403, 400, 422, 405): the migration fails with a reason
+an operator can read and act on, and the migrator requests it again after its
+back-off, rather than a worker spinning on a 403 for ever. A migration that is already
 Running resumes from its last continue token, so a restarted worker redoes at most one
 chunk (rewrites are idempotent). ``cancelled`` is asked between objects, so a ``MigrationCancelled``
 stops the run within one object's rewrite.
@@ -47,10 +53,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
+from consumers.migrator import migration_id
 from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
 from consumers.targets import (
     Conflict,
@@ -122,7 +130,7 @@ async def _retrying(
             reason, delay = "TooManyRequests", policy.delay(attempt, error.retry_after)
             last = error
         except Transient as error:
-            reason, delay = "Transient", policy.delay(attempt, None)
+            reason, delay = "Transient", policy.delay(attempt, error.retry_after)
             last = error
         if attempt >= policy.max_retries:
             raise RetriesExhausted(
@@ -152,7 +160,7 @@ async def migrate(
     done = migration.objects_migrated
     token = migration.continue_token
     if migration.phase == "Pending":
-        await append([MigrationStarted(meta(), mid, objects_migrated=done)])
+        await append([MigrationStarted(meta(), mid, objects_migrated=done, continue_token=token)])
     try:
         while True:
             page = await _retrying(
@@ -233,6 +241,44 @@ def migration_cancelled(state: State, key: MigrationKey, *, current_only: bool =
     if migration is None or not migration.active:
         return True
     return current_only and stale_reason(state, migration) is not None
+
+
+def resumed(state: State, migration: Migration) -> Migration:
+    """``migration``, set to go on where the failed attempt before it stopped, if it can.
+
+    The migrator requests a failed migration again, after its back-off, as attempt n
+    of the same decision (:func:`consumers.migrator.migration_id`: the same target, the
+    same StorageVersion revision, the same StorageState revision). While those hold, no
+    apiserver has encoded the resource in another version since attempt n-1 was
+    requested and nobody reset the StorageState, so every object attempt n-1 rewrote
+    is still stored in the target version: a Pending attempt n starts from the
+    continue token and count attempt n-1 failed at, as upstream's migrator resumes a
+    migration from its ``continueToken``. Anything else starts from the beginning.
+    """
+    storage_state = state.storage_states.get(migration.resource_key)
+    if migration.phase != "Pending" or migration.continue_token or storage_state is None:
+        return migration
+    previous: Migration | None = None
+    for attempt in itertools.count():
+        earlier = migration_id(
+            migration.resource_key,
+            migration.target_hash,
+            migration.storage_version_revision,
+            storage_state.revision,
+            attempt,
+        )
+        if earlier == migration.migration_id:
+            break
+        previous = state.migrations.get((migration.cluster, earlier))
+        if previous is None:
+            return migration  # not the migrator's attempt on the current state
+    if previous is None or previous.phase != "Failed" or not previous.continue_token:
+        return migration
+    return dataclasses.replace(
+        migration,
+        objects_migrated=previous.objects_migrated,
+        continue_token=previous.continue_token,
+    )
 
 
 def next_migration(
@@ -335,6 +381,8 @@ async def run_worker(
         def cancelled() -> bool:
             return migration_cancelled(partition_log.state, key, current_only=current_only)
 
+        if isinstance(executor, Rewriter):  # the in-tree executor cannot start mid-list
+            migration = resumed(partition_log.state, migration)
         await executor.run(migration, append=append, cancelled=cancelled)
         # Done only once its last event is folded, so it is not picked again.
         await partition_log.wait_folded(max(positions, default=0) + 1)

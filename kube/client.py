@@ -308,12 +308,26 @@ def _api_error(error: ApiException, what: str) -> ApiError:
     reason = error.reason or ""
     body = _status_body(error.body)
     message = str(body.get("message", "")) or reason
-    retry_after: float | None = None
-    headers: Mapping[str, str] = error.headers or {}
+    retry_after = _retry_after(error.headers or {}, body)
+    return ApiError(status, f"{what}: HTTP {status} {reason}: {message}", body, retry_after)
+
+
+def _retry_after(headers: Mapping[str, str], body: Mapping[str, Any]) -> float | None:
+    """How long the server asks the client to wait before trying again, if it does.
+
+    The ``Retry-After`` header (seconds), else the ``Status``'s
+    ``details.retryAfterSeconds`` when positive, whatever the code: upstream's
+    ``SuggestsClientDelay``, which its migrator honours on every failed request (a 429,
+    a 503, a 500 ``ServerTimeout``).
+    """
     if headers.get("Retry-After"):
         with contextlib.suppress(ValueError):
-            retry_after = float(headers["Retry-After"])
-    return ApiError(status, f"{what}: HTTP {status} {reason}: {message}", body, retry_after)
+            return max(0.0, float(headers["Retry-After"]))
+    details = body.get("details")
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        return float(seconds)
+    return None
 
 
 def _status_body(body: object) -> dict[str, Any]:

@@ -18,8 +18,14 @@ prefers (``v1`` from 1.37; ``v1beta1`` before, where it must be enabled):
   ``Failed=True`` -> ``MigrationFailed`` with the condition's reason and message (the
   migrator then requests it again after its back-off, as a new object); an object
   deleted by someone else fails the migration;
-* on ``MigrationCancelled`` (the apiservers stopped agreeing), delete the object: the
-  controller stops with it.
+* on ``MigrationCancelled`` (the apiservers stopped agreeing), delete the object, as
+  upstream's trigger deletes a migration it no longer wants. kube-controller-manager's
+  controller does not look again at an object it is already running: its pass over
+  the resource goes on to the end and only its final status update fails. Rewrites
+  are no-op updates, so that pass writes objects in whatever version each apiserver
+  encodes; the persisted hashes stay as they were (no success is folded for a
+  cancelled migration) and the next migration, requested once the apiservers agree
+  again, rewrites every object after it.
 
 The controller's progress is not exposed object by object, so no
 ``MigrationProgressed`` is appended; a migration stays Running until the garbage

@@ -27,8 +27,10 @@ follows the versions the cluster serves now; the chunk's rewrites use that answe
 **Failures** map to the errors the worker interprets (:mod:`consumers.targets`):
 404 naming the object -> ``NotFound`` (any other 404 while rewriting means the
 version is no longer served: ``Transient``, and discovery runs again), 409 ->
-``Conflict``, 429 -> ``TooManyRequests`` with the ``Retry-After`` seconds, 5xx,
-timeouts and unreachable servers -> ``Transient``.
+``Conflict``, 429 -> ``TooManyRequests``, 5xx, timeouts and unreachable servers ->
+``Transient``; both carry the wait the server asks for, if it does (the
+``Retry-After`` header, else the ``Status``'s ``details.retryAfterSeconds``, as
+upstream's ``SuggestsClientDelay`` reads it).
 401 and 403 are :class:`Unauthorized` and :class:`Forbidden`, and any other refusal
 (a TLS certificate that does not verify, an unexpected status) is
 :class:`RequestFailed`; the worker does not retry those and fails the migration with
@@ -196,7 +198,7 @@ def _target_error(error: ApiError, verb: str, what: str) -> TargetError:
     if status == 429:
         return TooManyRequests(detail, error.retry_after)
     if status >= 500 or status == 0:
-        return Transient(detail)
+        return Transient(detail, error.retry_after)
     if status == 401:
         return Unauthorized(
             f"{detail}; the API server does not accept the credentials; check the"

@@ -85,6 +85,7 @@ class FakeApiserver:
         self.requests: list[Request] = []
         self.concurrent_write_on: set[str] = set()  # names changed right after their GET
         self.throttle: dict[str, int] = {}  # name -> Retry-After seconds of one 429
+        self.timeout: dict[str, int] = {}  # name -> retryAfterSeconds of one 500 ServerTimeout
         self.forbid_updates = False
         self.expire_next_continue = False
         self._revision = 0
@@ -244,6 +245,10 @@ class FakeApiserver:
                 seconds = self.throttle.pop(name)
                 status, payload, _ = _status(429, "TooManyRequests")
                 return status, payload, {"Retry-After": str(seconds)}
+            if name in self.timeout:
+                status, payload, headers = _status(500, "ServerTimeout")
+                payload["details"] = {"name": name, "retryAfterSeconds": self.timeout.pop(name)}
+                return status, payload, headers
             found = copy.deepcopy(self.objects[key])
             if name in self.concurrent_write_on:
                 self.concurrent_write_on.discard(name)
@@ -459,6 +464,18 @@ async def test_too_many_requests_carries_retry_after(
     with pytest.raises(TooManyRequests) as raised:
         await target.rewrite("", "pods", ObjectRef("ns", "p"))
     assert raised.value.retry_after == 7.0
+
+
+async def test_a_server_timeout_is_transient_and_carries_its_retry_after_seconds(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    # Upstream's SuggestsClientDelay: a Status's details.retryAfterSeconds, whatever the code.
+    apiserver.create("", "pods", "ns", "p")
+    apiserver.timeout["p"] = 5
+    with pytest.raises(Transient) as raised:
+        await target.rewrite("", "pods", ObjectRef("ns", "p"))
+    assert raised.value.retry_after == 5.0
+    await target.rewrite("", "pods", ObjectRef("ns", "p"))
 
 
 async def test_a_deleted_object_is_not_found(

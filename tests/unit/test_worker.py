@@ -19,7 +19,13 @@ from consumers.targets import (
     TooManyRequests,
     Transient,
 )
-from consumers.worker import RetryPolicy, migrate, migration_cancelled, next_migration
+from consumers.worker import (
+    RetryPolicy,
+    migrate,
+    migration_cancelled,
+    next_migration,
+    resumed,
+)
 from ledger.events import (
     Event,
     Meta,
@@ -30,10 +36,12 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
     Position,
+    StorageStateReset,
 )
 from projections import fold
+from projections.fold import active_migrations
 from projections.state import Migration, MigrationKey, Phase, State
-from tests.unit.test_migrator_rules import PODS, Ledger
+from tests.unit.test_migrator_rules import PODS, Ledger, three_on_v1
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
 POLICY = RetryPolicy(max_retries=3, backoff=1.0)
@@ -185,6 +193,13 @@ async def test_too_many_requests_honours_retry_after_else_backs_off() -> None:
     )
     result = await run(target, migration())
     assert result.clock.slept == [7.0, 1.0, 2.0]
+    assert target.rewrites == target.refs
+
+
+async def test_a_transient_error_waits_as_long_as_the_server_asks() -> None:
+    target = FakeTarget(1, {0: [Transient("server timeout", retry_after=5.0), Transient("503")]})
+    result = await run(target, migration())
+    assert result.clock.slept == [5.0, 2.0]
     assert target.rewrites == target.refs
 
 
@@ -344,3 +359,50 @@ def test_a_request_that_lands_after_a_disagreement_is_not_started() -> None:
     (cancel,) = decide(ledger.state, PODS, ledger.meta("a1"))
     assert isinstance(cancel, MigrationCancelled)
     assert cancel.migration_id == request.migration_id
+
+
+def failed_at_object_3(reset: bool = False) -> tuple[Ledger, Migration]:
+    """Pods' first migration fails after 3 of 7 objects, and once the migrator's back-off
+    has passed (``reset``: after an operator reset the StorageState) it requests pods
+    again; the new request is returned."""
+    ledger = three_on_v1()
+    [first] = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.append(MigrationProgressed(ledger.meta("worker"), first.migration_id, 3, "3"))
+    ledger.append(
+        MigrationFailed(ledger.meta("worker"), first.migration_id, 3, "3", "Forbidden", "no")
+    )
+    if reset:
+        ledger.append(StorageStateReset(ledger.meta("operator"), "", "pods", "restored etcd"))
+    later = Meta.new(PODS[0], "a1", ledger.meta("a1").occurred_at + timedelta(hours=1))
+    [request] = decide(ledger.state, PODS, later)
+    assert isinstance(request, MigrationRequested)
+    ledger.append(request)
+    return ledger, ledger.state.migrations[PODS[0], request.migration_id]
+
+
+async def test_the_next_attempt_of_a_failed_migration_resumes_at_its_continue_token() -> None:
+    ledger, retry = failed_at_object_3()
+    assert (retry.objects_migrated, retry.continue_token) == (0, None)
+    target = FakeTarget(7)
+    result = await run(target, resumed(ledger.state, retry), chunk_size=3)
+    assert target.listed_from == ["3", "6"]
+    assert target.rewrites == target.refs[3:]
+    assert result.steps() == [
+        ("MigrationStarted", 3, "3"),
+        ("MigrationProgressed", 6, "6"),
+        ("MigrationSucceeded", 7, None),
+    ]
+
+
+def test_a_new_decision_after_a_failure_starts_from_the_beginning() -> None:
+    # After a StorageState reset objects may be stored in any version again (a restored
+    # backup): the failed attempt's progress no longer counts.
+    ledger, retry = failed_at_object_3(reset=True)
+    assert resumed(ledger.state, retry) == retry
+    # Nor is a migration that is not Pending, or the first attempt, moved.
+    running = dataclasses.replace(retry, phase="Running")
+    assert resumed(ledger.state, running) == running
+    first = three_on_v1()
+    [pending] = active_migrations(first.state, PODS)
+    assert resumed(first.state, pending) == pending
