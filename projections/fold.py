@@ -28,6 +28,11 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   the successor's lease; a release therefore applies only while its holder still
   holds the lease. An expiry applies only if the lease was not renewed after the
   expiry's ``last_renew_time``, the renewal the lease GC saw when it decided.
+* A StorageVersion's entries are kept sorted by apiserver ID. Upstream's updater
+  appends a new apiserver's entry at the end and replaces a known one in place, so
+  its order is the order the apiservers first reported in; the ledger's views are
+  SQL rows with no order of their own, and one canonical order makes a view read
+  back from SQL equal the fold's. Agreement does not depend on the order.
 * ``current_storage_version_hash`` is the hash of the common encoding version and
   is null while the apiservers disagree or none reports the resource: the KEP
   defines it as the hash of *the* current storage version, and while servers
@@ -45,8 +50,8 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   the views (their events stay in the log and in ``ledger_events``), as upstream's
   storage version migrator deletes a resource's migrations before it creates a new
   one. The fold's memory then grows with the resources, not with the log. A
-  migration that Failed stays: it can still be resumed, and the migrator's back-off
-  counts its attempts.
+  migration that Failed stays: the migrator's back-off counts its attempts, and the
+  worker's next attempt resumes at its continue token (:func:`consumers.worker.resumed`).
 * Migration phases move Pending -> Running -> Succeeded, with Failed from Pending or
   Running, Cancelled from Pending, Running or Failed, and Started again from Failed
   (resuming from the last continue token). Any other step is rejected, so a worker's

@@ -17,6 +17,10 @@ request parameters; :mod:`readapi.server` moves them over HTTP.
   as such; ``Failed`` and ``Cancelled`` as ``Failed`` with the ledger's reason
   (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition (an
   empty status), as a migration upstream has not yet been picked up.
+* A StorageVersionMigration's ``spec.resource.version`` is the version part of its
+  target storage version. Upstream's trigger puts there the version its migrator
+  sends requests to, discovery's preferred version, which the ledger does not hold;
+  the worker asks discovery when it runs (:mod:`kube.target`).
 * Fields upstream's types mark ``omitempty`` are left out when empty, as upstream's
   JSON leaves them: the core group's ``group: ""``, an apiserver's empty
   ``servedVersions``, a condition's empty reason or message. The ledger's exact phase and the
