@@ -12,7 +12,12 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   same holder is appended only once it is that much newer than the ledger's, or half
   the lease's duration: the log then holds a heartbeat per interval instead of one
   per renewal (upstream renews every 10 s), membership and expiry keep their meaning,
-  and the ledger's renew time lags the cluster's by less than the interval;
+  and the ledger's renew time lags the cluster's by less than the interval. A lease
+  the ledger does not hold and that expired by its own ``renewTime +
+  leaseDurationSeconds`` is not a member: its apiserver stopped without deleting it,
+  the ledger's lease GC expired it (or never saw it), and the object only waits for
+  upstream's lease GC, which checks hourly. Its entries are not reported either;
+  appending its old renewal would bring it back, to be expired again at the next check;
 * a lease the ledger holds but the cluster no longer has -> ``ApiserverLeaseExpired``
   when it had expired by its own ``renewTime + leaseDurationSeconds``, else
   ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
@@ -236,8 +241,10 @@ def reconcile(
     problems: list[str] = []
     live: set[str] = set()
     for apiserver_id, lease in sorted(snapshot.leases.items()):
-        live.add(apiserver_id)
         held = state.leases.get((cluster, apiserver_id))
+        if held is None and _expired(lease.renew_time, lease.lease_duration_seconds, now):
+            continue  # gone, though upstream's lease GC has not deleted the object yet
+        live.add(apiserver_id)
         if held is not None and held.holder_identity == lease.holder_identity:
             step = min(renewal_interval, timedelta(seconds=held.lease_duration_seconds / 2))
             if lease.renew_time <= held.renew_time or lease.renew_time < held.renew_time + step:
@@ -255,9 +262,8 @@ def reconcile(
     for (lease_cluster, apiserver_id), held in sorted(state.leases.items()):
         if lease_cluster != cluster or apiserver_id in live:
             continue
-        expired_at = held.renew_time + timedelta(seconds=held.lease_duration_seconds)
         ended: Event
-        if expired_at < now:
+        if _expired(held.renew_time, held.lease_duration_seconds, now):
             ended = ApiserverLeaseExpired(
                 Meta.new(cluster, SOURCE, now),
                 apiserver_id,
@@ -278,6 +284,11 @@ def reconcile(
         else:
             events.append(report)
     return events, problems
+
+
+def _expired(renew_time: datetime, duration_seconds: int, now: datetime) -> bool:
+    """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``."""
+    return renew_time + timedelta(seconds=duration_seconds) < now
 
 
 def _holds(state: State, cluster: str, entry: Entry) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumers.lease_gc import expired
 from kube.upstream import Snapshot, parse_lease, parse_storage_version, reconcile
 from ledger.events import (
     ApiserverHeartbeat,
@@ -234,6 +235,25 @@ def test_a_deleted_lease_ends_as_released_or_expired_by_its_own_renew_time() -> 
     assert (expired.apiserver_id, expired.last_renew_time) == ("apiserver-b", T0)
     assert ledger.state.leases == {}
     assert (CLUSTER, "apps", "deployments") not in ledger.state.storage_versions
+
+
+def test_an_expired_lease_left_behind_is_not_brought_back_after_the_lease_gc() -> None:
+    # An apiserver that crashed leaves its lease; upstream's GC deletes it within the
+    # hour. The ledger's lease GC expires it first: the collector must not re-add it.
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    ledger.collect(cluster(leases, DEPLOYMENTS), T0)
+    later = T0 + timedelta(seconds=3700)
+    renewed = {"apiserver-a": ("a_1", later), "apiserver-b": ("b_1", T0)}  # b crashed
+    [heartbeat] = ledger.collect(cluster(renewed, DEPLOYMENTS), later)
+    assert isinstance(heartbeat, ApiserverHeartbeat) and heartbeat.apiserver_id == "apiserver-a"
+    for expiry in expired(ledger.state, later):
+        apply(ledger.state, expiry, Position(0, ledger.offset))
+        ledger.offset += 1
+    assert set(ledger.state.leases) == {(CLUSTER, "apiserver-a")}
+    assert ledger.collect(cluster(renewed, DEPLOYMENTS), later + timedelta(seconds=5)) == []
+    held = ledger.state.storage_versions[CLUSTER, "apps", "deployments"]
+    assert [e.apiserver_id for e in held.entries] == ["apiserver-a"]
 
 
 def test_a_restarted_apiserver_is_reported_again_though_its_objects_did_not_change() -> None:
