@@ -8,8 +8,10 @@ The GC follows the log with :class:`consumers.partitions.PartitionFollower` (gro
 ``svledger-lease-gc``): each partition has its own fold of the leases and a
 transactional producer ``svledger-lease-gc-<topic>-<partition>``. It reads the folded
 state alone, so its fold thins plain renewals as the projector's does, and rebuilding a
-partition decodes only the records that are not plain renewals. Every
-``check_period`` it checks each followed partition:
+partition decodes only the records that are not plain renewals. As soon as it holds
+partitions, and then every ``check_period`` (upstream's ``wait.Until`` checks at start
+too, so a GC restarted more often than its period still expires), it checks each
+followed partition:
 
 1. read the partition's last stable offset **now**, and wait until the fold has read
    up to it: every heartbeat appended before the check has been seen;
@@ -63,6 +65,7 @@ log = logging.getLogger(__name__)
 SOURCE: Final = "svledger-lease-gc"
 GROUP_ID: Final = "svledger-lease-gc"
 DEFAULT_CHECK_PERIOD: Final = 3600.0
+_ASSIGNMENT_POLL_SECONDS: Final = 1.0  # how often a GC with no partitions yet looks again
 
 _NAMESPACE: Final = uuid.UUID("0f5e2a4c-8b1d-4f63-9a27-3c6d8e1b7f90")
 
@@ -146,8 +149,9 @@ async def run_lease_gc(
 async def _check_periodically(
     follower: PartitionFollower, stop: asyncio.Event, clock: Clock, check_period: float
 ) -> None:
+    while not stop.is_set() and not follower.logs:  # the first check once assigned
+        await clock.sleep(min(check_period, _ASSIGNMENT_POLL_SECONDS))
     while not stop.is_set():
-        await clock.sleep(check_period)
         for partition_log in list(follower.logs.values()):
             try:
                 await _check(follower, partition_log, clock)
@@ -160,6 +164,7 @@ async def _check_periodically(
                     check_period,
                     error,
                 )
+        await clock.sleep(check_period)
 
 
 async def _check(follower: PartitionFollower, partition_log: PartitionLog, clock: Clock) -> None:

@@ -84,3 +84,28 @@ async def test_two_gcs_expire_each_lapsed_lease_once_and_never_a_renewed_one(
         changes = apply(state, logged, Position(0, offset))
         assert changes.rejections == []
     assert state.leases == {}
+
+
+async def test_a_gc_checks_as_soon_as_it_starts_not_a_period_later(
+    kafka_bootstrap: str, unique_topic: str
+) -> None:
+    # As upstream's wait.Until: a GC restarted more often than its period still expires.
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
+    await create_topics(settings)
+    lapsed = heartbeat("east", "east-crashed")
+    async with EventProducer(settings) as producer:
+        await producer.send(lapsed)
+    await asyncio.sleep(LEASE_SECONDS + 0.5)
+    stop = asyncio.Event()
+    gc = asyncio.create_task(
+        run_lease_gc(settings, stop=stop, clock=SystemClock(), check_period=3600)
+    )
+    try:
+        events = await wait_for(
+            settings, lambda es: any(isinstance(e, ApiserverLeaseExpired) for e in es)
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(gc, DEADLINE)
+    [expiry] = [e for e in events if isinstance(e, ApiserverLeaseExpired)]
+    assert (expiry.apiserver_id, expiry.last_renew_time) == ("east-crashed", lapsed.renew_time)
