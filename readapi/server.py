@@ -16,9 +16,15 @@ What it speaks, as kube-apiserver does:
   snapshot of the first: its resourceVersion), ``resourceVersion`` with
   ``resourceVersionMatch=Exact`` (the past, as under ``/at``);
 * ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
-  current objects when it is absent or ``0``), BOOKMARK events with
-  ``allowWatchBookmarks``, an ERROR event with a 410 Expired Status for a
-  resourceVersion older than the changes kept, ``timeoutSeconds``;
+  current objects when it is absent or ``0``), a deletion at its own resourceVersion,
+  BOOKMARK events with ``allowWatchBookmarks``, an ERROR event with a 410 Expired
+  Status for a resourceVersion older than the changes kept, ``timeoutSeconds``;
+  ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
+  list): the current objects, then a bookmark annotated ``k8s.io/initial-events-end``;
+* list options checked as upstream's ``ValidateListOptions`` checks them (422
+  Invalid), a list with a ``limit`` and a resourceVersion but no match served at that
+  resourceVersion (upstream's legacy exact rule), and a resourceVersion the fold has
+  not reached after 3 s answered 504 with ``Retry-After``;
 * Table responses when asked for (``Accept: application/json;as=Table;g=meta.k8s.io;
   v=v1``), in lists and in watches;
 * errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
@@ -62,6 +68,8 @@ from readapi.resources import JSON, ApiError, Kind, Selection, View
 log = logging.getLogger(__name__)
 
 BOOKMARK_SECONDS: Final = 10.0
+FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
+INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
 DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
 _OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
@@ -188,7 +196,13 @@ async def _authenticate(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def _status(code: int, reason: str, message: str, details: JSON | None = None) -> web.Response:
-    return web.json_response(resources.status(code, reason, message, details), status=code)
+    """The ``Status`` response; with upstream's ``Retry-After`` header when a 429 or 5xx
+    says how long to wait (``details.retryAfterSeconds``)."""
+    response = web.json_response(resources.status(code, reason, message, details), status=code)
+    retry = (details or {}).get("retryAfterSeconds")
+    if retry and (code == 429 or code >= 500):
+        response.headers["Retry-After"] = str(retry)
+    return response
 
 
 def _method_not_allowed(request: web.Request) -> web.Response:
@@ -382,8 +396,9 @@ async def _member(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     if request.query.get("watch") in ("true", "1"):
         selection = dataclasses.replace(_selection(request), name=name)
+        _check_list_options(request, watch=True)
         return await _watch(request, kind, selection)
-    view = await _view(request, _exact_resource_version(request))
+    view = await _view(request, await _exact_resource_version(request))
     selection = Selection(namespace=request.match_info.get("namespace"), name=name)
     for row, obj in kind.selected(view, selection):
         if _wants_table(request):
@@ -397,8 +412,15 @@ async def _member(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _exact_resource_version(request: web.Request) -> int | None:
-    """A resourceVersion the request must be served at, else None (the latest)."""
+async def _exact_resource_version(request: web.Request, limit: int | None = None) -> int | None:
+    """A resourceVersion the request must be served at, else None (the latest).
+
+    ``resourceVersionMatch=Exact``, or, as upstream's legacy rule, a list with a
+    ``limit`` and a resourceVersion but no match, is served at that offset. Otherwise
+    a resourceVersion is "not older than": served at the latest, once the fold has
+    reached it; a fold still behind after :data:`FRESHNESS_WAIT_SECONDS` answers
+    upstream's 504 "Too large resource version", which tells clients to retry.
+    """
     text = request.query.get("resourceVersion", "")
     if text in ("", "0"):
         return None
@@ -406,40 +428,145 @@ def _exact_resource_version(request: web.Request) -> int | None:
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     value = int(text)
     match = request.query.get("resourceVersionMatch", "")
-    if match == "Exact":
+    if match == "Exact" or (match == "" and limit):
         return value
-    if match not in ("", "NotOlderThan"):
-        raise ApiError(
-            400,
-            "BadRequest",
-            f"resourceVersionMatch {match!r} is not supported: use Exact or NotOlderThan",
-        )
-    live = request.app[_VIEWS].fold(request.match_info["cluster"])
-    if value > live.offset:
+    await _fresh(request, value)
+    return None
+
+
+async def _fresh(request: web.Request, offset: int) -> None:
+    """Return once the cluster's fold has reached ``offset``; else upstream's 504."""
+    views = request.app[_VIEWS]
+    live = views.fold(request.match_info["cluster"])
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FRESHNESS_WAIT_SECONDS
+    while offset > live.offset and loop.time() < deadline:
+        await views.changed(deadline - loop.time())
+    if offset > live.offset:
         raise ApiError(
             504,
             "Timeout",
-            f"Too large resource version: {value}, current: {live.offset}",
+            f"Timeout: Too large resource version: {offset}, current: {live.offset}",
             {
                 "causes": [
                     {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
-                ]
+                ],
+                "retryAfterSeconds": 1,
             },
         )
-    return None
+
+
+def _check_list_options(request: web.Request, watch: bool) -> None:
+    """Upstream's ``ValidateListOptions``: a 422 Invalid ``ListOptions`` for parameters
+    that cannot go together; with ``continue``, a resourceVersion is a 400."""
+    query = request.query
+    version, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
+    initial = "sendInitialEvents" in query
+    causes: list[tuple[str, str, str]] = []  # (field, reason, message)
+    if query.get("continue") and version not in ("", "0") and not watch:
+        raise ApiError(
+            400, "BadRequest", "specifying resource version is not allowed when using continue"
+        )
+    if watch:
+        if initial and match != "NotOlderThan":
+            causes.append(
+                (
+                    "resourceVersionMatch",
+                    "Forbidden",
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                )
+            )
+        if match:
+            if not initial:
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        "resourceVersionMatch is forbidden for watch unless"
+                        " sendInitialEvents is provided",
+                    )
+                )
+            if match != "NotOlderThan":
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "NotSupported",
+                        f'Unsupported value: "{match}": supported values: "NotOlderThan"',
+                    )
+                )
+    else:
+        if match:
+            if not version:
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    )
+                )
+            if query.get("continue"):
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        "resourceVersionMatch is forbidden when continue is provided",
+                    )
+                )
+            if match not in ("Exact", "NotOlderThan"):
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "NotSupported",
+                        f'Unsupported value: "{match}": supported values: "Exact",'
+                        ' "NotOlderThan", ""',
+                    )
+                )
+            if match == "Exact" and version == "0":
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                    )
+                )
+        if initial:
+            causes.append(
+                ("sendInitialEvents", "Forbidden", "sendInitialEvents is forbidden for list")
+            )
+    if not causes:
+        return
+    described = [f"{field}: {reason}: {message}" for field, reason, message in causes]
+    shown = described[0] if len(described) == 1 else "[" + ", ".join(described) + "]"
+    raise ApiError(
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {shown}',
+        {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [
+                {"reason": f"FieldValue{reason}", "message": f"{reason}: {message}", "field": field}
+                for field, reason, message in causes
+            ],
+        },
+    )
 
 
 async def _collection(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     selection = _selection(request)
-    if request.query.get("watch") in ("true", "1"):
+    watch = request.query.get("watch") in ("true", "1")
+    _check_list_options(request, watch)
+    if watch:
         return await _watch(request, kind, selection)
     limit = _int_parameter(request, "limit") or None
     token = request.query.get("continue", "")
     after = ""
-    resource_version = _exact_resource_version(request)
+    resource_version: int | None = None
     if token:
         resource_version, after = resources.parse_continue(token)
+    else:
+        resource_version = await _exact_resource_version(request, limit)
     view = await _view(request, resource_version)
     matching = kind.selected(view, selection)
     chosen, last = resources.page([obj for _, obj in matching], after, limit)
@@ -507,6 +634,14 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     if text and not text.isdigit():
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     start = int(text) if text not in ("", "0") else None
+    initial = request.query.get("sendInitialEvents")
+    if initial is not None and initial not in ("true", "false", "1", "0"):
+        raise ApiError(400, "BadRequest", f"sendInitialEvents={initial!r} is not true or false")
+    # Upstream: without sendInitialEvents, initial events only when no resourceVersion
+    # (or "0") is given; with it, exactly as it says.
+    send_initial = start is None if initial is None else initial in ("true", "1")
+    if start is not None and send_initial:
+        await _fresh(request, start)  # the initial state is not older than ``start``
     timeout = _int_parameter(request, "timeoutSeconds")
     bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
     as_table = _wants_table(request)
@@ -518,13 +653,15 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     stop = request.app[_STOP]
     with contextlib.suppress(ConnectionResetError):
-        if start is None:
+        if send_initial:
             view = fold.view(time=_now())
             for row, _ in kind.selected(view, selection):
                 await stream.send("ADDED", row, view)
             cursor = fold.offset
+            if initial is not None and bookmarks:
+                await stream.bookmark(cursor, {INITIAL_EVENTS_END: "true"})
         else:
-            cursor = start
+            cursor = fold.offset if start is None else start
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
         while True:
@@ -533,7 +670,7 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
                 break
             if await stream.changes(fold, cursor):
                 quiet_since = loop.time()
-            cursor = fold.offset
+            cursor = max(cursor, fold.offset)  # a watch from ahead of the fold waits for it
             if deadline is not None and loop.time() >= deadline:
                 break
             if bookmarks and loop.time() - quiet_since >= request.app[_BOOKMARKS]:
@@ -593,20 +730,25 @@ class _WatchStream:
         before = change.previous is not None and self.selection.matches(
             self.kind.object(change.previous, view)
         )
+        # A deletion, or a move out of the selection, sends the object's last content
+        # at the change's resourceVersion, as upstream's watch does.
         if change.type == "DELETED":
-            return await self.send("DELETED", change.row, view) if now else False
+            return await self.send("DELETED", change.row, view, change.offset) if now else False
         if now and (change.type == "ADDED" or before):
             return await self.send(change.type, change.row, view)
         if now:
             return await self.send("ADDED", change.row, view)  # moved into the selection
         if before:
-            return await self.send("DELETED", change.row, view)  # moved out of it
+            return await self.send("DELETED", change.previous, view, change.offset)
         return False
 
-    async def send(self, event_type: str, row: Any, view: View) -> bool:
+    async def send(self, event_type: str, row: Any, view: View, offset: int | None = None) -> bool:
+        """Send ``row``; ``offset``, if given, is its resourceVersion (a deletion's)."""
         obj = self.kind.object(row, view)
         if not self.selection.matches(obj) and event_type != "DELETED":
             return False
+        if offset is not None:
+            obj["metadata"]["resourceVersion"] = str(offset)
         if self.as_table:
             body: JSON = resources.table(
                 self.kind, [(row, obj)], view, include_object=self.include, with_columns=self.first
@@ -617,20 +759,24 @@ class _WatchStream:
         await self._write({"type": event_type, "object": body})
         return True
 
-    async def bookmark(self, offset: int) -> None:
+    async def bookmark(self, offset: int, annotations: dict[str, str] | None = None) -> None:
+        metadata: JSON = {"resourceVersion": str(offset)}
+        if annotations:
+            metadata["annotations"] = annotations
         await self._write(
             {
                 "type": "BOOKMARK",
                 "object": {
                     "kind": self.kind.kind,
                     "apiVersion": self.kind.api_version,
-                    "metadata": {"resourceVersion": str(offset)},
+                    "metadata": metadata,
                 },
             }
         )
 
     async def expired(self, cursor: int, horizon: int) -> None:
-        message = f"too old resource version: {cursor} ({horizon + 1})"
+        # As upstream's watch cache: the oldest resourceVersion still accepted.
+        message = f"too old resource version: {cursor} ({horizon})"
         await self._write({"type": "ERROR", "object": resources.status(410, "Expired", message)})
 
     async def _write(self, event: JSON) -> None:

@@ -181,3 +181,23 @@ def test_an_idle_watch_gets_bookmarks_at_the_position_folded(
     assert events, "no bookmark in 2 s with bookmarks every 0.3 s"
     assert {event["type"] for event in events} == {"BOOKMARK"}
     assert {event["object"]["metadata"]["resourceVersion"] for event in events} == {str(offset)}  # type: ignore[index]
+
+
+def test_a_limited_list_at_a_resource_version_is_served_at_it(
+    client: TestClient, views: LedgerViews, loop: asyncio.AbstractEventLoop
+) -> None:
+    # Upstream's legacy rule: limit and resourceVersion without resourceVersionMatch is Exact.
+    cluster = CLUSTERS[0]
+    past = views.fold(cluster).offset // 2
+    url = (
+        f"/clusters/{cluster}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+        f"?limit=1&resourceVersion={past}"
+    )
+
+    async def get() -> dict[str, object]:
+        async with client.get(url) as response:
+            assert response.status == 200
+            return await response.json()  # type: ignore[no-any-return]
+
+    page = loop.run_until_complete(get())
+    assert page["metadata"]["resourceVersion"] == str(past)  # type: ignore[index]

@@ -1,0 +1,182 @@
+"""The read API's list and watch semantics against upstream's, over HTTP in process.
+
+The views are folded in memory from a generated log (what is under test is how the
+API answers, not how the log is read), and served by the real aiohttp application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from ledger.events import Event, Position
+from ledger.kafka import Record
+from ledger.settings import KafkaSettings
+from readapi.ledger import LedgerViews
+from readapi.server import INITIAL_EVENTS_END, ServeOptions, app
+from tests.workloads import mixed_events
+
+CLUSTER = "/clusters/cluster-000"
+LEASES = f"{CLUSTER}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+STORAGE_VERSIONS = f"{CLUSTER}/apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
+EVENTS = list(mixed_events(600, clusters=1))
+FOLDED = 400  # events folded before the server starts; the rest are appended by tests
+
+
+def fold(views: LedgerViews, events: list[Event]) -> None:
+    start = views.clusters["cluster-000"].offset + 1 if views.clusters else 0
+    views._fold([Record(Position(0, start + i), e, b"") for i, e in enumerate(events)])
+    views._wake()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[TestClient[Any, Any], LedgerViews]]:
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", topic="t", partitions=1)
+    views = LedgerViews(settings, watch_window=300)
+    fold(views, EVENTS[:FOLDED])
+    views.ready.set()
+    client = TestClient(TestServer(app(views, ServeOptions(bookmark_seconds=0.2))))
+    await client.start_server()
+    try:
+        yield client, views
+    finally:
+        await client.close()
+
+
+async def watch(client: TestClient[Any, Any], path: str, query: str) -> list[dict[str, Any]]:
+    async with client.get(f"{path}?watch=true&timeoutSeconds=1&{query}") as response:
+        assert response.status == 200, await response.text()
+        return [json.loads(line) for line in (await response.text()).splitlines() if line]
+
+
+def versions(events: list[dict[str, Any]]) -> list[int]:
+    return [
+        int(e["object"]["metadata"]["resourceVersion"])
+        for e in events
+        if e["type"] in ("ADDED", "MODIFIED", "DELETED")
+    ]
+
+
+async def test_a_deletion_is_sent_at_its_own_resource_version(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    live = views.clusters["cluster-000"]
+    deleted = {c.offset for c in live.changes if c.type == "DELETED" and c.row.key[1:] != ()}
+    events = await watch(client, LEASES, f"resourceVersion={live.horizon}")
+    sent = [e for e in events if e["type"] == "DELETED"]
+    assert sent, "the log holds lease releases and expiries"
+    assert {int(e["object"]["metadata"]["resourceVersion"]) for e in sent} <= deleted
+    seen = versions(events)
+    assert seen == sorted(seen)  # a client resuming from the last one loses nothing
+
+
+async def test_a_watch_from_ahead_of_the_fold_gets_only_later_changes(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    ahead = views.clusters["cluster-000"].offset + 50
+
+    async def append_later() -> None:
+        await asyncio.sleep(0.3)
+        fold(views, EVENTS[FOLDED:])
+
+    appending = asyncio.create_task(append_later())
+    events = await watch(client, LEASES, f"resourceVersion={ahead}")
+    await appending
+    assert versions(events), "the appended events renew leases"
+    assert min(versions(events)) > ahead
+
+
+async def test_send_initial_events_ends_with_the_annotated_bookmark(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    live = views.clusters["cluster-000"]
+    events = await watch(
+        client,
+        STORAGE_VERSIONS,
+        "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+    )
+    initial = [e for e in events if e["type"] == "ADDED"]
+    assert len(initial) == len(live.state.storage_versions)
+    end = events[len(initial)]
+    assert end["type"] == "BOOKMARK"
+    assert end["object"]["metadata"]["annotations"] == {INITIAL_EVENTS_END: "true"}
+    assert end["object"]["metadata"]["resourceVersion"] == str(live.offset)
+    # Asked for none, none comes, whatever the resourceVersion.
+    none = await watch(
+        client,
+        STORAGE_VERSIONS,
+        "sendInitialEvents=false&resourceVersionMatch=NotOlderThan&resourceVersion=0",
+    )
+    assert [e for e in none if e["type"] != "BOOKMARK"] == []
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless"),
+        ("resourceVersion=0&resourceVersionMatch=Exact", 'forbidden for resourceVersion "0"'),
+        ("resourceVersion=5&resourceVersionMatch=Newest", 'Unsupported value: "Newest"'),
+        ("sendInitialEvents=true", "sendInitialEvents is forbidden for list"),
+        ("watch=true&resourceVersionMatch=NotOlderThan", "unless sendInitialEvents is provided"),
+        ("watch=true&sendInitialEvents=true", "requires setting resourceVersionMatch"),
+    ],
+)
+async def test_list_options_upstream_refuses_are_invalid(
+    served: tuple[TestClient[Any, Any], LedgerViews], query: str, message: str
+) -> None:
+    client, _ = served
+    async with client.get(f"{LEASES}?{query}") as response:
+        status = await response.json()
+    assert (response.status, status["reason"], status["details"]["kind"]) == (
+        422,
+        "Invalid",
+        "ListOptions",
+    )
+    assert status["message"].startswith('ListOptions.meta.k8s.io "" is invalid: ')
+    assert message in status["message"]
+
+
+async def test_a_continued_list_takes_no_resource_version(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    async with client.get(f"{LEASES}?limit=1") as response:
+        token = (await response.json())["metadata"]["continue"]
+    async with client.get(f"{LEASES}?limit=1&continue={token}&resourceVersion=100") as refused:
+        status = await refused.json()
+    assert (refused.status, status["message"]) == (
+        400,
+        "specifying resource version is not allowed when using continue",
+    )
+
+
+async def test_a_resource_version_not_reached_is_a_timeout_to_retry(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    ahead = views.clusters["cluster-000"].offset + 1_000
+    async with client.get(f"{STORAGE_VERSIONS}?resourceVersion={ahead}") as response:
+        status = await response.json()
+    assert (response.status, response.headers["Retry-After"]) == (504, "1")
+    assert status["message"].startswith("Timeout: Too large resource version: ")
+    assert status["details"]["retryAfterSeconds"] == 1
+
+
+async def test_a_watch_too_old_names_the_oldest_resource_version_accepted(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    horizon = views.clusters["cluster-000"].horizon
+    assert horizon > 0
+    [expired] = await watch(client, LEASES, f"resourceVersion={horizon - 1}")
+    assert expired["object"]["message"] == f"too old resource version: {horizon - 1} ({horizon})"
+    accepted = await watch(client, LEASES, f"resourceVersion={horizon}")
+    assert all(e["type"] != "ERROR" for e in accepted)
