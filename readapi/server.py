@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import ssl
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -68,6 +69,7 @@ from readapi.resources import JSON, ApiError, Kind, Selection, View
 log = logging.getLogger(__name__)
 
 BOOKMARK_SECONDS: Final = 10.0
+WATCH_TIMEOUT_SECONDS: Final = 1800.0  # upstream's --min-request-timeout
 FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
 DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
@@ -373,12 +375,12 @@ def parse_point(text: str) -> int | datetime:
     return time
 
 
-def _selection(request: web.Request) -> Selection:
+def _selection(request: web.Request, kind: Kind) -> Selection:
     query = request.query
     return Selection(
         namespace=request.match_info.get("namespace"),
         labels=resources.parse_label_selector(query.get("labelSelector", "")),
-        fields=resources.parse_field_selector(query.get("fieldSelector", "")),
+        fields=resources.parse_field_selector(query.get("fieldSelector", ""), kind.group),
     )
 
 
@@ -395,14 +397,17 @@ async def _member(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     name = request.match_info["name"]
     if request.query.get("watch") in ("true", "1"):
-        selection = dataclasses.replace(_selection(request), name=name)
+        selection = dataclasses.replace(_selection(request, kind), name=name)
         _check_list_options(request, watch=True)
         return await _watch(request, kind, selection)
     view = await _view(request, await _exact_resource_version(request))
     selection = Selection(namespace=request.match_info.get("namespace"), name=name)
     for row, obj in kind.selected(view, selection):
         if _wants_table(request):
-            return web.json_response(resources.table(kind, [(row, obj)], view))
+            table = resources.table(kind, [(row, obj)], view)
+            # One object's Table carries that object's resourceVersion, as upstream's.
+            table["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+            return web.json_response(table)
         return web.json_response(obj)
     raise ApiError(
         404,
@@ -554,7 +559,7 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
 
 async def _collection(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
-    selection = _selection(request)
+    selection = _selection(request, kind)
     watch = request.query.get("watch") in ("true", "1")
     _check_list_options(request, watch)
     if watch:
@@ -642,7 +647,9 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     send_initial = start is None if initial is None else initial in ("true", "1")
     if start is not None and send_initial:
         await _fresh(request, start)  # the initial state is not older than ``start``
-    timeout = _int_parameter(request, "timeoutSeconds")
+    timeout: float | None = _int_parameter(request, "timeoutSeconds")
+    if timeout is None:  # upstream: between one and two minimum request timeouts
+        timeout = WATCH_TIMEOUT_SECONDS * (1.0 + random.random())
     bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
     as_table = _wants_table(request)
     include = _include_object(request) if as_table else "Object"
@@ -650,7 +657,7 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     await response.prepare(request)
     stream = _WatchStream(response, kind, selection, as_table, include)
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + timeout
     stop = request.app[_STOP]
     with contextlib.suppress(ConnectionResetError):
         if send_initial:
@@ -671,14 +678,12 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
             if await stream.changes(fold, cursor):
                 quiet_since = loop.time()
             cursor = max(cursor, fold.offset)  # a watch from ahead of the fold waits for it
-            if deadline is not None and loop.time() >= deadline:
+            if loop.time() >= deadline:
                 break
             if bookmarks and loop.time() - quiet_since >= request.app[_BOOKMARKS]:
                 await stream.bookmark(cursor)
                 quiet_since = loop.time()
-            wait = request.app[_BOOKMARKS]
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - loop.time()))
+            wait = min(request.app[_BOOKMARKS], max(0.0, deadline - loop.time()))
             await views.changed(wait)
             transport = request.transport
             if stop.is_set() or transport is None or transport.is_closing():

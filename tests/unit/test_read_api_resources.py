@@ -233,7 +233,13 @@ def test_field_selectors_know_name_and_namespace_only() -> None:
     assert selection.matches(obj)
     assert not Selection(fields=resources.parse_field_selector("metadata.name!=n1")).matches(obj)
     with pytest.raises(ApiError, match=r"field label not supported: spec\.x"):
-        resources.parse_field_selector("spec.x=1")
+        resources.parse_field_selector("spec.x=1", "migration.k8s.io")
+    # A built-in kind's words (upstream's DefaultMetaV1FieldSelectorConversion).
+    with pytest.raises(ApiError) as builtin:
+        resources.parse_field_selector("spec.x=1", "coordination.k8s.io")
+    assert str(builtin.value) == (
+        '"spec.x" is not a known field selector: only "metadata.name", "metadata.namespace"'
+    )
 
 
 @given(st.integers(min_value=0), st.text())

@@ -180,3 +180,19 @@ async def test_a_watch_too_old_names_the_oldest_resource_version_accepted(
     assert expired["object"]["message"] == f"too old resource version: {horizon - 1} ({horizon})"
     accepted = await watch(client, LEASES, f"resourceVersion={horizon}")
     assert all(e["type"] != "ERROR" for e in accepted)
+
+
+async def test_one_objects_table_carries_its_resource_version(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    table_type = "application/json;as=Table;v=v1;g=meta.k8s.io"
+    async with client.get(STORAGE_VERSIONS) as response:
+        listed = (await response.json())["items"]
+    some = listed[0]["metadata"]
+    async with client.get(
+        f"{STORAGE_VERSIONS}/{some['name']}", headers={"Accept": table_type}
+    ) as response:
+        table = await response.json()
+    assert table["kind"] == "Table"
+    assert table["metadata"]["resourceVersion"] == some["resourceVersion"]
