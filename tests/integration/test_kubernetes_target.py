@@ -456,25 +456,22 @@ async def test_a_concurrent_write_is_a_conflict_and_the_next_rewrite_reads_again
     assert apiserver.encoded[key] == NEW
 
 
-async def test_too_many_requests_carries_retry_after(
-    apiserver: FakeApiserver, target: KubernetesTarget
+@pytest.mark.parametrize(
+    ("delays", "error"),
+    [
+        ("throttle", TooManyRequests),  # a 429's Retry-After header
+        # A 500 ServerTimeout's details.retryAfterSeconds: upstream's SuggestsClientDelay.
+        ("timeout", Transient),
+    ],
+)
+async def test_a_refusal_carries_the_wait_the_server_asks_for(
+    apiserver: FakeApiserver, target: KubernetesTarget, delays: str, error: type[Exception]
 ) -> None:
     apiserver.create("", "pods", "ns", "p")
-    apiserver.throttle["p"] = 7
-    with pytest.raises(TooManyRequests) as raised:
+    getattr(apiserver, delays)["p"] = 7
+    with pytest.raises(error) as raised:
         await target.rewrite("", "pods", ObjectRef("ns", "p"))
-    assert raised.value.retry_after == 7.0
-
-
-async def test_a_server_timeout_is_transient_and_carries_its_retry_after_seconds(
-    apiserver: FakeApiserver, target: KubernetesTarget
-) -> None:
-    # Upstream's SuggestsClientDelay: a Status's details.retryAfterSeconds, whatever the code.
-    apiserver.create("", "pods", "ns", "p")
-    apiserver.timeout["p"] = 5
-    with pytest.raises(Transient) as raised:
-        await target.rewrite("", "pods", ObjectRef("ns", "p"))
-    assert raised.value.retry_after == 5.0
+    assert raised.value.retry_after == 7.0  # type: ignore[attr-defined]
     await target.rewrite("", "pods", ObjectRef("ns", "p"))
 
 
