@@ -734,16 +734,26 @@ class Selection:
 # --------------------------------------------------------------------------- lists, tables
 
 
-def object_list(kind: Kind, items: Sequence[JSON], resource_version: int, token: str) -> JSON:
-    metadata: JSON = {"resourceVersion": str(resource_version)}
-    if token:
-        metadata["continue"] = token
+def object_list(
+    kind: Kind, items: Sequence[JSON], resource_version: int, token: str, remaining: int | None
+) -> JSON:
     return {
         "kind": f"{kind.kind}List",
         "apiVersion": kind.api_version,
-        "metadata": metadata,
+        "metadata": list_metadata(resource_version, token, remaining),
         "items": list(items),
     }
+
+
+def list_metadata(resource_version: int, token: str, remaining: int | None = None) -> JSON:
+    """``ListMeta``; ``remaining`` is upstream's ``remainingItemCount``, which it gives
+    for a page with more after it when no selector makes the count uncertain."""
+    metadata: JSON = {"resourceVersion": str(resource_version)}
+    if token:
+        metadata["continue"] = token
+    if remaining is not None:
+        metadata["remainingItemCount"] = remaining
+    return metadata
 
 
 def table(
@@ -753,6 +763,7 @@ def table(
     *,
     include_object: str = "Metadata",
     token: str = "",
+    remaining: int | None = None,
     with_columns: bool = True,
 ) -> JSON:
     """A ``meta.k8s.io/v1`` Table of ``rows`` (fold row, object), as ``kubectl get`` prints."""
@@ -768,9 +779,7 @@ def table(
                 "metadata": obj["metadata"],
             }
         table_rows.append(table_row)
-    metadata: JSON = {"resourceVersion": str(view.offset)}
-    if token:
-        metadata["continue"] = token
+    metadata = list_metadata(view.offset, token, remaining)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

@@ -13,7 +13,8 @@ What it speaks, as kube-apiserver does:
   ``/apis/GROUP`` and ``/apis/GROUP/VERSION``;
 * get and list, with ``labelSelector``, ``fieldSelector`` (``metadata.name``,
   ``metadata.namespace``), ``limit`` and ``continue`` (a later page reads the
-  snapshot of the first: its resourceVersion), ``resourceVersion`` with
+  snapshot of the first: its resourceVersion; ``remainingItemCount`` when no selector
+  is given, as upstream), ``resourceVersion`` with
   ``resourceVersionMatch=Exact`` (the past, as under ``/at``);
 * ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
   current objects when it is absent or ``0``), a deletion at its own resourceVersion,
@@ -577,14 +578,24 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     chosen, last = resources.page([obj for _, obj in matching], after, limit)
     names = {obj["metadata"]["name"] for obj in chosen}
     next_token = resources.continue_token(view.offset, last) if last else ""
+    remaining = None
+    if last and not selection.labels and not selection.fields:
+        remaining = sum(1 for _, obj in matching if obj["metadata"]["name"] > last)
     if _wants_table(request):
         pairs = [(row, obj) for row, obj in matching if obj["metadata"]["name"] in names]
         return web.json_response(
             resources.table(
-                kind, pairs, view, include_object=_include_object(request), token=next_token
+                kind,
+                pairs,
+                view,
+                include_object=_include_object(request),
+                token=next_token,
+                remaining=remaining,
             )
         )
-    return web.json_response(resources.object_list(kind, chosen, view.offset, next_token))
+    return web.json_response(
+        resources.object_list(kind, chosen, view.offset, next_token, remaining)
+    )
 
 
 # --------------------------------------------------------------------------- negotiation

@@ -196,3 +196,20 @@ async def test_one_objects_table_carries_its_resource_version(
         table = await response.json()
     assert table["kind"] == "Table"
     assert table["metadata"]["resourceVersion"] == some["resourceVersion"]
+
+
+async def test_a_page_counts_the_items_after_it_unless_a_selector_is_given(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    total = len(views.clusters["cluster-000"].state.storage_versions)
+    assert total > 2
+    async with client.get(f"{STORAGE_VERSIONS}?limit=2") as response:
+        first = (await response.json())["metadata"]
+    assert first["remainingItemCount"] == total - 2
+    async with client.get(f"{STORAGE_VERSIONS}?limit=2&continue={first['continue']}") as response:
+        second = (await response.json())["metadata"]
+    assert second.get("remainingItemCount", 0) == max(0, total - 4)
+    selected = f"{STORAGE_VERSIONS}?limit=1&labelSelector=svledger.io/agreed"
+    async with client.get(selected) as response:
+        assert "remainingItemCount" not in (await response.json())["metadata"]
