@@ -201,6 +201,12 @@ class _Process:
             popen.kill()
             popen.wait()
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the running process (e.g. SIGSTOP, SIGCONT)."""
+        self.check_alive()
+        assert self.popen is not None
+        self.popen.send_signal(signum)
+
     def kill(self) -> None:
         popen, self.popen = self.popen, None
         if popen is not None and popen.poll() is None:
@@ -369,6 +375,16 @@ class LocalCluster:
     def kill_apiserver(self, index: int) -> None:
         """Kill apiserver ``index`` (SIGKILL): no graceful shutdown, its lease is left to expire."""
         self._server(index).process.kill()
+
+    def pause_apiserver(self, index: int) -> None:
+        """Freeze apiserver ``index`` (SIGSTOP): it neither serves nor renews its lease
+        until :meth:`resume_apiserver`, and it keeps its state (no restart, no
+        re-registration of its StorageVersion entries)."""
+        self._server(index).process.signal(signal.SIGSTOP)
+
+    def resume_apiserver(self, index: int) -> None:
+        """Let a paused apiserver ``index`` run on (SIGCONT)."""
+        self._server(index).process.signal(signal.SIGCONT)
 
     def restart_apiserver(self, index: int, version: str | None = None) -> None:
         """Stop apiserver ``index`` and start it again, same hostname (identity) and port."""
