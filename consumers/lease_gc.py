@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Final
 
 from consumers.partitions import PartitionFollower, PartitionLog, PartitionLost
@@ -58,7 +58,7 @@ from ledger.events import ApiserverLeaseExpired, Meta
 from ledger.kafka import BROKER_ERRORS
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
-from projections.state import State
+from projections.state import State, lease_expired
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def expired(state: State, now: datetime) -> list[ApiserverLeaseExpired]:
     """An expiry for every lease in ``state`` whose renew time + duration is before ``now``."""
     expiries = []
     for lease in sorted(state.leases.values(), key=lambda lease: lease.key):
-        if lease.renew_time + timedelta(seconds=lease.lease_duration_seconds) >= now:
+        if not lease_expired(lease.renew_time, lease.lease_duration_seconds, now):
             continue
         name = f"{lease.cluster}/{lease.apiserver_id}/{lease.renew_time.isoformat()}"
         expiries.append(

@@ -68,7 +68,7 @@ from ledger.events import (
 from ledger.hashing import hash_of_stored
 from ledger.names import CORE_GROUP_ALIAS, group_resource_string, split_group_version
 from ledger.validation import InvalidReport, check_report
-from projections.state import State
+from projections.state import State, lease_expired
 
 IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
 IDENTITY_VALUE: Final = "kube-apiserver"
@@ -242,7 +242,7 @@ def reconcile(
     live: set[str] = set()
     for apiserver_id, lease in sorted(snapshot.leases.items()):
         held = state.leases.get((cluster, apiserver_id))
-        if held is None and _expired(lease.renew_time, lease.lease_duration_seconds, now):
+        if held is None and lease_expired(lease.renew_time, lease.lease_duration_seconds, now):
             continue  # gone, though upstream's lease GC has not deleted the object yet
         live.add(apiserver_id)
         if held is not None and held.holder_identity == lease.holder_identity:
@@ -263,7 +263,7 @@ def reconcile(
         if lease_cluster != cluster or apiserver_id in live:
             continue
         ended: Event
-        if _expired(held.renew_time, held.lease_duration_seconds, now):
+        if lease_expired(held.renew_time, held.lease_duration_seconds, now):
             ended = ApiserverLeaseExpired(
                 Meta.new(cluster, SOURCE, now),
                 apiserver_id,
@@ -284,11 +284,6 @@ def reconcile(
         else:
             events.append(report)
     return events, problems
-
-
-def _expired(renew_time: datetime, duration_seconds: int, now: datetime) -> bool:
-    """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``."""
-    return renew_time + timedelta(seconds=duration_seconds) < now
 
 
 def _holds(state: State, cluster: str, entry: Entry) -> bool:

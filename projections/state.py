@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 from ledger.names import resource_name, storage_state_name
@@ -88,6 +88,15 @@ class Lease:
     @property
     def key(self) -> LeaseKey:
         return (self.cluster, self.apiserver_id)
+
+
+def lease_expired(renew_time: datetime, duration_seconds: int, now: datetime) -> bool:
+    """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``.
+
+    The one expiry rule: the lease GC expires such a lease, the collector neither
+    admits it nor calls its disappearance a release.
+    """
+    return renew_time + timedelta(seconds=duration_seconds) < now
 
 
 @_pickled_as_fields

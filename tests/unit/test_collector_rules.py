@@ -333,3 +333,22 @@ def test_after_each_collection_the_ledger_holds_what_the_cluster_shows(
         )
         assert shown <= ledger_entries  # every entry shown is held
         assert {a for a, _ in ledger_entries} <= set(snapshot.leases)  # only of live apiservers
+
+
+@given(micros=st.integers(-2_000_000, 2_000_000))
+def test_the_lease_gc_and_the_collector_agree_on_when_a_lease_has_expired(micros: int) -> None:
+    # Upstream's isLeaseExpired: expired once renewTime + leaseDurationSeconds < now.
+    now = T0 + timedelta(seconds=3600, microseconds=micros)
+    gone = now > T0 + timedelta(seconds=3600)
+
+    ledger = Ledger()
+    ledger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), T0)
+    assert [e.apiserver_id for e in expired(ledger.state, now)] == (["apiserver-a"] if gone else [])
+    [ended] = ledger.collect(cluster({}, DEPLOYMENTS), now)
+    assert isinstance(ended, ApiserverLeaseExpired if gone else ApiserverLeaseReleased)
+
+    stranger = Ledger()  # a lease the ledger never held, seen at ``now``
+    admitted = stranger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), now)
+    assert [type(e) for e in admitted] == (
+        [] if gone else [ApiserverHeartbeat, StorageVersionReported]
+    )
