@@ -469,76 +469,39 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
     version, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
     initial = "sendInitialEvents" in query
     causes: list[tuple[str, str, str]] = []  # (field, reason, message)
+
+    def forbid(message: str, field: str = "resourceVersionMatch") -> None:
+        causes.append((field, "Forbidden", message))
+
+    def unsupported(*supported: str) -> None:
+        listed = ", ".join(f'"{value}"' for value in supported)
+        message = f'Unsupported value: "{match}": supported values: {listed}'
+        causes.append(("resourceVersionMatch", "NotSupported", message))
+
     if query.get("continue") and version not in ("", "0") and not watch:
         raise ApiError(
             400, "BadRequest", "specifying resource version is not allowed when using continue"
         )
     if watch:
         if initial and match != "NotOlderThan":
-            causes.append(
-                (
-                    "resourceVersionMatch",
-                    "Forbidden",
-                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                )
+            forbid("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
+        if match and not initial:
+            forbid(
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
             )
-        if match:
-            if not initial:
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "Forbidden",
-                        "resourceVersionMatch is forbidden for watch unless"
-                        " sendInitialEvents is provided",
-                    )
-                )
-            if match != "NotOlderThan":
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "NotSupported",
-                        f'Unsupported value: "{match}": supported values: "NotOlderThan"',
-                    )
-                )
+        if match and match != "NotOlderThan":
+            unsupported("NotOlderThan")
     else:
-        if match:
-            if not version:
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "Forbidden",
-                        "resourceVersionMatch is forbidden unless resourceVersion is provided",
-                    )
-                )
-            if query.get("continue"):
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "Forbidden",
-                        "resourceVersionMatch is forbidden when continue is provided",
-                    )
-                )
-            if match not in ("Exact", "NotOlderThan"):
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "NotSupported",
-                        f'Unsupported value: "{match}": supported values: "Exact",'
-                        ' "NotOlderThan", ""',
-                    )
-                )
-            if match == "Exact" and version == "0":
-                causes.append(
-                    (
-                        "resourceVersionMatch",
-                        "Forbidden",
-                        'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
-                    )
-                )
+        if match and not version:
+            forbid("resourceVersionMatch is forbidden unless resourceVersion is provided")
+        if match and query.get("continue"):
+            forbid("resourceVersionMatch is forbidden when continue is provided")
+        if match and match not in ("Exact", "NotOlderThan"):
+            unsupported("Exact", "NotOlderThan", "")
+        if match == "Exact" and version == "0":
+            forbid('resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
         if initial:
-            causes.append(
-                ("sendInitialEvents", "Forbidden", "sendInitialEvents is forbidden for list")
-            )
+            forbid("sendInitialEvents is forbidden for list", "sendInitialEvents")
     if not causes:
         return
     described = [f"{field}: {reason}: {message}" for field, reason, message in causes]
