@@ -84,7 +84,7 @@ from tests.secured_kafka import ROOT, SecuredKafka
 TOPIC = "svledger.secured"
 COLLECTED = CLUSTER  # the real cluster's name in the ledger
 # Far below the connect timeout (30 s) a client that is not let in would wait out.
-AT_ONCE = 10.0
+AT_ONCE = 15.0
 DEADLINE = 120.0  # a guard against a hung broker or process, not a measurement
 
 

@@ -18,7 +18,7 @@ from ledger.settings import KafkaSettings
 
 # Far below the client's 40 s request timeout, far above a normal start: a run past it
 # waited for the topic instead of asking whether it exists.
-_WAITED_FOR_THE_TOPIC = 20.0
+_WAITED_FOR_THE_TOPIC = 25.0
 
 
 @pytest.mark.parametrize(

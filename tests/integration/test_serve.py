@@ -249,7 +249,7 @@ def test_kubectl_watch_sees_an_event_appended_to_kafka(
         time.sleep(1)  # the watch is open after the list is printed
         appended = datetime.now(UTC)
         asyncio.run(append_heartbeat(walkthrough, hostname, appended))
-        seen = read_lines_until(watch.stdout, lambda line: hostname in line, 20)
+        seen = read_lines_until(watch.stdout, lambda line: hostname in line, 60)
         assert seen and hostname in seen[-1]
     finally:
         watch.kill()

@@ -114,16 +114,18 @@ async def test_a_scrape_does_not_wait_for_ever_on_a_busy_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(metrics, "SAMPLE_TIMEOUT_SECONDS", 0.05)
-    scraping = threading.Event()
+    scraped = threading.Event()
 
     def scrape() -> dict[tuple[str, ...], float]:
-        scraping.set()
-        return sampled("svledger_migrations")
+        try:
+            return sampled("svledger_migrations")
+        finally:
+            scraped.set()
 
     with metrics.MIGRATIONS.sampling(lambda: [(("c", "Running"), 3)]):
         scraper = asyncio.get_running_loop().run_in_executor(None, scrape)
-        scraping.wait(5)
-        threading.Event().wait(0.3)  # the loop is blocked: it cannot take the sample
+        # The loop stays blocked until the scrape has returned: it cannot take the sample.
+        assert scraped.wait(30)
         assert await scraper == {}
 
 
