@@ -130,7 +130,7 @@ async def test_forged_outcomes_and_reports_for_another_cluster_are_refused(
             # No heartbeat falls between the two reads of the ledger compared below.
             reporters = {
                 (cluster, host): Reporter(
-                    cluster, host, pods("v1"), producer, heartbeat_interval=60.0
+                    cluster, host, pods("v1"), producer, heartbeat_interval=1800.0
                 )
                 for cluster in ("east", "west")
                 for host in ("a1", "a2")
