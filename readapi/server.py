@@ -621,9 +621,10 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
     send_initial = start is None if initial is None else initial in ("true", "1")
     if start is not None and send_initial:
         await _fresh(request, start)  # the initial state is not older than ``start``
-    timeout: float | None = _int_parameter(request, "timeoutSeconds")
-    if timeout is None:  # upstream: between one and two minimum request timeouts
-        timeout = WATCH_TIMEOUT_SECONDS * (1.0 + random.random())
+    # Upstream: none or 0 is between one and two minimum request timeouts.
+    timeout = _int_parameter(request, "timeoutSeconds") or WATCH_TIMEOUT_SECONDS * (
+        1.0 + random.random()
+    )
     bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
     as_table = _wants_table(request)
     include = _include_object(request) if as_table else "Object"

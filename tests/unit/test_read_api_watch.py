@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ledger.events import Event, Position
 from ledger.kafka import Record
 from ledger.settings import KafkaSettings
+from readapi import server
 from readapi.ledger import LedgerViews
 from readapi.server import INITIAL_EVENTS_END, ServeOptions, app
 from tests.workloads import mixed_events
@@ -91,6 +92,22 @@ async def test_a_watch_from_ahead_of_the_fold_gets_only_later_changes(
     await appending
     assert versions(events), "the appended events renew leases"
     assert min(versions(events)) > ahead
+
+
+async def test_a_watch_with_timeout_seconds_0_runs_for_the_default_timeout(
+    served: tuple[TestClient[Any, Any], LedgerViews], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Upstream: 0, like none, is between one and two minimum request timeouts.
+    monkeypatch.setattr(server, "WATCH_TIMEOUT_SECONDS", 1.0)
+    client, views = served
+    current = views.clusters["cluster-000"].offset
+    folding = asyncio.get_running_loop().call_later(0.3, fold, views, EVENTS[FOLDED:])
+    path = f"{LEASES}?watch=true&timeoutSeconds=0&resourceVersion={current}"
+    async with client.get(path) as response:
+        events = [json.loads(line) for line in (await response.text()).splitlines() if line]
+    folding.cancel()
+    assert versions(events), "the changes folded while the watch was open"
+    assert min(versions(events)) > current
 
 
 async def test_send_initial_events_ends_with_the_annotated_bookmark(
