@@ -303,22 +303,24 @@ async def test_output_whose_markers_a_restart_lost_is_aborted_and_appended_again
     the markers and record the transaction complete: the partition then keeps the
     transaction open for ever, and a consumer that waits to read its output back before
     it decides again (all of them do) would wait for ever. Each commit of the consumer
-    here is cut so, a few times over."""
+    here is cut so, until one has lost its markers (whether the broker writes them
+    before it dies is timing; a few kills show it)."""
     monkeypatch.setattr(partitions, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
     settings = KafkaSettings(
         bootstrap_servers=broker.bootstrap, topic="svledger-markers", partitions=1
     )
     await create_topics(settings)
-    hosts = [f"h{i}" for i in range(6)]
-    kills = len(hosts) - 1  # the broker is killed at that many commits
+    kills = 10  # at most: more commits than that are made, so each may be cut
+    hosts = [f"h{i}" for i in range(kills + 2)]
     committing = False  # the consumer's commit, not the fencing transaction of a start
     killed = asyncio.Event()
+    lost = asyncio.Event()  # an acknowledged commit's output never became readable
     send = AIOKafkaClient.send
 
     async def send_then_kill(self: Any, node_id: int, request: Any, **options: Any) -> Any:
         nonlocal kills
         response = await send(self, node_id, request, **options)
-        if committing and kills and type(request).__name__ == "EndTxnRequest":
+        if committing and kills and not lost.is_set() and type(request).__name__ == "EndTxnRequest":
             kills -= 1
             broker.kill()  # the commit is acknowledged; its markers may not be written yet
             killed.set()
@@ -326,6 +328,7 @@ async def test_output_whose_markers_a_restart_lost_is_aborted_and_appended_again
 
     monkeypatch.setattr(AIOKafkaClient, "send", send_then_kill)
     appended: list[str] = []
+    acknowledged: set[str] = set()
     stop = asyncio.Event()
 
     async def register() -> None:
@@ -338,22 +341,33 @@ async def test_output_whose_markers_a_restart_lost_is_aborted_and_appended_again
                 state = partition_log.state
                 missing = [h for h in hosts if ("east", apiserver_id(h)) not in state.leases]
                 if partition_log.caught_up and missing:
+                    if missing[0] in acknowledged:  # read back, its commit is not there
+                        lost.set()
                     event = heartbeat(missing[0])
                     committing = True
                     with contextlib.suppress(PartitionLost):
                         await partition_log.commit([event])
                         appended.append(event.meta.event_id)
+                        acknowledged.add(missing[0])
                     committing = False
+
+    async def killed_or_lost() -> None:
+        waits = [asyncio.create_task(event.wait()) for event in (killed, lost)]
+        try:
+            # Before: after a commit whose markers were lost, no commit came again.
+            done, _ = await asyncio.wait(waits, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        assert done, "no commit came for 60 s"
 
     consumer = asyncio.create_task(register())
     try:
-        while True:
-            # Before: after a commit whose markers were lost, no commit came again.
-            await asyncio.wait_for(killed.wait(), 60)
-            killed.clear()
-            await asyncio.to_thread(broker.restart)
-            if not kills:
-                break
+        while kills and not lost.is_set():
+            await killed_or_lost()
+            if killed.is_set():
+                killed.clear()
+                await asyncio.to_thread(broker.restart)
         async with asyncio.timeout(60):
             while len(await read_records(settings)) < len(hosts):
                 await asyncio.sleep(0.5)
