@@ -19,8 +19,9 @@ What it speaks, as kube-apiserver does:
 * ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
   current objects when it is absent or ``0``), a deletion at its own resourceVersion,
   BOOKMARK events with ``allowWatchBookmarks``, an ERROR event with a 410 Expired
-  Status for a resourceVersion older than the changes kept, ``timeoutSeconds``;
-  ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
+  Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
+  or 0: 30 to 60 minutes); the deprecated ``/apis/GROUP/VERSION/watch/...`` paths
+  alike; ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
   list): the current objects, then a bookmark annotated ``k8s.io/initial-events-end``;
 * list options checked as upstream's ``ValidateListOptions`` checks them (422
   Invalid), a list with a ``limit`` and a resourceVersion but no match served at that
@@ -131,6 +132,12 @@ def app(
         application.router.add_get(prefix + "/apis", _apis)
         application.router.add_get(prefix + "/apis/{group}", _group)
         application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
+        # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
+        watched = prefix + "/apis/{group}/{version}/{watch:watch}"
+        application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
+        application.router.add_get(watched + "/namespaces/{namespace}/{resource}/{name}", _member)
+        application.router.add_get(watched + "/{resource}", _collection)
+        application.router.add_get(watched + "/{resource}/{name}", _member)
         application.router.add_get(prefix + "/apis/{group}/{version}/{resource}", _collection)
         application.router.add_get(prefix + "/apis/{group}/{version}/{resource}/{name}", _member)
         namespaced = prefix + "/apis/{group}/{version}/namespaces/{namespace}/{resource}"
@@ -394,10 +401,15 @@ def _int_parameter(request: web.Request, name: str) -> int | None:
     return int(text)
 
 
+def _watching(request: web.Request) -> bool:
+    """``watch=true``, or a path of upstream's deprecated ``/watch/`` form."""
+    return "watch" in request.match_info or request.query.get("watch") in ("true", "1")
+
+
 async def _member(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     name = request.match_info["name"]
-    if request.query.get("watch") in ("true", "1"):
+    if _watching(request):
         selection = dataclasses.replace(_selection(request, kind), name=name)
         _check_list_options(request, watch=True)
         return await _watch(request, kind, selection)
@@ -524,7 +536,7 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
 async def _collection(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     selection = _selection(request, kind)
-    watch = request.query.get("watch") in ("true", "1")
+    watch = _watching(request)
     _check_list_options(request, watch)
     if watch:
         return await _watch(request, kind, selection)

@@ -49,8 +49,12 @@ async def served() -> AsyncIterator[tuple[TestClient[Any, Any], LedgerViews]]:
         await client.close()
 
 
-async def watch(client: TestClient[Any, Any], path: str, query: str) -> list[dict[str, Any]]:
-    async with client.get(f"{path}?watch=true&timeoutSeconds=1&{query}") as response:
+async def watch(
+    client: TestClient[Any, Any], path: str, query: str, *, parameter: bool = True
+) -> list[dict[str, Any]]:
+    """A watch of ``path`` for a second; without ``parameter``, no ``watch=true``."""
+    watching = "watch=true&" if parameter else ""
+    async with client.get(f"{path}?{watching}timeoutSeconds=1&{query}") as response:
         assert response.status == 200, await response.text()
         return [json.loads(line) for line in (await response.text()).splitlines() if line]
 
@@ -108,6 +112,24 @@ async def test_a_watch_with_timeout_seconds_0_runs_for_the_default_timeout(
     folding.cancel()
     assert versions(events), "the changes folded while the watch was open"
     assert min(versions(events)) > current
+
+
+async def test_the_deprecated_watch_paths_watch_as_the_watch_parameter_does(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    start = f"resourceVersion={views.clusters['cluster-000'].horizon}"
+    legacy = LEASES.replace("/v1/namespaces/", "/v1/watch/namespaces/")
+    events = await watch(client, LEASES, start)
+    assert versions(events), "the window holds lease changes"
+    assert await watch(client, legacy, start, parameter=False) == events
+    name = events[0]["object"]["metadata"]["name"]
+    one = [e for e in events if e["object"]["metadata"]["name"] == name]
+    assert await watch(client, f"{legacy}/{name}", start, parameter=False) == one
+    cluster_scoped = STORAGE_VERSIONS.replace("/v1alpha1/", "/v1alpha1/watch/")
+    assert await watch(client, cluster_scoped, start) == await watch(
+        client, STORAGE_VERSIONS, start
+    )
 
 
 async def test_send_initial_events_ends_with_the_annotated_bookmark(
