@@ -761,28 +761,27 @@ def table(
     rows: Iterable[tuple[Any, JSON]],
     view: View,
     *,
+    api_version: str = "meta.k8s.io/v1",
     include_object: str = "Metadata",
     token: str = "",
     remaining: int | None = None,
     with_columns: bool = True,
 ) -> JSON:
-    """A ``meta.k8s.io/v1`` Table of ``rows`` (fold row, object), as ``kubectl get`` prints."""
+    """A ``meta.k8s.io`` Table of ``rows`` (fold row, object), as ``kubectl get`` prints;
+    each row's object in full, as ``PartialObjectMetadata`` or left out (``include_object``
+    ``Object``, ``Metadata`` or ``None``)."""
     table_rows = []
     for row, obj in rows:
         table_row: JSON = {"cells": kind.cells(row, view)}
         if include_object == "Object":
             table_row["object"] = obj
         elif include_object == "Metadata":
-            table_row["object"] = {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": obj["metadata"],
-            }
+            table_row["object"] = partial_metadata(obj, api_version)
         table_rows.append(table_row)
     metadata = list_metadata(view.offset, token, remaining)
     return {
         "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
+        "apiVersion": api_version,
         "metadata": metadata,
         "columnDefinitions": [
             {
@@ -797,6 +796,28 @@ def table(
         if with_columns
         else [],
         "rows": table_rows,
+    }
+
+
+def partial_metadata(obj: JSON, api_version: str) -> JSON:
+    """``obj`` as upstream's ``PartialObjectMetadata``: its kind and its metadata alone."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": api_version, "metadata": obj["metadata"]}
+
+
+def partial_metadata_list(
+    items: Sequence[JSON],
+    api_version: str,
+    resource_version: int,
+    token: str,
+    remaining: int | None,
+) -> JSON:
+    """A list as upstream's ``PartialObjectMetadataList``; each item keeps its kind, as
+    upstream's do."""
+    return {
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": api_version,
+        "metadata": list_metadata(resource_version, token, remaining),
+        "items": [partial_metadata(obj, api_version) for obj in items],
     }
 
 

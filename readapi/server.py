@@ -27,8 +27,11 @@ What it speaks, as kube-apiserver does:
   Invalid), a list with a ``limit`` and a resourceVersion but no match served at that
   resourceVersion (upstream's legacy exact rule), and a resourceVersion the fold has
   not reached after 3 s answered 504 with ``Retry-After``;
-* Table responses when asked for (``Accept: application/json;as=Table;g=meta.k8s.io;
-  v=v1``), in lists and in watches;
+* the ``Accept`` header negotiated as upstream's (:mod:`readapi.negotiation`): JSON or
+  YAML (watches JSON only); ``Table``, ``PartialObjectMetadata`` and
+  ``PartialObjectMetadataList`` of ``meta.k8s.io`` ``v1`` or ``v1beta1`` in gets, lists
+  and watches; 406 NotAcceptable for what is not served (protobuf among it). Errors are
+  always JSON ``Status`` bodies (upstream's follow the negotiated type);
 * errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
   method but GET (nothing is written through this API: the ledger is appended to
   only by its producers), 401 without a valid bearer token when ``--token-file`` is
@@ -57,7 +60,7 @@ from aiohttp import web
 
 from ledger.errors import UsageError
 from projections.history import ResourceNameError
-from readapi import resources
+from readapi import negotiation, resources
 from readapi.ledger import (
     Change,
     ClusterFold,
@@ -408,20 +411,34 @@ def _watching(request: web.Request) -> bool:
 
 async def _member(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
+    output = _output(request)
     name = request.match_info["name"]
     if _watching(request):
         selection = dataclasses.replace(_selection(request, kind), name=name)
         _check_list_options(request, watch=True)
-        return await _watch(request, kind, selection)
+        return await _watch(request, kind, selection, output)
     view = await _view(request, await _exact_resource_version(request))
     selection = Selection(namespace=request.match_info.get("namespace"), name=name)
     for row, obj in kind.selected(view, selection):
-        if _wants_table(request):
-            table = resources.table(kind, [(row, obj)], view)
+        if output.convert == "Table":
+            table = resources.table(
+                kind,
+                [(row, obj)],
+                view,
+                api_version=output.api_version,
+                include_object=_include_object(request),
+            )
             # One object's Table carries that object's resourceVersion, as upstream's.
             table["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
-            return web.json_response(table)
-        return web.json_response(obj)
+            return _respond(output, table)
+        if output.convert == "PartialObjectMetadata":
+            return _respond(output, resources.partial_metadata(obj, output.api_version))
+        if output.convert == "PartialObjectMetadataList":
+            raise negotiation.not_acceptable(
+                "you requested PartialObjectMetadataList, but the requested object is not "
+                f"a list ({kind.kind})"
+            )
+        return _respond(output, obj)
     raise ApiError(
         404,
         "NotFound",
@@ -535,11 +552,12 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
 
 async def _collection(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
+    output = _output(request)
     selection = _selection(request, kind)
     watch = _watching(request)
     _check_list_options(request, watch)
     if watch:
-        return await _watch(request, kind, selection)
+        return await _watch(request, kind, selection, output)
     limit = _int_parameter(request, "limit") or None
     token = request.query.get("continue", "")
     after = ""
@@ -556,21 +574,29 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     remaining = None
     if last and not selection.labels and not selection.fields:
         remaining = sum(1 for _, obj in matching if obj["metadata"]["name"] > last)
-    if _wants_table(request):
+    if output.convert == "Table":
         pairs = [(row, obj) for row, obj in matching if obj["metadata"]["name"] in names]
-        return web.json_response(
-            resources.table(
-                kind,
-                pairs,
-                view,
-                include_object=_include_object(request),
-                token=next_token,
-                remaining=remaining,
-            )
+        body = resources.table(
+            kind,
+            pairs,
+            view,
+            api_version=output.api_version,
+            include_object=_include_object(request),
+            token=next_token,
+            remaining=remaining,
         )
-    return web.json_response(
-        resources.object_list(kind, chosen, view.offset, next_token, remaining)
-    )
+    elif output.convert == "PartialObjectMetadataList":
+        body = resources.partial_metadata_list(
+            chosen, output.api_version, view.offset, next_token, remaining
+        )
+    elif output.convert == "PartialObjectMetadata":
+        raise negotiation.not_acceptable(
+            "you requested PartialObjectMetadata, but the requested object is a list "
+            f"({kind.kind}List)"
+        )
+    else:
+        body = resources.object_list(kind, chosen, view.offset, next_token, remaining)
+    return _respond(output, body)
 
 
 # --------------------------------------------------------------------------- negotiation
@@ -589,29 +615,34 @@ def _accepted(request: web.Request) -> list[dict[str, str]]:
     return accepted
 
 
-def _wants_table(request: web.Request) -> bool:
-    for media in _accepted(request):
-        if media.get("as") == "Table" and media.get("g") == "meta.k8s.io":
-            if media.get("v") in ("v1", "v1beta1"):
-                return True
-        elif media["type"] in ("application/json", "*/*", "application/yaml"):
-            return False
-    return False
+def _output(request: web.Request) -> negotiation.Output:
+    return negotiation.negotiate(request.headers.get("Accept", ""))
+
+
+def _respond(output: negotiation.Output, body: JSON) -> web.Response:
+    return web.Response(body=output.encode(body), content_type=output.media_type)
 
 
 def _include_object(request: web.Request) -> str:
-    value = request.query.get("includeObject", "Metadata") or "Metadata"
-    if value not in ("None", "Metadata", "Object"):
+    """A Table's ``includeObject``, checked as upstream's ``ValidateTableOptions``."""
+    value = request.query.get("includeObject", "")
+    if value not in ("", "None", "Metadata", "Object"):
         raise ApiError(
-            400, "BadRequest", f"includeObject {value!r} is not None, Metadata or Object"
+            400,
+            "BadRequest",
+            f"includeObject: Invalid value: {json.dumps(value)}: "
+            "must be 'Metadata', 'Object', 'None', or empty",
         )
-    return value
+    return value or "Metadata"
 
 
 # --------------------------------------------------------------------------- watch
 
 
-async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.StreamResponse:
+async def _watch(
+    request: web.Request, kind: Kind, selection: Selection, output: negotiation.Output
+) -> web.StreamResponse:
+    negotiation.check_stream(output)
     if "point" in request.match_info:
         raise ApiError(
             400,
@@ -638,12 +669,11 @@ async def _watch(request: web.Request, kind: Kind, selection: Selection) -> web.
         1.0 + random.random()
     )
     bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
-    as_table = _wants_table(request)
-    include = _include_object(request) if as_table else "Object"
+    include = _include_object(request) if output.convert == "Table" else "Object"
 
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     await response.prepare(request)
-    stream = _WatchStream(response, kind, selection, as_table, include)
+    stream = _WatchStream(response, kind, selection, output, include)
     deadline = asyncio.get_running_loop().time() + timeout
     stop = request.app[_STOP]
     with contextlib.suppress(ConnectionResetError):
@@ -686,13 +716,13 @@ class _WatchStream:
         response: web.StreamResponse,
         kind: Kind,
         selection: Selection,
-        as_table: bool,
+        output: negotiation.Output,
         include: str,
     ) -> None:
         self.response = response
         self.kind = kind
         self.selection = selection
-        self.as_table = as_table
+        self.output = output
         self.include = include
         self.first = True
 
@@ -741,12 +771,21 @@ class _WatchStream:
             return False
         if offset is not None:
             obj["metadata"]["resourceVersion"] = str(offset)
-        if self.as_table:
+        if self.output.convert == "Table":
             body: JSON = resources.table(
-                self.kind, [(row, obj)], view, include_object=self.include, with_columns=self.first
+                self.kind,
+                [(row, obj)],
+                view,
+                api_version=self.output.api_version,
+                include_object=self.include,
+                with_columns=self.first,
             )
             self.first = False
+        elif self.output.convert == "PartialObjectMetadata":
+            body = resources.partial_metadata(obj, self.output.api_version)
         else:
+            # Upstream sends the object as it is when it cannot convert it, as for a
+            # PartialObjectMetadataList asked of a watch.
             body = obj
         await self._write({"type": event_type, "object": body})
         return True
@@ -755,16 +794,10 @@ class _WatchStream:
         metadata: JSON = {"resourceVersion": str(offset)}
         if annotations:
             metadata["annotations"] = annotations
-        await self._write(
-            {
-                "type": "BOOKMARK",
-                "object": {
-                    "kind": self.kind.kind,
-                    "apiVersion": self.kind.api_version,
-                    "metadata": metadata,
-                },
-            }
-        )
+        body: JSON = {"kind": self.kind.kind, "apiVersion": self.kind.api_version}
+        if self.output.convert == "PartialObjectMetadata":
+            body = {"kind": "PartialObjectMetadata", "apiVersion": self.output.api_version}
+        await self._write({"type": "BOOKMARK", "object": {**body, "metadata": metadata}})
 
     async def expired(self, cursor: int, horizon: int) -> None:
         # As upstream's watch cache: the oldest resourceVersion still accepted.

@@ -55,6 +55,10 @@ PARAMETERS = (
 ACCEPTS = (
     "application/json",
     "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1beta1",
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
     "application/json;g=apidiscovery.k8s.io;v=v9;as=APIGroupDiscoveryList",
     "*/*",

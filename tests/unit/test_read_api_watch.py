@@ -1,62 +1,19 @@
-"""The read API's list and watch semantics against upstream's, over HTTP in process.
-
-The views are folded in memory from a generated log (what is under test is how the
-API answers, not how the log is read), and served by the real aiohttp application.
-"""
+"""The read API's list and watch semantics against upstream's, over HTTP in process
+(:mod:`tests.served`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from ledger.events import Event, Position
-from ledger.kafka import Record
-from ledger.settings import KafkaSettings
 from readapi import server
 from readapi.ledger import LedgerViews
-from readapi.server import INITIAL_EVENTS_END, ServeOptions, app
-from tests.workloads import mixed_events
-
-CLUSTER = "/clusters/cluster-000"
-LEASES = f"{CLUSTER}/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
-STORAGE_VERSIONS = f"{CLUSTER}/apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
-EVENTS = list(mixed_events(600, clusters=1))
-FOLDED = 400  # events folded before the server starts; the rest are appended by tests
-
-
-def fold(views: LedgerViews, events: list[Event]) -> None:
-    start = views.clusters["cluster-000"].offset + 1 if views.clusters else 0
-    views._fold([Record(Position(0, start + i), e, b"") for i, e in enumerate(events)])
-    views._wake()
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[TestClient[Any, Any], LedgerViews]]:
-    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", topic="t", partitions=1)
-    views = LedgerViews(settings, watch_window=300)
-    fold(views, EVENTS[:FOLDED])
-    views.ready.set()
-    client = TestClient(TestServer(app(views, ServeOptions(bookmark_seconds=0.2))))
-    await client.start_server()
-    try:
-        yield client, views
-    finally:
-        await client.close()
-
-
-async def watch(
-    client: TestClient[Any, Any], path: str, query: str, *, parameter: bool = True
-) -> list[dict[str, Any]]:
-    """A watch of ``path`` for a second; without ``parameter``, no ``watch=true``."""
-    watching = "watch=true&" if parameter else ""
-    async with client.get(f"{path}?{watching}timeoutSeconds=1&{query}") as response:
-        assert response.status == 200, await response.text()
-        return [json.loads(line) for line in (await response.text()).splitlines() if line]
+from readapi.server import INITIAL_EVENTS_END
+from tests.served import EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, watch
 
 
 def versions(events: list[dict[str, Any]]) -> list[int]:

@@ -1,0 +1,143 @@
+"""Which representation a request's ``Accept`` header asks for, as kube-apiserver decides.
+
+Upstream's content negotiation (``apiserver/pkg/endpoints/handlers/negotiation``):
+
+* The header's clauses are taken best first: by ``q`` (1 when absent), and at equal
+  ``q`` a concrete type before ``*`` and a concrete subtype before ``*``. An empty
+  header asks for JSON.
+* Each clause is tried against the media types served, in the server's order
+  (``application/json``, then ``application/yaml``; there is no protobuf here): it
+  matches one with the same type and subtype, the same type and subtype ``*``, or
+  ``*/*``.
+* A match is refused when its parameters ask for what the endpoint cannot give:
+  ``stream`` other than ``watch`` (or any ``stream`` on YAML, which has no stream
+  form), ``sv`` other than ``v1``, or a conversion (``as``, ``g``, ``v``) to anything
+  but ``Table``, ``PartialObjectMetadata`` or ``PartialObjectMetadataList`` of
+  ``meta.k8s.io`` ``v1`` or ``v1beta1``. Other parameters are ignored.
+* The first match that is not refused wins; none is 406 NotAcceptable, naming the
+  media types served. A watch takes the same winner and is refused when it has no
+  stream form (YAML), naming the stream media types.
+
+Whether the winner fits the request (a ``PartialObjectMetadata`` of a list, a
+``PartialObjectMetadataList`` of one object) is the handler's question:
+:func:`not_acceptable` is the error either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Final
+
+import yaml
+
+from readapi.resources import JSON, ApiError
+
+JSON_TYPE: Final = "application/json"
+YAML_TYPE: Final = "application/yaml"
+SERVED: Final = (JSON_TYPE, YAML_TYPE)
+STREAMED: Final = (f"{JSON_TYPE};stream=watch",)
+META_GROUP: Final = "meta.k8s.io"
+META_VERSIONS: Final = frozenset({"v1", "v1beta1"})
+CONVERSIONS: Final = frozenset({"Table", "PartialObjectMetadata", "PartialObjectMetadataList"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Output:
+    """The negotiated representation: a media type, and a ``meta.k8s.io`` kind to
+    convert the answer to (``as``) in ``version``, or none."""
+
+    media_type: str = JSON_TYPE
+    convert: str | None = None
+    version: str = "v1"
+
+    @property
+    def api_version(self) -> str:
+        return f"{META_GROUP}/{self.version}"
+
+    def encode(self, body: JSON) -> bytes:
+        if self.media_type == YAML_TYPE:
+            return yaml.safe_dump(body, default_flow_style=False).encode()
+        return json.dumps(body).encode()
+
+
+def negotiate(accept: str) -> Output:
+    """The representation ``accept`` asks for; :class:`ApiError` 406 if none is served."""
+    if not accept:
+        return Output()
+    for media_type, subtype, params in _clauses(accept):
+        if media_type == "*" and subtype != "*":
+            continue
+        for served in SERVED:
+            served_type, served_subtype = served.split("/")
+            if media_type not in (served_type, "*") or subtype not in (served_subtype, "*"):
+                continue
+            output = _accepted(served, params)
+            if output is not None:
+                return output
+    raise not_acceptable(_served_message(SERVED))
+
+
+def check_stream(output: Output) -> None:
+    """Refuse a watch in ``output``'s media type when it has no stream form: upstream
+    negotiates a watch as any request, then refuses a winner that cannot stream."""
+    if output.media_type not in (JSON_TYPE,):
+        raise not_acceptable(_served_message(STREAMED))
+
+
+def not_acceptable(message: str) -> ApiError:
+    return ApiError(406, "NotAcceptable", message)
+
+
+def _served_message(media_types: tuple[str, ...]) -> str:
+    return f"only the following media types are accepted: {', '.join(media_types)}"
+
+
+def _clauses(accept: str) -> list[tuple[str, str, dict[str, str]]]:
+    """The header's clauses (type, subtype, parameters), best first, as upstream's
+    ``goautoneg.ParseAccept`` orders them; a clause without a subtype but ``*`` is
+    skipped, and an unreadable ``q`` counts as 0."""
+    ranked: list[tuple[float, bool, bool, int, tuple[str, str, dict[str, str]]]] = []
+    for index, part in enumerate(accept.split(",")):
+        media_range, *fields = part.strip().split(";")
+        pieces = media_range.split("/")
+        media_type = pieces[0].strip()
+        if len(pieces) == 1 and media_type == "*":
+            subtype = "*"
+        elif len(pieces) == 2:
+            subtype = pieces[1].strip()
+        else:
+            continue
+        quality = 1.0
+        params: dict[str, str] = {}
+        for field in fields:
+            key, equals, value = field.partition("=")
+            if not equals:
+                continue
+            if key.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+            else:
+                params[key.strip()] = value.strip()
+        clause = (media_type, subtype, params)
+        ranked.append((-quality, media_type == "*", subtype == "*", index, clause))
+    return [clause for *_, clause in sorted(ranked, key=lambda r: r[:4])]
+
+
+def _accepted(served: str, params: dict[str, str]) -> Output | None:
+    """``served`` with ``params``, or None when the parameters ask for what this
+    endpoint cannot give (upstream's ``acceptMediaTypeOptions``)."""
+    stream = params.get("stream", "")
+    if stream and (served != JSON_TYPE or stream != "watch"):
+        return None
+    server_version = params.get("sv", "")
+    if server_version and server_version != "v1":
+        return None
+    if not {"as", "g", "v"} & params.keys():
+        return Output(served)
+    kind, group, version = params.get("as", ""), params.get("g", ""), params.get("v", "")
+    if group != META_GROUP or version not in META_VERSIONS or kind not in CONVERSIONS:
+        return None
+    return Output(served, kind, version)
