@@ -275,7 +275,10 @@ def reconcile(
                 Meta.new(cluster, apiserver_id, now), apiserver_id, held.holder_identity
             )
         events.append(ended)
-    for _, entry in sorted(snapshot.entries.items()):
+    # In the order the entries were first seen, which for one StorageVersion is the
+    # order of its status.storageVersions: the ledger appends a new entry as upstream
+    # does, so it lists them as upstream's object does.
+    for entry in snapshot.entries.values():
         if entry.apiserver_id not in live or _holds(state, cluster, entry):
             continue
         report = _report(cluster, entry, kind_of, now)

@@ -28,11 +28,10 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   the successor's lease; a release therefore applies only while its holder still
   holds the lease. An expiry applies only if the lease was not renewed after the
   expiry's ``last_renew_time``, the renewal the lease GC saw when it decided.
-* A StorageVersion's entries are kept sorted by apiserver ID. Upstream's updater
-  appends a new apiserver's entry at the end and replaces a known one in place, so
-  its order is the order the apiservers first reported in; the ledger's views are
-  SQL rows with no order of their own, and one canonical order makes a view read
-  back from SQL equal the fold's. Agreement does not depend on the order.
+* A StorageVersion's entries are in upstream's order: as its updater does, a known
+  apiserver's report replaces its entry in place and a new apiserver's is appended;
+  dropping an apiserver's entries keeps the others' order. The views keep the order
+  in each entry row's ``position``. Agreement does not depend on the order.
 * ``current_storage_version_hash`` is the hash of the common encoding version and
   is null while the apiservers disagree or none reports the resource: the KEP
   defines it as the hash of *the* current storage version, and while servers
@@ -321,12 +320,10 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
     )
     previous = state.storage_versions.get(key)
     others = () if previous is None else previous.entries
-    entries = tuple(
-        sorted(
-            (*(e for e in others if e.apiserver_id != event.apiserver_id), entry),
-            key=lambda e: e.apiserver_id,
-        )
-    )
+    if any(e.apiserver_id == event.apiserver_id for e in others):
+        entries = tuple(entry if e.apiserver_id == event.apiserver_id else e for e in others)
+    else:
+        entries = (*others, entry)
     reported_hash = hash_of_stored(event.encoding_version, event.kind)
     if event.storage_version_hash is not None and event.storage_version_hash != reported_hash:
         _reject(

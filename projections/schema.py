@@ -145,6 +145,8 @@ server_storage_versions: Final = Table(
     Column("encoding_version", String, nullable=False),
     Column("decodable_versions", JSONDocument, nullable=False),
     Column("served_versions", JSONDocument, nullable=False),
+    # The entry's place in status.storageVersions: upstream's order (projections.fold).
+    Column("ordinal", Integer, nullable=False),
     PrimaryKeyConstraint("cluster", "api_group", "resource", "apiserver_id"),
     ForeignKeyConstraint(
         ["cluster", "api_group", "resource"],

@@ -63,7 +63,9 @@ log = logging.getLogger(__name__)
 SNAPSHOT_EVERY: Final = 50_000  # offsets of a partition between two snapshots
 # The log time of a partition with no event yet: before any event could occur.
 NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
-FORMAT: Final = 1  # of the payload; a snapshot of another format is passed over
+# Of the payload; a snapshot of another format is passed over. 2: StorageVersion entries
+# in upstream's order (1 held them sorted by apiserver ID).
+FORMAT: Final = 2
 
 # The rows of a snapshot, by view: leases, StorageVersions, StorageStates, migrations.
 Rows: TypeAlias = tuple[

@@ -127,7 +127,7 @@ class StorageVersion:
     group: str
     resource: str
     kind: str
-    entries: tuple[ServerStorageVersion, ...]  # sorted by apiserver_id
+    entries: tuple[ServerStorageVersion, ...]  # upstream's order (see projections.fold)
     common_encoding_version: str | None
     condition: Condition
     revision: str

@@ -320,10 +320,10 @@ def write(connection: Connection, batch: Batch) -> None:
         connection,
         server_storage_versions,
         [
-            _entry_row(storage_version, entry)
+            _entry_row(storage_version, ordinal, entry)
             for _, storage_version in sorted(batch.storage_versions.items())
             if storage_version is not None
-            for entry in storage_version.entries
+            for ordinal, entry in enumerate(storage_version.entries)
         ],
     )
     _sync(connection, storage_states, batch.storage_states, _values(storage_states))
@@ -411,14 +411,17 @@ def load_log_times(
 def load_state(connection: Connection, resource: ResourceKey | None = None) -> State:
     """The fold's state as the views hold it; with ``resource``, only that resource's rows
     (its StorageVersion, StorageState and migrations, and the leases of its cluster)."""
-    entries: dict[ResourceKey, list[ServerStorageVersion]] = defaultdict(list)
+    entries: dict[ResourceKey, list[tuple[int, ServerStorageVersion]]] = defaultdict(list)
     for row in connection.execute(_select(server_storage_versions, resource)).mappings():
         entries[row["cluster"], row["api_group"], row["resource"]].append(
-            ServerStorageVersion(
-                apiserver_id=row["apiserver_id"],
-                encoding_version=row["encoding_version"],
-                decodable_versions=tuple(row["decodable_versions"]),
-                served_versions=tuple(row["served_versions"]),
+            (
+                row["ordinal"],
+                ServerStorageVersion(
+                    apiserver_id=row["apiserver_id"],
+                    encoding_version=row["encoding_version"],
+                    decodable_versions=tuple(row["decodable_versions"]),
+                    served_versions=tuple(row["served_versions"]),
+                ),
             )
         )
     versions: dict[ResourceKey, StorageVersion] = {}
@@ -428,12 +431,11 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
             group=row["api_group"],
             resource=row["resource"],
             kind=row["kind"],
-            # Sorted here, not by ORDER BY: a database collation may order strings
-            # differently from Python, and the state sorts them as Python does.
             entries=tuple(
-                sorted(
+                entry
+                for _, entry in sorted(
                     entries[row["cluster"], row["api_group"], row["resource"]],
-                    key=operator.attrgetter("apiserver_id"),
+                    key=operator.itemgetter(0),
                 )
             ),
             common_encoding_version=row["common_encoding_version"],
@@ -521,7 +523,9 @@ def _storage_version_values(storage_version: StorageVersion) -> dict[str, Any]:
     }
 
 
-def _entry_row(storage_version: StorageVersion, entry: ServerStorageVersion) -> tuple[Any, ...]:
+def _entry_row(
+    storage_version: StorageVersion, ordinal: int, entry: ServerStorageVersion
+) -> tuple[Any, ...]:
     return (
         storage_version.cluster,
         storage_version.group,
@@ -530,6 +534,7 @@ def _entry_row(storage_version: StorageVersion, entry: ServerStorageVersion) -> 
         entry.encoding_version,
         _JSON.encode(entry.decodable_versions),
         _JSON.encode(entry.served_versions),
+        ordinal,
     )
 
 

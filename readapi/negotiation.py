@@ -61,8 +61,12 @@ class Output:
         return json.dumps(body).encode()
 
 
-def negotiate(accept: str) -> Output:
-    """The representation ``accept`` asks for; :class:`ApiError` 406 if none is served."""
+def negotiate(accept: str, *, convert: bool = True) -> Output:
+    """The representation ``accept`` asks for; :class:`ApiError` 406 if none is served.
+
+    Without ``convert``, a clause that asks for a conversion is refused, as upstream's
+    default endpoint restrictions refuse it (an error is a ``Status``, never a Table).
+    """
     if not accept:
         return Output()
     for media_type, subtype, params in _clauses(accept):
@@ -73,9 +77,19 @@ def negotiate(accept: str) -> Output:
             if media_type not in (served_type, "*") or subtype not in (served_subtype, "*"):
                 continue
             output = _accepted(served, params)
-            if output is not None:
+            if output is not None and (convert or output.convert is None):
                 return output
     raise not_acceptable(_served_message(SERVED))
+
+
+def for_errors(accept: str) -> Output:
+    """How an error's ``Status`` is written, as upstream's ``ErrorNegotiated`` writes it:
+    in the media type ``accept`` asks for without a conversion, JSON if it asks for none
+    that is served."""
+    try:
+        return negotiate(accept, convert=False)
+    except ApiError:
+        return Output()
 
 
 def check_stream(output: Output) -> None:

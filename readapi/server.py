@@ -30,8 +30,8 @@ What it speaks, as kube-apiserver does:
 * the ``Accept`` header negotiated as upstream's (:mod:`readapi.negotiation`): JSON or
   YAML (watches JSON only); ``Table``, ``PartialObjectMetadata`` and
   ``PartialObjectMetadataList`` of ``meta.k8s.io`` ``v1`` or ``v1beta1`` in gets, lists
-  and watches; 406 NotAcceptable for what is not served (protobuf among it). Errors are
-  always JSON ``Status`` bodies (upstream's follow the negotiated type);
+  and watches; 406 NotAcceptable for what is not served (protobuf among it); errors in
+  JSON or YAML as the header asks;
 * errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
   method but GET (nothing is written through this API: the ledger is appended to
   only by its producers), 401 without a valid bearer token when ``--token-file`` is
@@ -189,11 +189,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as error:
-        return _status(error.code, error.reason, str(error), error.details)
+        return _status(request, error.code, error.reason, str(error), error.details)
     except UnknownCluster as error:
-        return _status(404, "NotFound", str(error))
+        return _status(request, 404, "NotFound", str(error))
     except PointOutOfRange as error:
-        return _status(400, "BadRequest", str(error))
+        return _status(request, 400, "BadRequest", str(error))
     except web.HTTPMethodNotAllowed:
         return _method_not_allowed(request)
 
@@ -204,14 +204,22 @@ async def _authenticate(request: web.Request, handler: Handler) -> web.StreamRes
     if tokens and request.path not in _OPEN_PATHS:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or token.strip() not in tokens:
-            return _status(401, "Unauthorized", "Unauthorized: give a valid bearer token")
+            return _status(request, 401, "Unauthorized", "Unauthorized: give a valid bearer token")
     return await handler(request)
 
 
-def _status(code: int, reason: str, message: str, details: JSON | None = None) -> web.Response:
-    """The ``Status`` response; with upstream's ``Retry-After`` header when a 429 or 5xx
-    says how long to wait (``details.retryAfterSeconds``)."""
-    response = web.json_response(resources.status(code, reason, message, details), status=code)
+def _status(
+    request: web.Request, code: int, reason: str, message: str, details: JSON | None = None
+) -> web.Response:
+    """The ``Status`` response, in the media type negotiated for errors; with upstream's
+    ``Retry-After`` header when a 429 or 5xx says how long to wait
+    (``details.retryAfterSeconds``)."""
+    output = negotiation.for_errors(request.headers.get("Accept", ""))
+    response = web.Response(
+        body=output.encode(resources.status(code, reason, message, details)),
+        status=code,
+        content_type=output.media_type,
+    )
     retry = (details or {}).get("retryAfterSeconds")
     if retry and (code == 429 or code >= 500):
         response.headers["Retry-After"] = str(retry)
@@ -220,6 +228,7 @@ def _status(code: int, reason: str, message: str, details: JSON | None = None) -
 
 def _method_not_allowed(request: web.Request) -> web.Response:
     return _status(
+        request,
         405,
         "MethodNotAllowed",
         f"the server does not allow this method on the requested resource: {request.method} "
@@ -231,7 +240,10 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
     if request.method != "GET":
         return _method_not_allowed(request)
     return _status(
-        404, "NotFound", f"the server could not find the requested resource: {request.path}"
+        request,
+        404,
+        "NotFound",
+        f"the server could not find the requested resource: {request.path}",
     )
 
 
@@ -630,6 +642,7 @@ def _include_object(request: web.Request) -> str:
         raise ApiError(
             400,
             "BadRequest",
+            "Unable to convert to Table as requested: "
             f"includeObject: Invalid value: {json.dumps(value)}: "
             "must be 'Metadata', 'Object', 'None', or empty",
         )

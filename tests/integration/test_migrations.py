@@ -4,16 +4,19 @@ how :func:`projections.database.engine` refuses a database it cannot use."""
 from __future__ import annotations
 
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import insert, inspect, select
+from sqlalchemy import create_engine, insert, inspect, select, text
 from sqlalchemy.engine import make_url
 
 from projections import database
-from projections.schema import metadata, projection_checkpoints
+from projections.schema import metadata, projection_checkpoints, server_storage_versions
+from projections.store import load_state
 
 
 def test_upgrade_builds_exactly_the_schema_the_code_uses(database_url: str) -> None:
@@ -50,6 +53,53 @@ def test_upgrade_is_idempotent_and_keeps_the_data(database_url: str) -> None:
             assert [dict(row) for row in rows] == [checkpoint]
     finally:
         db.dispose()
+
+
+def test_entries_of_an_older_database_keep_their_order(database_url: str) -> None:
+    # Before 0004 the entries had no ordinal and were listed by apiserver ID: the
+    # upgrade numbers them in that order, so the views list them as before.
+    db = create_engine(database_url)
+    try:
+        with db.begin() as connection:
+            config = database._alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0003")
+            connection.execute(
+                text(
+                    "INSERT INTO storage_versions (cluster, api_group, resource, name, kind,"
+                    " common_encoding_version, condition_type, condition_status,"
+                    " condition_reason, condition_message, condition_last_transition_time,"
+                    " revision) VALUES ('c', 'apps', 'deployments', 'apps.deployments',"
+                    " 'Deployment', NULL,"
+                    " 'AllEncodingVersionsEqual', 'False', 'CommonEncodingVersionUnset',"
+                    " 'Common encoding version unset', :now, '0:3')"
+                ),
+                {"now": datetime(2024, 1, 1, tzinfo=UTC)},
+            )
+            for apiserver_id in ("b", "c", "a"):
+                connection.execute(
+                    text(
+                        "INSERT INTO server_storage_versions (cluster, api_group, resource,"
+                        " apiserver_id, encoding_version, decodable_versions, served_versions)"
+                        " VALUES ('c', 'apps', 'deployments', :id, 'apps/v1',"
+                        " '[\"apps/v1\"]', '[\"apps/v1\"]')"
+                    ),
+                    {"id": apiserver_id},
+                )
+    finally:
+        db.dispose()
+    database.upgrade(database_url)
+    db = database.engine(database_url)
+    try:
+        with db.connect() as connection:
+            [storage_version] = load_state(connection).storage_versions.values()
+            ordinals = connection.execute(
+                select(server_storage_versions.c.apiserver_id, server_storage_versions.c.ordinal)
+            ).all()
+    finally:
+        db.dispose()
+    assert [entry.apiserver_id for entry in storage_version.entries] == ["a", "b", "c"]
+    assert sorted(ordinals) == [("a", 0), ("b", 1), ("c", 2)]
 
 
 def test_plain_postgresql_urls_are_driven_by_psycopg(postgres_url: str) -> None:

@@ -476,6 +476,29 @@ def test_withdrawal_removes_one_entry() -> None:
     assert log.withdraw("2").rejections
 
 
+def test_entries_keep_upstreams_order() -> None:
+    # updater.go: a known apiserver's entry is replaced in place, a new one appended;
+    # the StorageVersion GC drops an apiserver's entries and keeps the others' order.
+    def order() -> list[str]:
+        return [entry.apiserver_id for entry in log.storage_version().entries]
+
+    log = joined("3", "1", "2")
+    log.report("3", "v1")
+    log.report("1", "v1")
+    log.report("2", "v1")
+    assert order() == ["3", "1", "2"]
+    log.report("3", "v2")
+    assert order() == ["3", "1", "2"]
+    assert log.storage_version().entries[0].encoding_version == "v2"
+    log.release("1")
+    assert order() == ["3", "2"]
+    log.heartbeat("1", holder="1_2")
+    log.report("1", "v2")
+    assert order() == ["3", "2", "1"]
+    log.withdraw("3")
+    assert order() == ["2", "1"]
+
+
 # --- StorageState ----------------------------------------------------------------------------
 
 

@@ -103,7 +103,20 @@ def test_invariants_hold_after_every_event(history: list[tuple[Event, Position]]
         assert state.active_migrations_by_resource == rebuilt.active_migrations_by_resource
         assert state.ended_migrations_by_resource == rebuilt.ended_migrations_by_resource
         assert_storage_versions_consistent(state)
+        assert_entries_keep_their_order(before, state)
         assert_persisted_hashes_only_grow(before, state, event, changes)
+
+
+def assert_entries_keep_their_order(before: dict[str, dict[Any, Any]], state: State) -> None:
+    """As upstream's updater and GC: the entries that stay keep their order, and a new
+    one comes after them."""
+    for key, storage_version in state.storage_versions.items():
+        ids = [entry.apiserver_id for entry in storage_version.entries]
+        previous = before["storage_versions"].get(key)
+        kept = [e.apiserver_id for e in previous.entries] if previous is not None else []
+        kept = [apiserver_id for apiserver_id in kept if apiserver_id in ids]
+        assert ids[: len(kept)] == kept
+        assert len(ids) - len(kept) <= 1, "one event adds at most one entry"
 
 
 def assert_storage_versions_consistent(state: State) -> None:
@@ -111,7 +124,7 @@ def assert_storage_versions_consistent(state: State) -> None:
         cluster = key[0]
         ids = [entry.apiserver_id for entry in storage_version.entries]
         assert ids, "a StorageVersion without entries must have been deleted"
-        assert ids == sorted(set(ids))
+        assert len(ids) == len(set(ids)), "one entry per apiserver"
         assert all((cluster, apiserver) in state.leases for apiserver in ids)
         versions = {entry.encoding_version for entry in storage_version.entries}
         common = storage_version.common_encoding_version

@@ -156,10 +156,32 @@ async def test_a_watch_streams_json_only(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     client, _ = served
-    for accept in ("application/yaml", "application/yaml;as=Table;g=meta.k8s.io;v=v1"):
+    for accept, content_type in (
+        ("application/yaml", "application/yaml"),
+        # An error is never converted: asked only for a Table, it is written in JSON.
+        ("application/yaml;as=Table;g=meta.k8s.io;v=v1", "application/json"),
+    ):
         async with client.get(f"{LEASES}?watch=true", headers={"Accept": accept}) as response:
-            status = await response.json()
+            assert response.content_type == content_type
+            status = yaml.safe_load(await response.text())  # JSON is YAML too
         assert (response.status, status["message"]) == (406, STREAMED_TYPES)
+
+
+async def test_an_error_is_a_status_in_the_media_type_asked_for(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    missing = f"{LEASES}/no-such-apiserver"
+    for accept, code, content_type in (
+        ("application/yaml", 404, "application/yaml"),
+        (f"{PARTIAL},application/yaml", 404, "application/yaml"),
+        ("", 404, "application/json"),
+        ("application/vnd.kubernetes.protobuf", 406, "application/json"),
+    ):
+        async with client.get(missing, headers={"Accept": accept}) as response:
+            assert (response.status, response.content_type) == (code, content_type)
+            status = yaml.safe_load(await response.text())  # JSON is YAML too
+        assert (status["kind"], status["code"]) == ("Status", code)
 
 
 async def test_a_watch_of_partial_object_metadata_sends_metadata_and_bookmarks(
@@ -203,8 +225,8 @@ async def test_an_unknown_include_object_is_a_bad_request_for_tables_only(
         status = await response.json()
     assert (response.status, status["reason"]) == (400, "BadRequest")
     assert status["message"] == (
-        "includeObject: Invalid value: \"unrecognized\": must be 'Metadata', 'Object', 'None', "
-        "or empty"
+        "Unable to convert to Table as requested: includeObject: Invalid value: "
+        "\"unrecognized\": must be 'Metadata', 'Object', 'None', or empty"
     )
     async with client.get(path) as response:
         assert response.status == 200
