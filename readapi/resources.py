@@ -46,7 +46,14 @@ from ledger.errors import UsageError
 from ledger.events import Position
 from ledger.hashing import hash_of_stored
 from ledger.names import group_resource_string, split_group_version
-from projections.state import Lease, Migration, State, StorageState, StorageVersion
+from projections.state import (
+    Lease,
+    Migration,
+    ServerStorageVersion,
+    State,
+    StorageState,
+    StorageVersion,
+)
 
 JSON: TypeAlias = dict[str, Any]
 Row: TypeAlias = Lease | StorageVersion | StorageState | Migration
@@ -234,6 +241,15 @@ def _none(value: str | None) -> str:
 # StorageVersion ------------------------------------------------------------------
 
 
+def _first_entries(entries: Sequence[ServerStorageVersion], shown: int = 3) -> str:
+    """Upstream's ``formatStorageVersions``: ``ID=VERSION`` of the first ``shown``
+    entries, ``+ N more...`` after them, ``<unset>`` for none."""
+    text = ",".join(f"{e.apiserver_id}={e.encoding_version}" for e in entries[:shown])
+    if len(entries) > shown:
+        return f"{text} + {len(entries) - shown} more..."
+    return text or "<unset>"
+
+
 def _storage_version_body(row: StorageVersion, view: View) -> JSON:
     """Upstream's ``StorageVersionStatus``, its fields in upstream's order and its empty
     ones (``servedVersions`` of an apiserver that reports none) left out, as upstream's
@@ -280,17 +296,27 @@ STORAGE_VERSIONS: Final = Kind(
     annotations=lambda row: {},
     columns=(
         Column("Name", "string", "The StorageVersion's name, <group>.<resource>.", "name"),
-        Column("Common-Version", "string", "The version every API server encodes in."),
-        Column("Agreed", "string", "Status of the AllEncodingVersionsEqual condition."),
-        Column("Servers", "integer", "API servers reporting on the resource."),
+        Column(
+            "CommonEncodingVersion",
+            "string",
+            "The version every API server encodes in; <unset> while they disagree.",
+        ),
+        Column(
+            "StorageVersions",
+            "string",
+            "apiserverID=encodingVersion of the first three entries, in their order.",
+        ),
         Column("Age", "string", "Time since the first report."),
+        Column("Agreed", "string", "Status of the AllEncodingVersionsEqual condition.", priority=1),
+        Column("Servers", "integer", "API servers reporting on the resource.", priority=1),
     ),
     cells=lambda row, view: [
         row.name,
-        _none(row.common_encoding_version),
+        row.common_encoding_version or "<unset>",
+        _first_entries(row.entries),
+        _age("StorageVersion", row, view),
         row.condition.status,
         len(row.entries),
-        _age("StorageVersion", row, view),
     ],
 )
 
@@ -323,16 +349,16 @@ LEASES: Final = Kind(
     columns=(
         Column("Name", "string", "The API server's ID.", "name"),
         Column("Holder", "string", "spec.holderIdentity."),
-        Column("Hostname", "string", "The API server's host name."),
-        Column("Renewed", "string", "Time since spec.renewTime."),
         Column("Age", "string", "Time since the lease was first seen."),
+        Column("Hostname", "string", "The API server's host name.", priority=1),
+        Column("Renewed", "string", "Time since spec.renewTime.", priority=1),
     ),
     cells=lambda row, view: [
         row.apiserver_id,
         row.holder_identity,
+        _age("Lease", row, view),
         row.hostname,
         human_duration((view.time - row.renew_time).total_seconds()),
-        _age("Lease", row, view),
     ],
 )
 

@@ -159,23 +159,34 @@ def test_kubectl_get_prints_the_views_columns(
 ) -> None:
     state, _ = log_fold
     (storage_version,) = state.storage_versions.values()
-    header, *rows = table(run([*kubectl, "--server", server.cluster, "get", "storageversions"]))
-    assert header == ["NAME", "COMMON-VERSION", "AGREED", "SERVERS", "AGE"]
+    # Upstream's columns for its own kinds (pkg/printers/internalversion), the ledger's
+    # after them with -o wide.
+    header, *rows = table(
+        run([*kubectl, "--server", server.cluster, "get", "storageversions", "-o", "wide"])
+    )
+    assert header == [
+        "NAME", "COMMONENCODINGVERSION", "STORAGEVERSIONS", "AGE", "AGREED", "SERVERS",
+    ]  # fmt: skip
+    assert len(storage_version.entries) <= 3  # so all are shown
     assert rows == [
         [
             "apps.deployments",
-            storage_version.common_encoding_version,
+            storage_version.common_encoding_version or "<unset>",
+            ",".join(f"{e.apiserver_id}={e.encoding_version}" for e in storage_version.entries),
+            rows[0][3],
             storage_version.condition.status,
             str(len(storage_version.entries)),
-            rows[0][4],
         ]
     ]
 
     leases = table(
         run([*kubectl, "--server", server.cluster, "get", "leases", "-n", "kube-system"])
     )
-    assert leases[0] == ["NAME", "HOLDER", "HOSTNAME", "RENEWED", "AGE"]
+    assert leases[0] == ["NAME", "HOLDER", "AGE"]
     assert sorted(row[0] for row in leases[1:]) == sorted(k[1] for k in state.leases)
+    assert {row[0]: row[1] for row in leases[1:]} == {
+        apiserver_id: lease.holder_identity for (_, apiserver_id), lease in state.leases.items()
+    }
 
     header, *states = table(run([*kubectl, "--server", server.cluster, "get", "storagestates"]))
     (storage_state,) = state.storage_states.values()

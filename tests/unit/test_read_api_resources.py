@@ -186,7 +186,37 @@ def test_a_past_view_shows_ages_as_they_were() -> None:
     late = resources.table(
         STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state, at=T0 + timedelta(days=3))
     )
-    assert late["rows"][0]["cells"] == ["apps.deployments", "apps/v2", "True", 2, "3d"]
+    assert late["rows"][0]["cells"][3] == "3d"
+
+
+def test_a_storage_version_table_has_upstreams_columns_then_the_ledgers() -> None:
+    # pkg/printers/internalversion: NAME, COMMONENCODINGVERSION, STORAGEVERSIONS, AGE;
+    # at most three entries, "ID=VERSION" each in their order, "<unset>" for none.
+    def cells(row: StorageVersion) -> list[object]:
+        state = State(storage_versions={row.key: row})
+        table = resources.table(STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state))
+        assert [(c["name"], c["priority"]) for c in table["columnDefinitions"]] == [
+            ("Name", 0), ("CommonEncodingVersion", 0), ("StorageVersions", 0), ("Age", 0),
+            ("Agreed", 1), ("Servers", 1),
+        ]  # fmt: skip
+        return list(table["rows"][0]["cells"])
+
+    two = storage_version(common=None)
+    assert cells(two) == [
+        "apps.deployments",
+        "<unset>",
+        "apiserver-a=apps/v2,apiserver-b=apps/v1",
+        "5m",
+        "False",
+        2,
+    ]
+    entry = two.entries[0]
+    five = dataclasses.replace(
+        two,
+        entries=tuple(dataclasses.replace(entry, apiserver_id=f"s{i}") for i in (5, 1, 4, 2, 3)),
+    )
+    assert cells(five)[2] == "s5=apps/v2,s1=apps/v2,s4=apps/v2 + 2 more..."
+    assert cells(dataclasses.replace(two, entries=()))[2] == "<unset>"
 
 
 @pytest.mark.parametrize(
