@@ -111,11 +111,12 @@ async def agree(
         held = {a: lease[:3] for a, lease in ledger_has.items()}
         if before.keys() != after.keys() or held != {a: lease[:3] for a, lease in after.items()}:
             return f"leases {ledger_has} != upstream {after}"
-        behind = [
-            a for a, lease in ledger_has.items() if not before[a][3] <= lease[3] <= after[a][3]
-        ]
-        if renewals and behind:
-            return f"renewals of {behind}: ledger {ledger_has} not between {before} and {after}"
+        if renewals:
+            behind = [
+                a for a, lease in ledger_has.items() if not before[a][3] <= lease[3] <= after[a][3]
+            ]
+            if behind:
+                return f"renewals of {behind}: ledger {ledger_has} not between {before} and {after}"
         upstream = await upstream_views(kube)
         for name, (entries, _, _) in list(upstream.items()):
             live = {a: e for a, e in entries.items() if a not in dead}

@@ -36,14 +36,24 @@ def upgrade() -> None:
     by_resource: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for row in connection.execute(sa.select(entries)).mappings():
         by_resource[tuple(row[name] for name in KEY)].append(row["apiserver_id"])
-    for key, apiserver_ids in by_resource.items():
-        for ordinal, apiserver_id in enumerate(sorted(apiserver_ids)):
-            connection.execute(
-                entries.update()
-                .where(*(entries.c[name] == value for name, value in zip(KEY, key, strict=True)))
-                .where(entries.c.apiserver_id == apiserver_id)
-                .values(ordinal=ordinal)
-            )
+    numbered = [
+        {
+            **{f"match_{name}": value for name, value in zip(KEY, key, strict=True)},
+            "match_apiserver_id": apiserver_id,
+            "number": ordinal,
+        }
+        for key, apiserver_ids in by_resource.items()
+        for ordinal, apiserver_id in enumerate(sorted(apiserver_ids))
+    ]
+    if numbered:  # one statement, executed for every entry
+        connection.execute(
+            entries.update()
+            # Parameters named apart from the columns, which name the SET clause's.
+            .where(*(entries.c[name] == sa.bindparam(f"match_{name}") for name in KEY))
+            .where(entries.c.apiserver_id == sa.bindparam("match_apiserver_id"))
+            .values(ordinal=sa.bindparam("number")),
+            numbered,
+        )
     with op.batch_alter_table("server_storage_versions") as table:
         table.alter_column("ordinal", server_default=None)
 
