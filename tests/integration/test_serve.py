@@ -2,9 +2,9 @@
 
 The KEP walkthrough is simulated once onto a topic of the real broker; ``svledger
 serve`` runs as a process over it, and is read with the kubectl these machines ship
-and the one built from the Go module proxy beside the real apiservers, and with the
-``kubernetes`` Python client's typed API. What they show is compared with the fold of
-the same log.
+and the one built from the Go module proxy beside the real apiservers, with client-go's
+metadata client and informer (built likewise), and with the ``kubernetes`` Python
+client's typed API. What they show is compared with the fold of the same log.
 """
 
 from __future__ import annotations
@@ -265,6 +265,54 @@ def test_kubectl_watch_sees_an_event_appended_to_kafka(
     finally:
         watch.kill()
         watch.wait()
+
+
+@pytest.mark.kubernetes
+def test_client_gos_metadata_informer_lists_and_watches(
+    server: Server, walkthrough: KafkaSettings, log_fold: tuple[State, list[object]]
+) -> None:
+    # The metadata client and informer of client-go (the release's, built from the Go
+    # module proxy) ask for PartialObjectMetadata and PartialObjectMetadataList.
+    state, _ = log_fold
+    path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    with urllib.request.urlopen(server.cluster + path, timeout=10) as response:
+        # As served now: other tests of this module may have appended leases.
+        leases = {item["metadata"]["name"] for item in json.load(response)["items"]}
+    assert {apiserver_id for _, apiserver_id in state.leases} <= leases
+    hostname = f"informed-{time.monotonic_ns()}"
+    informer = subprocess.Popen(
+        [
+            str(build.metadata_client(KUBECTL_RELEASE)),
+            server.cluster,
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "kube-system",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert informer.stdout is not None
+        lines = read_lines_until(informer.stdout, lambda line: "SYNCED" in line, 60)
+        assert lines, informer.stderr.read1().decode() if informer.poll() is not None else ""
+        listed, got, *events = [json.loads(line) for line in lines]
+        assert {o["name"] for o in listed["list"]} == set(leases)
+        assert {(o["kind"], o["apiVersion"]) for o in listed["list"]} == {
+            ("PartialObjectMetadata", "meta.k8s.io/v1")
+        }
+        assert got["get"]["name"] == listed["list"][0]["name"]
+        assert {e["name"] for e in events if e["type"] == "ADDED"} == set(leases)
+        asyncio.run(append_heartbeat(walkthrough, hostname, datetime.now(UTC)))
+        seen = read_lines_until(informer.stdout, lambda line: hostname in line, 60)
+        assert seen, "the informer's watch did not see the lease appended to Kafka"
+        assert json.loads(seen[-1])["type"] == "ADDED"
+    finally:
+        assert informer.stdin is not None
+        informer.stdin.close()
+        informer.wait(timeout=30)
+    assert informer.returncode == 0, informer.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
 
 
 def read_lines_until(stream: object, done: object, seconds: float) -> list[str]:
