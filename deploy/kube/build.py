@@ -145,7 +145,7 @@ def metadata_client(version: str = DEFAULT_VERSION) -> Path:
 
     Built on first use, apart from the release's server binaries (their stamp does not
     change with it), into ``cache_root()/<version>-clients/``, with a stamp of its own;
-    about a minute on a cold Go build cache, a few seconds on a warm one.
+    2 min 16 s on an empty Go build cache, 4 s once the releases' builds have filled it.
     """
     target = cache_root() / f"{version}-clients"
     binary = target / "metadata-client"
