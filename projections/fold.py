@@ -31,7 +31,7 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 * A StorageVersion's entries are in upstream's order: as its updater does, a known
   apiserver's report replaces its entry in place and a new apiserver's is appended;
   dropping an apiserver's entries keeps the others' order. The views keep the order
-  in each entry row's ``position``. Agreement does not depend on the order.
+  in each entry row's ``ordinal``. Agreement does not depend on the order.
 * ``current_storage_version_hash`` is the hash of the common encoding version and
   is null while the apiservers disagree or none reports the resource: the KEP
   defines it as the hash of *the* current storage version, and while servers
