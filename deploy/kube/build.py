@@ -168,13 +168,11 @@ def metadata_client(version: str = DEFAULT_VERSION) -> Path:
         _parse_version(version)
         staging = _staging_version(version)
         info = _download(go, env, [f"{_CLIENT_GO_MODULE}@{staging}"], work)[0]
-        go_directive = re.search(r"^go (\S+)\s*$", Path(info["GoMod"]).read_text(), re.MULTILINE)
-        if go_directive is None:
-            raise BuildError(f"the go.mod of {_CLIENT_GO_MODULE}@{staging} has no go directive")
-        _write_go_mod(
+        _write_wrapper(
             work,
-            f"module {_CLIENT_WRAPPER_MODULE}\n\ngo {go_directive.group(1)}\n\n"
-            f"require (\n\t{_CLIENT_GO_MODULE} {staging}\n\tk8s.io/apimachinery {staging}\n)\n",
+            _CLIENT_WRAPPER_MODULE,
+            {_CLIENT_GO_MODULE: staging, "k8s.io/apimachinery": staging},
+            Path(info["GoMod"]).read_text(),
         )
         shutil.copyfile(METADATA_CLIENT_MAIN, work / "main.go")
         _go_build(go, env, work, ".", binary, "-s -w")
@@ -427,15 +425,23 @@ def _write_kube_wrapper(
 
 
 def _write_etcd_wrapper(work: Path, etcd_version: str, etcd_go_mod: str) -> None:
+    _write_wrapper(work, _ETCD_WRAPPER_MODULE, {_ETCD_MODULE: etcd_version}, etcd_go_mod)
+
+
+def _write_wrapper(work: Path, module: str, requires: Mapping[str, str], main_go_mod: str) -> None:
+    """A wrapper module requiring ``requires`` (path: version), at the go version of
+    ``main_go_mod``, the go.mod of the first of them."""
     work.mkdir(parents=True, exist_ok=True)
-    go_directive = re.search(r"^go (\S+)\s*$", etcd_go_mod, re.MULTILINE)
+    go_directive = re.search(r"^go (\S+)\s*$", main_go_mod, re.MULTILINE)
+    first = next(iter(requires.items()))
     if go_directive is None:
-        raise BuildError(f"the go.mod of {_ETCD_MODULE}@{etcd_version} has no go directive")
-    text = (
-        f"module {_ETCD_WRAPPER_MODULE}\n\ngo {go_directive.group(1)}\n\n"
-        f"require {_ETCD_MODULE} {etcd_version}\n"
-    )
-    _write_go_mod(work, text)
+        raise BuildError(f"the go.mod of {first[0]}@{first[1]} has no go directive")
+    if len(requires) == 1:
+        required = f"require {first[0]} {first[1]}\n"
+    else:
+        lines = "".join(f"\t{path} {version}\n" for path, version in requires.items())
+        required = f"require (\n{lines})\n"
+    _write_go_mod(work, f"module {module}\n\ngo {go_directive.group(1)}\n\n{required}")
 
 
 def _write_go_mod(work: Path, text: str) -> None:
