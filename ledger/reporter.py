@@ -15,12 +15,13 @@ Identity is upstream's: the apiserver ID is stable for a hostname, the holder
 identity is new on every ``start``.
 
 After ``start`` a heartbeat is sent every ``heartbeat_interval`` seconds plus up to
-``jitter`` of it (upstream's ``wait.Jitter``), measured from the end of the previous
-one. A failed heartbeat is logged and tried again on the next tick; the loop never
-dies of it. If a heartbeat is acknowledged at least ``lease_duration_seconds`` after
-the previous acknowledged one, the lease may have been expired by the lease GC in
-between, which also dropped this server's storage versions: the reporter re-joins
-by reporting every resource again (the gate is closed until that is acknowledged).
+``jitter`` of it (upstream's ``wait.Jitter``; 0.04 by default, the factor of upstream's
+lease controller), measured from the end of the previous one. A failed heartbeat is
+logged and tried again on the next tick; the loop never dies of it. If a heartbeat is
+acknowledged at least ``lease_duration_seconds`` after the previous acknowledged one,
+the lease may have been expired by the lease GC in between, which also dropped this
+server's storage versions: the reporter re-joins by reporting every resource again (the
+gate is closed until that is acknowledged).
 
 The reporter keeps the resources it should report (*desired*) and the reports the
 log is known to hold (*acknowledged*); every change (start, ``update``, a re-join)
@@ -129,7 +130,7 @@ class Reporter:
         clock: Clock | None = None,
         *,
         heartbeat_interval: float = 10.0,
-        jitter: float = 0.1,
+        jitter: float = 0.04,
         lease_duration_seconds: int = 3600,
         binary_version: str | None = None,
         rng: random.Random | None = None,

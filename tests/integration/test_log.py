@@ -514,6 +514,28 @@ async def test_heartbeat_after_a_lease_long_gap_rejoins_and_reports_again(
     assert beats[3].renew_time - beats[2].renew_time == timedelta(seconds=70)
 
 
+async def test_heartbeats_are_jittered_as_upstreams_lease_controller(
+    kafka_bootstrap: str, unique_topic: str
+) -> None:
+    """By default a heartbeat follows the one before by 10 s plus up to 4 % of it, as
+    upstream's lease controller renews (``wait.JitterUntil(sync, 10s, 0.04, ...)``)."""
+    settings = await _settings(kafka_bootstrap, unique_topic)
+    clock = VirtualClock()
+    async with EventProducer(settings) as producer:
+        reporter = Reporter("prod", "jittered.example", RESOURCES, producer, clock)
+        await reporter.start()
+        for _ in range(100):
+            await clock.advance(10.5)
+        await reporter.stop()
+
+    events = _by_apiserver(await _read_all(settings))[reporter.apiserver_id]
+    times = [e.renew_time for e in events if isinstance(e, ApiserverHeartbeat)]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
+    assert len(gaps) >= 95
+    assert all(10 <= gap <= 10.4 for gap in gaps), gaps
+    assert max(gaps) > 10.2 and min(gaps) < 10.2  # drawn, not fixed
+
+
 def test_threaded_reporter_serves_a_blocking_server(
     kafka_bootstrap: str, unique_topic: str
 ) -> None:
