@@ -95,7 +95,7 @@ def for_errors(accept: str) -> Output:
 def check_stream(output: Output) -> None:
     """Refuse a watch in ``output``'s media type when it has no stream form: upstream
     negotiates a watch as any request, then refuses a winner that cannot stream."""
-    if output.media_type not in (JSON_TYPE,):
+    if output.media_type != JSON_TYPE:
         raise not_acceptable(_served_message(STREAMED))
 
 

@@ -807,10 +807,12 @@ class _WatchStream:
         metadata: JSON = {"resourceVersion": str(offset)}
         if annotations:
             metadata["annotations"] = annotations
-        body: JSON = {"kind": self.kind.kind, "apiVersion": self.kind.api_version}
         if self.output.convert == "PartialObjectMetadata":
-            body = {"kind": "PartialObjectMetadata", "apiVersion": self.output.api_version}
-        await self._write({"type": "BOOKMARK", "object": {**body, "metadata": metadata}})
+            kind, api_version = "PartialObjectMetadata", self.output.api_version
+        else:
+            kind, api_version = self.kind.kind, self.kind.api_version
+        body: JSON = {"kind": kind, "apiVersion": api_version, "metadata": metadata}
+        await self._write({"type": "BOOKMARK", "object": body})
 
     async def expired(self, cursor: int, horizon: int) -> None:
         # As upstream's watch cache: the oldest resourceVersion still accepted.
