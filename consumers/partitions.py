@@ -87,6 +87,7 @@ from ledger.kafka import (
     first_at,
     partition_of,
 )
+from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.snapshots import SnapshotSource
@@ -144,8 +145,17 @@ class PartitionLog:
     """One assigned partition: its fold state, where the fold is, and its producer."""
 
     def __init__(
-        self, follower: PartitionFollower, partition: int, producer: PartitionProducer, barrier: int
+        self,
+        follower: PartitionFollower,
+        partition: int,
+        producer: PartitionProducer,
+        barrier: int,
+        start: tuple[int, State] | None = None,
+        name: str | None = None,
     ) -> None:
+        """``start``: the offset and fold state of a snapshot to start from, else the
+        partition's beginning; ``name``: the log's in the progress lines of its
+        rebuild (:class:`~ledger.progress.CatchUp`)."""
         self.partition = partition
         self.state = State()
         self.terms: LeaseTerms | None = None  # for a fold that thins renewals, once it has
@@ -172,6 +182,13 @@ class PartitionLog:
         # offset the partition's last stable offset has stood at since when.
         self._unread: collections.deque[int] = collections.deque()
         self._stuck: tuple[int, float] | None = None
+        if start is not None:
+            self.start, self.state = start
+            self.position = self.start
+            self.resumed = True
+        self.catch_up = CatchUp(
+            name or f"partition {partition}", {partition: barrier}, {partition: self.start}
+        )
 
     @property
     def caught_up(self) -> bool:
@@ -406,11 +423,10 @@ class PartitionFollower:
                 start = await asyncio.to_thread(
                     self.snapshots.start, self.settings.topic, partition, barrier
                 )
-            partition_log = PartitionLog(self, partition, producer, barrier)
+            partition_log = PartitionLog(
+                self, partition, producer, barrier, start, f"{self.group_id}: partition {partition}"
+            )
             if start is not None:
-                partition_log.start, partition_log.state = start
-                partition_log.position = partition_log.start
-                partition_log.resumed = True
                 log.info(
                     "%s: partition %d starts from its fold snapshot at offset %d (the log"
                     " ends at %d)",
@@ -459,6 +475,7 @@ class PartitionFollower:
                 if folded:
                     metrics.EVENTS_FOLDED.labels(self.group_id).inc(folded)
                 partition_log._advance(await member.position(partition))
+                partition_log.catch_up.update({partition: partition_log.position})
                 last_stable = member.last_stable_offset(partition)
                 if partition_log._output_unreadable(last_stable, loop.time()):
                     log.warning(

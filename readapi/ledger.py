@@ -42,6 +42,7 @@ from ledger.errors import UsageError
 from ledger.events import Event, Position
 from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
 from ledger.names import resource_name
+from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.history import resolve
@@ -236,6 +237,8 @@ class LedgerViews:
         async with EventConsumer(
             self.settings, dead_letters=False, fetch_max_wait_ms=100
         ) as consumer:
+            catch_up = CatchUp(READER, targets, await consumer.positions())
+            catch_up.update(self._positions)
             self._check_ready(targets)
             try:
                 while not stop.is_set():
@@ -244,6 +247,7 @@ class LedgerViews:
                     if batch:
                         metrics.EVENTS_FOLDED.labels(READER).inc(len(batch))
                     await self._passed(await consumer.positions(), targets, bool(batch))
+                    catch_up.update(self._positions)
                     lag.set(await consumer.lags())
             finally:
                 lag.clear()
@@ -301,7 +305,6 @@ class LedgerViews:
             self._positions.get(partition, 0) >= end for partition, end in targets.items()
         ):
             self.ready.set()
-            log.info("caught up with the log: %d events folded", self.events_folded)
 
     async def changed(self, timeout: float) -> None:
         """Return when the next batch is folded, or after ``timeout`` seconds."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime
+
+import pytest
 
 from consumers.lease_gc import run_lease_gc
 from ledger.clock import SystemClock
 from ledger.events import ApiserverHeartbeat, ApiserverLeaseExpired, Event, Meta, Position
-from ledger.kafka import EventProducer, create_topics
+from ledger.kafka import EventProducer, create_topics, partition_of
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.state import State
@@ -89,9 +92,10 @@ async def test_two_gcs_expire_each_lapsed_lease_once_and_never_a_renewed_one(
 
 
 async def test_a_gc_checks_as_soon_as_it_starts_not_a_period_later(
-    kafka_bootstrap: str, unique_topic: str
+    kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # As upstream's wait.Until: a GC restarted more often than its period still expires.
+    caplog.set_level(logging.INFO, logger="ledger.progress")
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
     await create_topics(settings)
     lapsed = heartbeat("east", "east-crashed")
@@ -111,3 +115,12 @@ async def test_a_gc_checks_as_soon_as_it_starts_not_a_period_later(
         await asyncio.wait_for(gc, DEADLINE)
     [expiry] = [e for e in events if isinstance(e, ApiserverLeaseExpired)]
     assert (expiry.apiserver_id, expiry.last_renew_time) == ("east-crashed", lapsed.renew_time)
+    # Each partition's rebuild said when it was done, and what it read.
+    caught_up = sorted(
+        r.getMessage() for r in caplog.records if "caught up with the log" in r.getMessage()
+    )
+    east = partition_of("east", [0, 1])
+    assert [line.split(" records read")[0] for line in caught_up] == [
+        f"svledger-lease-gc: partition {p}: caught up with the log: {int(p == east)}"
+        for p in (0, 1)
+    ]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import selectors
 import socket
 import ssl
@@ -24,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as kube_client
@@ -31,7 +33,7 @@ from kubernetes import client as kube_client
 from deploy.kafka.broker import free_port
 from deploy.kube import build
 from ledger.events import ApiserverHeartbeat, Meta, Position
-from ledger.kafka import EventProducer
+from ledger.kafka import EndOffsets, EventProducer
 from ledger.settings import KafkaSettings
 from projections.fold import fold
 from projections.replay import cluster_log
@@ -65,6 +67,7 @@ class Server:
     def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
         self.url = url
         self.process = process
+        self.log: list[dict[str, Any]] = []  # its JSON log lines, once it has exited
 
     @property
     def cluster(self) -> str:
@@ -100,6 +103,24 @@ def running_server(settings: KafkaSettings, *extra: str, scheme: str = "http") -
         process.terminate()
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 0, stderr.decode()[-2000:]
+        lines = stderr.decode().splitlines()
+        server.log = [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_serve_says_when_it_has_caught_up_with_the_log(walkthrough: KafkaSettings) -> None:
+    with running_server(walkthrough) as server:
+        pass
+    end = asyncio.run(end_offsets(walkthrough))[0]
+    said = [line for line in server.log if "caught up with the log" in line["message"]]
+    assert [line["records"] for line in said] == [end]  # once, every record up to the end
+    assert re.fullmatch(
+        rf"serve: caught up with the log: {end} records read in \d+\.\d s", said[0]["message"]
+    )
+
+
+async def end_offsets(settings: KafkaSettings) -> dict[int, int]:
+    async with EndOffsets(settings) as ends:
+        return await ends()
 
 
 def wait_ready(server: Server) -> None:
