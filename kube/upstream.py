@@ -23,8 +23,9 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
   gracefully, and again when it starts);
 * a ``serverStorageVersions`` entry of a live apiserver that the ledger lacks or holds
-  otherwise -> ``StorageVersionReported``, with versions as upstream writes them;
-  always after that apiserver's heartbeat in the same batch, so membership comes first.
+  otherwise -> ``StorageVersionReported``, with versions as upstream writes them, in
+  its order; always after that apiserver's heartbeat in the same batch, so membership
+  comes first.
 
 Custom resources have no StorageVersion objects (Kubernetes writes none for them). As
 the migration KEP's HA design proposes, the collector asks every apiserver directly for
@@ -53,7 +54,7 @@ nothing twice.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
 
@@ -171,11 +172,17 @@ def parse_storage_version(obj: Mapping[str, Any]) -> dict[EntryKey, Entry]:
             group=group,
             resource=resource,
             encoding_version=raw.get("encodingVersion", ""),
-            decodable_versions=tuple(sorted(set(raw.get("decodableVersions") or ()))),
-            served_versions=tuple(sorted(set(raw.get("servedVersions") or ()))),
+            decodable_versions=_listed(raw.get("decodableVersions")),
+            served_versions=_listed(raw.get("servedVersions")),
         )
         entries[entry.key] = entry
     return entries
+
+
+def _listed(versions: Iterable[str] | None) -> tuple[str, ...]:
+    """Versions in the order the object lists them (upstream's: the directly decodable
+    ones in the scheme's priority, then the equivalent resources'), each once."""
+    return tuple(dict.fromkeys(versions or ()))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,8 +205,8 @@ class CustomResource:
                     self.group,
                     self.resource,
                     version,
-                    tuple(sorted(self.versions)),
-                    tuple(sorted(self.served)),
+                    self.versions,
+                    self.served,
                     discovered_hash,
                 )
         return None
@@ -297,8 +304,8 @@ def _holds(state: State, cluster: str, entry: Entry) -> bool:
         if held.apiserver_id == entry.apiserver_id:
             return (
                 held.encoding_version == entry.encoding_version
-                and set(held.decodable_versions) == set(entry.decodable_versions)
-                and set(held.served_versions) == set(entry.served_versions)
+                and held.decodable_versions == entry.decodable_versions
+                and held.served_versions == entry.served_versions
             )
     return False
 

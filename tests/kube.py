@@ -12,9 +12,11 @@ from kube.upstream import IDENTITY_LABEL, IDENTITY_VALUE, parse_lease, parse_sto
 from ledger.names import resource_name
 from projections.state import State
 
-# name -> (entries by apiserver ID: (encoding, decodable set, served set), common version,
-# condition (type, status, reason))
-Views: TypeAlias = dict[str, tuple[dict[str, tuple[str, frozenset[str], frozenset[str]]], Any, Any]]
+# name -> (entries by apiserver ID: (encoding, decodable versions, served versions, each in
+# the order upstream lists them), common version, condition (type, status, reason))
+Views: TypeAlias = dict[
+    str, tuple[dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]], Any, Any]
+]
 # apiserver ID -> (holder, hostname, duration, renew time)
 Leases: TypeAlias = dict[str, tuple[str, str, int, Any]]
 
@@ -33,8 +35,8 @@ def ledger_views(state: State, cluster: str) -> Views:
         entries = {
             e.apiserver_id: (
                 e.encoding_version,
-                frozenset(e.decodable_versions),
-                frozenset(e.served_versions),
+                e.decodable_versions,
+                e.served_versions,
             )
             for e in sv.entries
         }
@@ -58,8 +60,8 @@ async def upstream_views(kube: Kube) -> Views:
         entries = {
             e.apiserver_id: (
                 e.encoding_version,
-                frozenset(e.decodable_versions),
-                frozenset(e.served_versions),
+                e.decodable_versions,
+                e.served_versions,
             )
             for e in parse_storage_version(obj).values()
         }

@@ -25,7 +25,12 @@ from projections.state import State
 
 CLUSTER = "real"
 T0 = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
-KINDS = {("apps", "deployments"): "Deployment", ("", "events"): "Event", ("", "pods"): "Pod"}
+KINDS = {
+    ("apps", "deployments"): "Deployment",
+    ("", "events"): "Event",
+    ("", "pods"): "Pod",
+    ("autoscaling", "horizontalpodautoscalers"): "HorizontalPodAutoscaler",
+}
 
 
 def kind_of(group: str, resource: str, version: str) -> str | None:
@@ -203,6 +208,45 @@ def test_events_stored_as_core_v1_are_reported_with_the_core_kind() -> None:
     assert isinstance(reported, StorageVersionReported)
     assert (reported.group, reported.resource, reported.kind) == ("", "events", "Event")
     assert reported.decodable_versions == ("events.k8s.io/v1", "v1")
+
+
+def test_versions_keep_the_order_upstream_lists_them_in() -> None:
+    # Upstream lists the directly decodable versions in the scheme's priority (autoscaling:
+    # v2 before v1), then the equivalent resources'; the ledger mirrors the object.
+    hpa = "autoscaling.horizontalpodautoscalers"
+    listed = ["autoscaling/v2", "autoscaling/v1"]
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0)}
+    ledger.collect(
+        cluster(
+            leases, storage_version_object(hpa, ("apiserver-a", "autoscaling/v2", listed, listed))
+        ),
+        T0,
+    )
+    [entry] = ledger.state.storage_versions[
+        CLUSTER, "autoscaling", "horizontalpodautoscalers"
+    ].entries
+    assert entry.decodable_versions == entry.served_versions == ("autoscaling/v2", "autoscaling/v1")
+    # Listed again in another order, the entry is reported again as the object now has it.
+    relisted = list(reversed(listed))
+    [again] = ledger.collect(
+        cluster(
+            leases, storage_version_object(hpa, ("apiserver-a", "autoscaling/v2", relisted, listed))
+        ),
+        T0,
+    )
+    assert isinstance(again, StorageVersionReported)
+    assert again.decodable_versions == ("autoscaling/v1", "autoscaling/v2")
+    assert (
+        ledger.collect(
+            cluster(
+                leases,
+                storage_version_object(hpa, ("apiserver-a", "autoscaling/v2", relisted, listed)),
+            ),
+            T0,
+        )
+        == []
+    )
 
 
 def test_a_vanished_entry_of_a_live_apiserver_is_not_withdrawn() -> None:
