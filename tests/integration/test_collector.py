@@ -348,7 +348,7 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         if view is None or {a: e[0] for a, e in view[0].items()} != expected:
             return f"widgets: {view}"
         assert view[1] == version  # the common encoding version
-        assert all(e[1] == {"example.com/v1", "example.com/v2"} for e in view[0].values())
+        assert all(e[1] == ("example.com/v1", "example.com/v2") for e in view[0].values())
         return None
 
     try:
