@@ -32,7 +32,6 @@ import bisect
 import collections
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeAlias
@@ -50,8 +49,6 @@ from projections.replay import cluster_log
 from projections.state import Changes, State
 from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
 from readapi.resources import Created, Row, View
-
-log = logging.getLogger(__name__)
 
 Point: TypeAlias = int | datetime
 ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
