@@ -47,8 +47,6 @@ from typing import Any, Final
 from consumers.partitions import PartitionFollower, PartitionLost
 from kube.client import ApiError, ClusterUnreachable, Kube
 from kube.upstream import (
-    IDENTITY_LABEL,
-    IDENTITY_VALUE,
     CustomResource,
     Entry,
     NotUpstream,
@@ -59,6 +57,7 @@ from kube.upstream import (
     reconcile,
 )
 from ledger.clock import Clock
+from ledger.identity import IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
@@ -66,14 +65,14 @@ from projections.snapshots import SnapshotSource
 log = logging.getLogger(__name__)
 
 GROUP_ID: Final = "svledger-collector"
-LEASES: Final = ("coordination.k8s.io", "v1", "leases", "kube-system")
+LEASES: Final = ("coordination.k8s.io", "v1", "leases", LEASE_NAMESPACE)
 STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "v1alpha1", "storageversions", None)
 CUSTOM_RESOURCES: Final = ("apiextensions.k8s.io", "v1", "customresourcedefinitions", None)
 CUSTOM_POLL_SECONDS: Final = 5.0  # each apiserver's discovery is asked this often
 MAX_BACKOFF_SECONDS: Final = 30.0
 GONE: Final = 410
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
-_IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_VALUE}"
+_IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 
 
 class Discovery:

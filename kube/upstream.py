@@ -22,6 +22,11 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   when it had expired by its own ``renewTime + leaseDurationSeconds``, else
   ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
   gracefully, and again when it starts);
+* a Lease object without ``renewTime`` or ``leaseDurationSeconds`` is expired, as
+  upstream's lease GC (``isLeaseExpired``) holds it: not a member, and
+  ``ApiserverLeaseExpired`` if the ledger holds its apiserver's lease. One without
+  ``holderIdentity`` is a member like any other (neither upstream's lease GC nor its
+  StorageVersion GC looks at the holder); the ledger records its holder as ``""``;
 * a ``serverStorageVersions`` entry of a live apiserver that the ledger lacks or holds
   otherwise -> ``StorageVersionReported``, with versions as upstream writes them, in
   its order; always after that apiserver's heartbeat in the same batch, so membership
@@ -67,13 +72,11 @@ from ledger.events import (
     StorageVersionReported,
 )
 from ledger.hashing import hash_of_stored
+from ledger.identity import HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
 from ledger.names import CORE_GROUP_ALIAS, group_resource_string, split_group_version
 from ledger.validation import InvalidReport, check_report
 from projections.state import State, lease_expired
 
-IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
-IDENTITY_VALUE: Final = "kube-apiserver"
-HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 SOURCE: Final = "svledger-collector"
 
 EntryKey: TypeAlias = tuple[str, str, str]  # apiserver ID, group, resource
@@ -90,10 +93,10 @@ class Lease:
     """An apiserver identity Lease (``coordination.k8s.io/v1``, ``kube-system``)."""
 
     apiserver_id: str  # the Lease's name
-    holder_identity: str
+    holder_identity: str  # "" when the object has none
     hostname: str
-    lease_duration_seconds: int
-    renew_time: datetime
+    lease_duration_seconds: int | None  # None: none, or not positive (expired, as upstream)
+    renew_time: datetime | None  # None: none (expired, as upstream)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,8 +107,8 @@ class Entry:
     group: str
     resource: str
     encoding_version: str
-    decodable_versions: tuple[str, ...]  # sorted: upstream's order carries no meaning
-    served_versions: tuple[str, ...]  # sorted: upstream lists them in map order
+    decodable_versions: tuple[str, ...]  # in the object's order (:func:`_listed`)
+    served_versions: tuple[str, ...]  # likewise
     storage_version_hash: str | None = None  # as the apiserver's discovery shows it
 
     @property
@@ -134,22 +137,33 @@ def parse_time(text: str) -> datetime:
 
 
 def parse_lease(obj: Mapping[str, Any]) -> Lease:
-    """The identity lease in a Lease object; :class:`NotUpstream` if it is none."""
+    """The identity lease in a Lease object; :class:`NotUpstream` if it is none.
+
+    Upstream's identity leases live in ``kube-system`` with the identity label; its
+    lease GC and StorageVersion GC ignore any other (an object without a namespace,
+    as a watch of ``kube-system`` may leave it, is taken to be there).
+    """
     metadata = obj.get("metadata") or {}
     labels = metadata.get("labels") or {}
     spec = obj.get("spec") or {}
     name = metadata.get("name", "")
-    if labels.get(IDENTITY_LABEL) != IDENTITY_VALUE:
+    namespace = metadata.get("namespace", LEASE_NAMESPACE)
+    if labels.get(IDENTITY_LABEL) != IDENTITY_NAME:
         raise NotUpstream(f"lease {name!r} is not a kube-apiserver identity lease")
-    holder = spec.get("holderIdentity")
+    if namespace != LEASE_NAMESPACE:
+        raise NotUpstream(
+            f"lease {name!r} is in namespace {namespace!r}; identity leases are in"
+            f" {LEASE_NAMESPACE!r}"
+        )
     renew = spec.get("renewTime")
     duration = spec.get("leaseDurationSeconds")
-    if not holder or not renew or not duration:
-        # Upstream's own lease GC deletes such leases; the ledger cannot fold them.
-        raise NotUpstream(
-            f"identity lease {name!r} lacks holderIdentity, renewTime or leaseDurationSeconds"
-        )
-    return Lease(name, holder, labels.get(HOSTNAME_LABEL, ""), int(duration), parse_time(renew))
+    return Lease(
+        name,
+        spec.get("holderIdentity") or "",
+        labels.get(HOSTNAME_LABEL, ""),
+        int(duration) if duration and int(duration) > 0 else None,
+        parse_time(renew) if renew else None,
+    )
 
 
 def parse_storage_version(obj: Mapping[str, Any]) -> dict[EntryKey, Entry]:
@@ -251,6 +265,8 @@ def reconcile(
         held = state.leases.get((cluster, apiserver_id))
         if held is None and lease_expired(lease.renew_time, lease.lease_duration_seconds, now):
             continue  # gone, though upstream's lease GC has not deleted the object yet
+        if lease.renew_time is None or lease.lease_duration_seconds is None:
+            continue  # expired whatever the time, as upstream's lease GC sees it: ended below
         live.add(apiserver_id)
         if held is not None and held.holder_identity == lease.holder_identity:
             step = min(renewal_interval, timedelta(seconds=held.lease_duration_seconds / 2))
@@ -270,7 +286,11 @@ def reconcile(
         if lease_cluster != cluster or apiserver_id in live:
             continue
         ended: Event
-        if lease_expired(held.renew_time, held.lease_duration_seconds, now):
+        # A lease the cluster still has but that is not live has no renew time or
+        # duration: expired, by upstream's rule, whatever the ledger's renew time says.
+        if apiserver_id in snapshot.leases or lease_expired(
+            held.renew_time, held.lease_duration_seconds, now
+        ):
             ended = ApiserverLeaseExpired(
                 Meta.new(cluster, SOURCE, now),
                 apiserver_id,

@@ -33,10 +33,13 @@ _UINT16_MAX: Final = 0xFFFF
 
 
 def apiserver_id(hostname: str) -> str:
-    """The stable ID of the API server running on ``hostname``."""
+    """The stable ID of the API server running on ``hostname``.
+
+    As upstream, any hostname has one, the empty one too (upstream hashes whatever its
+    hostname function returns); a caller that takes a hostname from a user refuses an
+    empty one itself (:func:`check_hostname`).
+    """
     encoded = hostname.encode()
-    if not encoded:
-        raise ValueError("the hostname is empty; give the host the API server runs on")
     if len(encoded) > _UINT16_MAX:
         raise ValueError(
             f"hostname {hostname[:40]!r}... is {len(encoded)} bytes long; "
@@ -47,6 +50,12 @@ def apiserver_id(hostname: str) -> str:
     )
     digest = hashlib.sha256(data).digest()
     return "apiserver-" + base64.b32encode(digest[:16]).decode("ascii").rstrip("=").lower()
+
+
+def check_hostname(hostname: str) -> None:
+    """Refuse an empty hostname given by a user: it names no host."""
+    if not hostname:
+        raise ValueError("the hostname is empty; give the host the API server runs on")
 
 
 def holder_identity(apiserver_id: str, instance: uuid.UUID | None = None) -> str:

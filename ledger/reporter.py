@@ -55,7 +55,7 @@ from ledger.events import (
     StorageVersionWithdrawn,
 )
 from ledger.gate import GroupResource, WriteGate
-from ledger.identity import apiserver_id, holder_identity
+from ledger.identity import apiserver_id, check_hostname, holder_identity
 from ledger.kafka import BROKER_ERRORS, EventProducer
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
@@ -137,6 +137,7 @@ class Reporter:
     ) -> None:
         if not cluster:
             raise ValueError("cluster name must not be empty: it is the key of every event")
+        check_hostname(hostname)
         if heartbeat_interval <= 0 or jitter < 0:
             raise ValueError(
                 f"heartbeat_interval={heartbeat_interval} must be positive and "

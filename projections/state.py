@@ -90,12 +90,16 @@ class Lease:
         return (self.cluster, self.apiserver_id)
 
 
-def lease_expired(renew_time: datetime, duration_seconds: int, now: datetime) -> bool:
-    """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``.
+def lease_expired(renew_time: datetime | None, duration_seconds: int | None, now: datetime) -> bool:
+    """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``, or
+    without a renew time or a duration (a Lease object may lack either; the ledger's
+    leases never do).
 
     The one expiry rule: the lease GC expires such a lease, the collector neither
     admits it nor calls its disappearance a release.
     """
+    if renew_time is None or duration_seconds is None:
+        return True
     return renew_time + timedelta(seconds=duration_seconds) < now
 
 

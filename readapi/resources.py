@@ -45,6 +45,7 @@ from typing import Any, Final, TypeAlias
 from ledger.errors import UsageError
 from ledger.events import Position
 from ledger.hashing import hash_of_stored
+from ledger.identity import HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
 from ledger.names import group_resource_string, split_group_version
 from projections.state import (
     Lease,
@@ -58,10 +59,6 @@ from projections.state import (
 JSON: TypeAlias = dict[str, Any]
 Row: TypeAlias = Lease | StorageVersion | StorageState | Migration
 
-KUBE_SYSTEM: Final = "kube-system"
-IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
-IDENTITY_VALUE: Final = "kube-apiserver"
-HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 PHASE_LABEL: Final = "svledger.io/phase"
 RESOURCE_LABEL: Final = "svledger.io/resource"
 AGREED_LABEL: Final = "svledger.io/agreed"
@@ -183,7 +180,7 @@ class Kind:
             "creationTimestamp": kube_time(created.time) if created else None,
         }
         if self.namespaced:
-            metadata["namespace"] = KUBE_SYSTEM
+            metadata["namespace"] = LEASE_NAMESPACE
         if labels := self.labels(row):
             metadata["labels"] = labels
         if annotations := self.annotations(row):
@@ -325,9 +322,12 @@ STORAGE_VERSIONS: Final = Kind(
 
 
 def _lease_body(row: Lease, view: View) -> JSON:
+    # A lease the collector saw without a holder has "" in the ledger; upstream's
+    # object then has none (``holderIdentity`` is omitted when unset).
+    holder = {"holderIdentity": row.holder_identity} if row.holder_identity else {}
     return {
         "spec": {
-            "holderIdentity": row.holder_identity,
+            **holder,
             "leaseDurationSeconds": row.lease_duration_seconds,
             "renewTime": kube_micro_time(row.renew_time),
         }
@@ -344,7 +344,7 @@ LEASES: Final = Kind(
     rows=lambda state: state.leases,
     name=lambda row: row.apiserver_id,
     body=_lease_body,
-    labels=lambda row: {IDENTITY_LABEL: IDENTITY_VALUE, HOSTNAME_LABEL: row.hostname},
+    labels=lambda row: {IDENTITY_LABEL: IDENTITY_NAME, HOSTNAME_LABEL: row.hostname},
     annotations=lambda row: {},
     columns=(
         Column("Name", "string", "The API server's ID.", "name"),

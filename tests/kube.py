@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 from kube.client import Kube
-from kube.upstream import IDENTITY_LABEL, IDENTITY_VALUE, parse_lease, parse_storage_version
+from kube.upstream import parse_lease, parse_storage_version
+from ledger.identity import IDENTITY_LABEL, IDENTITY_NAME
 from ledger.names import resource_name
 from projections.state import State
 
@@ -80,7 +81,7 @@ async def upstream_views(kube: Kube) -> Views:
 async def upstream_leases(kube: Kube) -> Leases:
     listed = await kube.get(
         "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
-        f"?labelSelector={IDENTITY_LABEL}%3D{IDENTITY_VALUE}"
+        f"?labelSelector={IDENTITY_LABEL}%3D{IDENTITY_NAME}"
     )
     leases = [parse_lease(obj) for obj in listed["items"]]
     return {

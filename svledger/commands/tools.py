@@ -6,7 +6,7 @@ import argparse
 
 from ledger.errors import UsageError
 from ledger.hashing import storage_version_hash
-from ledger.identity import apiserver_id
+from ledger.identity import apiserver_id, check_hostname
 from svledger.options import (
     Subparsers,
     add_command,
@@ -55,6 +55,7 @@ def add_apiserver_id(subparsers: Subparsers) -> None:
 
 def _apiserver_id(args: argparse.Namespace) -> int:
     try:
+        check_hostname(args.hostname)
         print(apiserver_id(args.hostname))
     except ValueError as error:
         raise UsageError(str(error)) from error

@@ -6,11 +6,12 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.lease_gc import expired
-from kube.upstream import Snapshot, parse_lease, parse_storage_version, reconcile
+from kube.upstream import NotUpstream, Snapshot, parse_lease, parse_storage_version, reconcile
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
@@ -21,7 +22,7 @@ from ledger.events import (
 )
 from ledger.hashing import storage_version_hash
 from projections.fold import apply
-from projections.state import State
+from projections.state import State, lease_expired
 
 CLUSTER = "real"
 T0 = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
@@ -279,6 +280,60 @@ def test_a_deleted_lease_ends_as_released_or_expired_by_its_own_renew_time() -> 
     assert (expired.apiserver_id, expired.last_renew_time) == ("apiserver-b", T0)
     assert ledger.state.leases == {}
     assert (CLUSTER, "apps", "deployments") not in ledger.state.storage_versions
+
+
+def without(obj: dict[str, Any], *fields: str) -> dict[str, Any]:
+    """A Lease object whose spec lacks ``fields``."""
+    spec = {name: value for name, value in obj["spec"].items() if name not in fields}
+    return {**obj, "spec": spec}
+
+
+def test_a_lease_without_renew_time_or_duration_is_expired_as_upstreams_gc_holds_it() -> None:
+    # Upstream's isLeaseExpired (apiserverleasegc): no renewTime or no
+    # leaseDurationSeconds is expired, whatever the time.
+    assert lease_expired(None, 3600, T0) and lease_expired(T0, None, T0)
+    for missing in ("renewTime", "leaseDurationSeconds"):
+        ledger = Ledger()
+        ledger.collect(cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}), T0)
+        snapshot = cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS)
+        snapshot.leases["apiserver-b"] = parse_lease(
+            without(lease_object("apiserver-b", "b_1", T0), missing)
+        )
+        now = T0 + timedelta(seconds=5)  # the ledger's lease of b has not expired
+        events = ledger.collect(snapshot, now)
+        ended = [e for e in events if not isinstance(e, StorageVersionReported)]
+        assert [(type(e), e.apiserver_id) for e in ended] == [  # type: ignore[attr-defined]
+            (ApiserverLeaseExpired, "apiserver-b")
+        ], missing
+        assert set(ledger.state.leases) == {(CLUSTER, "apiserver-a")}
+        held = ledger.state.storage_versions[CLUSTER, "apps", "deployments"]
+        assert [e.apiserver_id for e in held.entries] == ["apiserver-a"]
+        # A ledger that never held it admits it no more than an expired one.
+        fresh = Ledger().collect(snapshot, now)
+        assert {e.apiserver_id for e in fresh} == {"apiserver-a"}  # type: ignore[attr-defined]
+
+
+def test_a_lease_without_holder_is_a_member_as_upstreams_gcs_hold_it() -> None:
+    # Neither upstream's lease GC nor its StorageVersion GC looks at the holder.
+    snapshot = cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS)
+    snapshot.leases["apiserver-b"] = parse_lease(
+        without(lease_object("apiserver-b", "b_1", T0), "holderIdentity")
+    )
+    ledger = Ledger()
+    ledger.collect(snapshot, T0)
+    assert ledger.state.leases[CLUSTER, "apiserver-b"].holder_identity == ""
+    held = ledger.state.storage_versions[CLUSTER, "apps", "deployments"]
+    assert [e.apiserver_id for e in held.entries] == ["apiserver-a", "apiserver-b"]
+    # Deleted before it expired: a release of that (empty) holder, which applies.
+    [released] = ledger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), T0)
+    assert isinstance(released, ApiserverLeaseReleased) and released.holder_identity == ""
+    assert set(ledger.state.leases) == {(CLUSTER, "apiserver-a")}
+
+
+def test_an_identity_lease_outside_kube_system_is_not_upstreams() -> None:
+    obj = lease_object("apiserver-a", "a_1", T0)
+    with pytest.raises(NotUpstream, match="namespace 'default'"):
+        parse_lease({**obj, "metadata": {**obj["metadata"], "namespace": "default"}})
 
 
 def test_an_expired_lease_left_behind_is_not_brought_back_after_the_lease_gc() -> None:

@@ -131,6 +131,10 @@ def test_a_lease_is_in_kube_system_with_upstreams_labels() -> None:
         "leaseDurationSeconds": 3600,
         "renewTime": "2026-11-02T10:00:00.000000Z",
     }
+    # Collected from an object without a holder: none shown, as upstream's object.
+    holderless = dataclasses.replace(lease, holder_identity="")
+    ((_, obj),) = LEASES.selected(view(State(leases={lease.key: holderless})))
+    assert "holderIdentity" not in obj["spec"]
 
 
 def migration(phase: str, reason: str | None = None) -> Migration:
