@@ -47,6 +47,7 @@ from ledger.events import Position
 from ledger.hashing import hash_of_stored
 from ledger.identity import HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
 from ledger.names import group_resource_string, split_group_version
+from ledger.validation import is_dns1123_subdomain
 from projections.state import (
     Lease,
     Migration,
@@ -589,6 +590,9 @@ def resource_list(group: str, version: str) -> JSON | None:
                 "namespaced": kind.namespaced,
                 "kind": kind.kind,
                 "verbs": _VERBS,
+                # As upstream's (and a CRD's) discovery: the hash of the version the
+                # kind is stored in, the one it is served in here.
+                "storageVersionHash": hash_of_stored(f"{kind.group}/{kind.version}", kind.kind),
             }
             for kind in kinds
         ],
@@ -682,7 +686,40 @@ def parse_label_selector(text: str) -> tuple[Requirement, ...]:
                 f"unable to parse requirement {part.strip()!r} of labelSelector {text!r}: "
                 "write key=value, key!=value, key in (a,b), key notin (a,b), key or !key",
             )
+        _check_label(requirements[-1], text)
     return tuple(requirements)
+
+
+_LABEL_NAME: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def _check_label(requirement: Requirement, text: str) -> None:
+    """Upstream's ``labels.Parse`` checks: a key is a qualified name (an optional DNS
+    subdomain prefix and ``/``, then a name of at most 63 characters), a value empty
+    or such a name."""
+    prefix, slash, name = requirement.key.rpartition("/")
+    if not (_is_label_name(name) and (not slash or is_dns1123_subdomain(prefix))):
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"invalid label key {requirement.key!r} in labelSelector {text!r}: a name of at"
+            " most 63 alphanumeric characters, '-', '_' or '.', starting and ending with an"
+            " alphanumeric one, with an optional DNS subdomain prefix and '/'"
+            " (e.g. 'app' or 'kubernetes.io/hostname')",
+        )
+    for value in requirement.values:
+        if value and not _is_label_name(value):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"invalid label value {value!r} in labelSelector {text!r}: at most 63"
+                " alphanumeric characters, '-', '_' or '.', starting and ending with an"
+                " alphanumeric one, or empty",
+            )
+
+
+def _is_label_name(name: str) -> bool:
+    return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
 
 
 def _split_selector(text: str) -> list[str]:
@@ -705,13 +742,18 @@ FIELDS: Final = ("metadata.name", "metadata.namespace")
 CUSTOM_GROUPS: Final = frozenset({"migration.k8s.io"})  # served by CRDs upstream
 
 
-def parse_field_selector(text: str, group: str = "") -> tuple[Requirement, ...]:
+def parse_field_selector(
+    text: str, group: str = "", namespaced: bool = True
+) -> tuple[Requirement, ...]:
     """A field selector on ``metadata.name`` or ``metadata.namespace`` (``=``, ``==``, ``!=``).
 
     Another field is refused in the words upstream uses for the kind's ``group``:
-    those of a custom resource's for the groups upstream serves by CRDs, else those
-    of ``DefaultMetaV1FieldSelectorConversion``.
+    those of a custom resource's for the groups upstream serves by CRDs (whose
+    cluster-scoped kinds have no ``metadata.namespace`` either), else those of
+    ``DefaultMetaV1FieldSelectorConversion``.
     """
+    custom = group in CUSTOM_GROUPS
+    known = FIELDS if namespaced or not custom else FIELDS[:1]
     requirements = []
     for part in _split_selector(text):
         match = _EQUALITY.match(part)
@@ -721,12 +763,12 @@ def parse_field_selector(text: str, group: str = "") -> tuple[Requirement, ...]:
                 "BadRequest",
                 f"invalid field selector {part.strip()!r}: write field=value or field!=value",
             )
-        if match[1] not in FIELDS:
+        if match[1] not in known:
             raise ApiError(
                 400,
                 "BadRequest",
                 f"field label not supported: {match[1]}"
-                if group in CUSTOM_GROUPS
+                if custom
                 else f'"{match[1]}" is not a known field selector: only '
                 f'"{FIELDS[0]}", "{FIELDS[1]}"',
             )

@@ -125,6 +125,7 @@ def app(
     application[_STOP] = stop or asyncio.Event()
     application[_TOKENS] = read_tokens(options.token_file) if options.token_file else frozenset()
     application[_BOOKMARKS] = options.bookmark_seconds
+    application.on_response_prepare.append(_no_cache)
     application.router.add_get("/healthz", _healthz)
     application.router.add_get("/readyz", _readyz)
     application.router.add_get("/clusters/{cluster}/timeline/{resource}", _timeline)
@@ -148,6 +149,12 @@ def app(
         application.router.add_get(namespaced + "/{name}", _member)
     application.router.add_route("*", "/{path:.*}", _not_found)
     return application
+
+
+async def _no_cache(request: web.Request, response: web.StreamResponse) -> None:
+    """Upstream's ``WithCacheControl``: every response is ``no-cache, private`` unless
+    its handler said otherwise (the views change with every event)."""
+    response.headers.setdefault("Cache-Control", "no-cache, private")
 
 
 async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) -> None:
@@ -276,9 +283,14 @@ async def _timeline(request: web.Request) -> web.StreamResponse:
 async def _version(request: web.Request) -> web.StreamResponse:
     from importlib.metadata import version
 
-    return web.json_response(
+    return _json(
         {"major": "", "minor": "", "gitVersion": f"v{version('svledger')}", "platform": "svledger"}
     )
+
+
+def _json(body: JSON) -> web.Response:
+    """A JSON response typed ``application/json`` as upstream's (no charset parameter)."""
+    return web.Response(body=json.dumps(body).encode(), content_type="application/json")
 
 
 def _aggregated_version(request: web.Request) -> str | None:
@@ -295,7 +307,7 @@ def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Respons
     _cluster_view_check(request)
     version = _aggregated_version(request)
     if version is None:
-        return web.json_response(legacy)
+        return _json(legacy)
     body = resources.aggregated_discovery(DISCOVERY_TYPES[version], core=core)
     content_type = f"application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList"
     return web.Response(
@@ -313,7 +325,7 @@ async def _apis(request: web.Request) -> web.StreamResponse:
 
 async def _core(request: web.Request) -> web.StreamResponse:
     _cluster_view_check(request)
-    return web.json_response(resources.core_resources())
+    return _json(resources.core_resources())
 
 
 async def _group(request: web.Request) -> web.StreamResponse:
@@ -323,7 +335,7 @@ async def _group(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             404, "NotFound", f"the server could not find the requested resource: {request.path}"
         )
-    return web.json_response(resources.group_of(group))
+    return _json(resources.group_of(group))
 
 
 async def _group_version(request: web.Request) -> web.StreamResponse:
@@ -333,7 +345,7 @@ async def _group_version(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             404, "NotFound", f"the server could not find the requested resource: {request.path}"
         )
-    return web.json_response(found)
+    return _json(found)
 
 
 def _cluster_view_check(request: web.Request) -> None:
@@ -403,7 +415,9 @@ def _selection(request: web.Request, kind: Kind) -> Selection:
     return Selection(
         namespace=request.match_info.get("namespace"),
         labels=resources.parse_label_selector(query.get("labelSelector", "")),
-        fields=resources.parse_field_selector(query.get("fieldSelector", ""), kind.group),
+        fields=resources.parse_field_selector(
+            query.get("fieldSelector", ""), kind.group, kind.namespaced
+        ),
     )
 
 
@@ -416,13 +430,28 @@ def _int_parameter(request: web.Request, name: str) -> int | None:
     return int(text)
 
 
+def _flag(request: web.Request, name: str) -> bool | None:
+    """A boolean query parameter as upstream decodes one (``Convert_Slice_string_To_bool``):
+    absent is None; ``0`` and ``false`` (any case) are false; anything else, ``True`` as
+    Python clients send it or an empty value, is true."""
+    value = request.query.get(name)
+    if value is None:
+        return None
+    return not (value == "0" or value.lower() == "false")
+
+
 def _watching(request: web.Request) -> bool:
-    """``watch=true``, or a path of upstream's deprecated ``/watch/`` form."""
-    return "watch" in request.match_info or request.query.get("watch") in ("true", "1")
+    """``watch`` set, or a path of upstream's deprecated ``/watch/`` form."""
+    return "watch" in request.match_info or bool(_flag(request, "watch"))
 
 
 async def _member(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
+    if kind.namespaced and "namespace" not in request.match_info:
+        # Upstream registers a namespaced kind's objects under their namespace only.
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource: {request.path}"
+        )
     output = _output(request)
     name = request.match_info["name"]
     if _watching(request):
@@ -511,8 +540,10 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
     initial = "sendInitialEvents" in query
     causes: list[tuple[str, str, str]] = []  # (field, reason, message)
 
+    # Each message as upstream's field.Error.ErrorBody writes it: "Forbidden: ..." and
+    # 'Unsupported value: "x": supported values: ...'.
     def forbid(message: str, field: str = "resourceVersionMatch") -> None:
-        causes.append((field, "Forbidden", message))
+        causes.append((field, "Forbidden", f"Forbidden: {message}"))
 
     def unsupported(*supported: str) -> None:
         listed = ", ".join(f'"{value}"' for value in supported)
@@ -545,7 +576,7 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
             forbid("sendInitialEvents is forbidden for list", "sendInitialEvents")
     if not causes:
         return
-    described = [f"{field}: {reason}: {message}" for field, reason, message in causes]
+    described = [f"{field}: {message}" for field, _, message in causes]
     shown = described[0] if len(described) == 1 else "[" + ", ".join(described) + "]"
     raise ApiError(
         422,
@@ -555,7 +586,7 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
             "group": "meta.k8s.io",
             "kind": "ListOptions",
             "causes": [
-                {"reason": f"FieldValue{reason}", "message": f"{reason}: {message}", "field": field}
+                {"reason": f"FieldValue{reason}", "message": message, "field": field}
                 for field, reason, message in causes
             ],
         },
@@ -669,19 +700,17 @@ async def _watch(
     if text and not text.isdigit():
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     start = int(text) if text not in ("", "0") else None
-    initial = request.query.get("sendInitialEvents")
-    if initial is not None and initial not in ("true", "false", "1", "0"):
-        raise ApiError(400, "BadRequest", f"sendInitialEvents={initial!r} is not true or false")
+    initial = _flag(request, "sendInitialEvents")
     # Upstream: without sendInitialEvents, initial events only when no resourceVersion
     # (or "0") is given; with it, exactly as it says.
-    send_initial = start is None if initial is None else initial in ("true", "1")
+    send_initial = start is None if initial is None else initial
     if start is not None and send_initial:
         await _fresh(request, start)  # the initial state is not older than ``start``
     # Upstream: none or 0 is between one and two minimum request timeouts.
     timeout = _int_parameter(request, "timeoutSeconds") or WATCH_TIMEOUT_SECONDS * (
         1.0 + random.random()
     )
-    bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
+    bookmarks = bool(_flag(request, "allowWatchBookmarks"))
     include = _include_object(request) if output.convert == "Table" else "Object"
 
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -694,8 +723,13 @@ async def _watch(
             view = fold.view(time=_now())
             for row, _ in kind.selected(view, selection):
                 await stream.send("ADDED", row, view)
-            cursor = fold.offset
-            if initial is not None and bookmarks:
+            # The view's offset, not the fold's: the fold may have moved on while the
+            # events were sent, and what it folded meanwhile is sent next.
+            cursor = view.offset
+            # Upstream (WatchList on by default since 1.34) turns a watch from no
+            # resourceVersion (or "0") into a watch list, so it too ends its initial
+            # events with this bookmark when bookmarks are allowed.
+            if bookmarks:
                 await stream.bookmark(cursor, {INITIAL_EVENTS_END: "true"})
         else:
             cursor = fold.offset if start is None else start
@@ -705,9 +739,10 @@ async def _watch(
             if cursor < fold.horizon:
                 await stream.expired(cursor, fold.horizon)
                 break
-            if await stream.changes(fold, cursor):
+            sent, reached = await stream.changes(fold, cursor)
+            if sent:
                 quiet_since = loop.time()
-            cursor = max(cursor, fold.offset)  # a watch from ahead of the fold waits for it
+            cursor = max(cursor, reached)  # a watch from ahead of the fold waits for it
             if loop.time() >= deadline:
                 break
             if bookmarks and loop.time() - quiet_since >= request.app[_BOOKMARKS]:
@@ -739,8 +774,11 @@ class _WatchStream:
         self.include = include
         self.first = True
 
-    async def changes(self, fold: ClusterFold, cursor: int) -> bool:
-        """Send the fold's changes after ``cursor``; True if any was sent."""
+    async def changes(self, fold: ClusterFold, cursor: int) -> tuple[bool, int]:
+        """Send the fold's changes after ``cursor``; whether any was sent, and the offset
+        the fold had reached when they were taken (it may move on while they are sent:
+        what it folds meanwhile is for the next call)."""
+        reached = fold.offset
         pending: list[Change] = []
         for change in reversed(fold.changes):
             if change.offset <= cursor:
@@ -758,7 +796,7 @@ class _WatchStream:
                 created={(self.kind.kind, tuple(change.row.key[1:])): change.created},
             )
             sent |= await self._change(change, view)
-        return sent
+        return sent, reached
 
     async def _change(self, change: Change, view: View) -> bool:
         now = self.selection.matches(self.kind.object(change.row, view))

@@ -38,8 +38,9 @@ async def watch(
     parameter: bool = True,
     headers: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """A watch of ``path`` for a second; without ``parameter``, no ``watch=true``."""
-    watching = "watch=true&" if parameter else ""
+    """A watch of ``path`` for a second; without ``parameter``, or with ``watch=`` in
+    ``query``, no ``watch=true`` added."""
+    watching = "watch=true&" if parameter and "watch=" not in query else ""
     url = f"{path}?{watching}timeoutSeconds=1&{query}"
     async with client.get(url, headers=headers or {}) as response:
         assert response.status == 200, await response.text()

@@ -137,6 +137,25 @@ def test_a_lease_is_in_kube_system_with_upstreams_labels() -> None:
     assert "holderIdentity" not in obj["spec"]
 
 
+def test_discovery_gives_each_kind_upstreams_storage_version_hash() -> None:
+    hashes = {
+        entry["name"]: entry["storageVersionHash"]
+        for group, version in (
+            ("coordination.k8s.io", "v1"),
+            ("internal.apiserver.k8s.io", "v1alpha1"),
+            ("migration.k8s.io", "v1alpha1"),
+        )
+        for entry in (resources.resource_list(group, version) or {})["resources"]
+    }
+    # As a v1.37 kube-apiserver's discovery shows them (computed by its code).
+    assert hashes == {
+        "leases": "gqkMMb/YqFM=",
+        "storageversions": "c8YZt5U0nPk=",
+        "storagestates": "7abAo0yHdNM=",
+        "storageversionmigrations": "X3bkZSayqxI=",
+    }
+
+
 def migration(phase: str, reason: str | None = None) -> Migration:
     return Migration(
         "c", "m-1", "apps", "deployments", "apps/v2", "h", "0:3", phase,  # type: ignore[arg-type]
@@ -254,7 +273,11 @@ def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: 
     assert all(r.matches(LABELS) for r in requirements) is matches
 
 
-@pytest.mark.parametrize("selector", ["a in (", "=x", "a b", "a in b"])
+@pytest.mark.parametrize(
+    "selector",
+    # The last ones parse, but name no label (upstream's apiserver_test: <invalid> is a 400).
+    ["a in (", "=x", "a b", "a in b", "<invalid>", "-app", "a/b/c", "app=-x", "x" * 64],
+)
 def test_a_malformed_selector_is_a_400_naming_it(selector: str) -> None:
     with pytest.raises(ApiError) as refused:
         resources.parse_label_selector(selector)
@@ -274,6 +297,10 @@ def test_field_selectors_know_name_and_namespace_only() -> None:
     assert str(builtin.value) == (
         '"spec.x" is not a known field selector: only "metadata.name", "metadata.namespace"'
     )
+    # A cluster-scoped custom resource has no namespace to select on.
+    with pytest.raises(ApiError, match=r"field label not supported: metadata\.namespace"):
+        resources.parse_field_selector("metadata.namespace=x", "migration.k8s.io", False)
+    assert resources.parse_field_selector("metadata.namespace=x", "migration.k8s.io", True)
 
 
 @given(st.integers(min_value=0), st.text())

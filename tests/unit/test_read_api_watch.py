@@ -114,6 +114,21 @@ async def test_send_initial_events_ends_with_the_annotated_bookmark(
     assert [e for e in none if e["type"] != "BOOKMARK"] == []
 
 
+async def test_a_plain_watch_ends_its_initial_events_with_the_bookmark_too(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # Upstream (WatchList on by default) turns a watch from no resourceVersion into a
+    # watch list. Python clients send booleans as "True": any value but 0 and false is true.
+    client, views = served
+    live = views.clusters["cluster-000"]
+    events = await watch(client, STORAGE_VERSIONS, "watch=True&allowWatchBookmarks=True")
+    initial = [e for e in events if e["type"] == "ADDED"]
+    assert len(initial) == len(live.state.storage_versions)
+    end = events[len(initial)]
+    assert end["type"] == "BOOKMARK"
+    assert end["object"]["metadata"]["annotations"] == {INITIAL_EVENTS_END: "true"}
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
@@ -138,6 +153,54 @@ async def test_list_options_upstream_refuses_are_invalid(
     )
     assert status["message"].startswith('ListOptions.meta.k8s.io "" is invalid: ')
     assert message in status["message"]
+
+
+async def test_an_invalid_list_option_reads_as_upstreams_field_errors(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    async with client.get(f"{LEASES}?resourceVersion=1&resourceVersionMatch=foo") as response:
+        status = await response.json()
+    unsupported = 'Unsupported value: "foo": supported values: "Exact", "NotOlderThan", ""'
+    assert status["message"] == (
+        f'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: {unsupported}'
+    )
+    assert status["details"]["causes"] == [
+        {
+            "reason": "FieldValueNotSupported",
+            "message": unsupported,
+            "field": "resourceVersionMatch",
+        }
+    ]
+    async with client.get(f"{LEASES}?resourceVersionMatch=Exact") as response:
+        [cause] = (await response.json())["details"]["causes"]
+    assert cause["message"] == (
+        "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"
+    )
+
+
+async def test_a_namespaced_object_is_found_under_its_namespace_only(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    [name, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    async with client.get(f"{LEASES}/{name}") as found:
+        assert found.status == 200
+    clusterwide = LEASES.replace("/namespaces/kube-system", "")
+    async with client.get(f"{clusterwide}/{name}") as response:
+        assert (response.status, (await response.json())["reason"]) == (404, "NotFound")
+    async with client.get(clusterwide) as listed:  # a list across namespaces is served
+        assert listed.status == 200
+
+
+async def test_responses_are_not_cached_and_json_is_plain_application_json(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    for path in (LEASES, LEASES.split("/namespaces/")[0], f"{LEASES}/nothing-such"):
+        async with client.get(path) as response:
+            assert response.headers["Cache-Control"] == "no-cache, private", path
+            assert response.headers["Content-Type"] == "application/json", path
 
 
 async def test_a_continued_list_takes_no_resource_version(
