@@ -11,8 +11,8 @@ the fold would only reject later:
   the operator migrates to what they think). A request is refused while another
   migration of the resource is Pending or Running.
 * :func:`reset_storage_state` sets the persisted hashes back to ``["Unknown"]``
-  (for example after restoring etcd from a backup), which lets the migration
-  trigger request a fresh migration.
+  (for example after restoring etcd from a backup); the fold cancels the resource's
+  Pending or Running migration with it, and the migration trigger requests a fresh one.
 
 The operator's name is the events' ``meta.source``. As with the migrator, the rules
 are pure functions of the folded log (:func:`decide_request`, :func:`decide_reset`,

@@ -28,13 +28,13 @@ stops the run within one object's rewrite.
 :func:`run_worker` is the shell. It follows the log with
 :class:`~consumers.partitions.PartitionFollower`: migrations belong to a cluster and
 a cluster to one partition, so the member that owns a partition runs its migrations,
-one at a time, oldest request first. ``svledger worker --cluster NAME`` runs one
-cluster's migrations only, through that cluster's API server, in a group of its own
-per cluster (``svledger-worker.NAME``); such a worker still follows and folds every
-partition, though it acts on one. Its
-events are appended through the partition's transactional producer: a worker that
-lost the partition (rebalance, or a zombie after a restart) is fenced at its next
-append and stops. After each terminal event the runner waits until the fold has read
+one at a time, a running one first, then the oldest request. ``svledger worker
+--cluster NAME`` runs one cluster's migrations only, through that cluster's API
+server, in a group of its own per cluster (``svledger-worker.NAME``); such a worker
+still follows and folds every partition, though it acts on one. Its events are
+appended through the partition's transactional producer: a worker that lost the
+partition (rebalance, or a zombie after a restart) is fenced at its next append and
+stops. After each terminal event the runner waits until the fold has read
 it back before picking the next migration, and a cancellation appended by the
 migrator reaches the runner through the same fold.
 
@@ -218,9 +218,10 @@ def _shown(ref: ObjectRef) -> str:
 def next_migrations(
     state: State, cluster: str | None = None, *, current_only: bool = True
 ) -> list[Migration]:
-    """The Pending or Running migrations of the partition's clusters (or of ``cluster``),
-    oldest request first; with ``current_only``, not those that are stale already
-    (:func:`projections.fold.stale_reason`)."""
+    """The Pending or Running migrations of the partition's clusters (or of ``cluster``):
+    the Running ones first (a worker stopped while running them), as upstream's migrator
+    takes running migrations before pending ones, then oldest request first; with
+    ``current_only``, not those that are stale already (:func:`projections.fold.stale_reason`)."""
     active = [
         m
         for m in state.migrations.values()
@@ -228,7 +229,7 @@ def next_migrations(
         and (cluster is None or m.cluster == cluster)
         and not (current_only and stale_reason(state, m) is not None)
     ]
-    return sorted(active, key=lambda m: (m.requested_at, m.migration_id))
+    return sorted(active, key=lambda m: (m.phase != "Running", m.requested_at, m.migration_id))
 
 
 def migration_cancelled(state: State, key: MigrationKey, *, current_only: bool = True) -> bool:
@@ -252,8 +253,9 @@ def resumed(state: State, migration: Migration) -> Migration:
     apiserver has encoded the resource in another version since attempt n-1 was
     requested and nobody reset the StorageState, so every object attempt n-1 rewrote
     is still stored in the target version: a Pending attempt n starts from the
-    continue token and count attempt n-1 failed at, as upstream's migrator resumes a
-    migration from its ``continueToken``. Anything else starts from the beginning.
+    continue token and count attempt n-1 failed at (DESIGN.md asks for it; upstream's
+    migrator resumes a migration from its ``continueToken`` only when it restarts while
+    running it, and requests a failed one anew). Anything else starts from the beginning.
     """
     storage_state = state.storage_states.get(migration.resource_key)
     if migration.phase != "Pending" or migration.continue_token or storage_state is None:
@@ -344,10 +346,11 @@ async def run_worker(
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
-    ``concurrency`` migrations at once, oldest request first (never two of one resource:
-    a resource has at most one active migration). One suits the rewriting executor,
-    which shares the apiserver's capacity; the in-tree executor hands the work to
-    kube-controller-manager, which runs migrations of different resources side by side.
+    ``concurrency`` migrations at once, running ones first, then the oldest requests
+    (never two of one resource: a resource has at most one active migration). One
+    suits the rewriting executor, which shares the apiserver's capacity; the in-tree
+    executor hands the work to kube-controller-manager, which runs migrations of
+    different resources side by side.
 
     With ``cluster``, only that cluster's migrations: an executor that reaches one
     cluster's apiserver must not run another's. Workers of different clusters then

@@ -25,7 +25,7 @@ reporter turns that into an error at the caller, with nothing half-sent.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from ledger.errors import UsageError
@@ -40,13 +40,21 @@ SUBDOMAIN_MAX: Final = 253
 
 
 class InvalidReport(UsageError):
-    """A report field breaks a rule; names the field, the value and the rule."""
+    """A report field breaks a rule; names the field, the value and the rule.
 
-    def __init__(self, field: str, value: object, rule: str) -> None:
-        super().__init__(f"invalid {field} {value!r}: {rule}")
+    ``more``: the other rules the same report breaks, as upstream's validation lists
+    every error it finds; the message names them all.
+    """
+
+    def __init__(
+        self, field: str, value: object, rule: str, *, more: Sequence[InvalidReport] = ()
+    ) -> None:
+        message = f"invalid {field} {value!r}: {rule}"
+        super().__init__("; ".join([message, *map(str, more)]))
         self.field = field
         self.value = value
         self.rule = rule
+        self.more = tuple(more)
 
 
 def is_dns1123_label(name: str) -> bool:
@@ -131,31 +139,45 @@ def check_report(
     served_versions: Sequence[str],
     apiserver_id: str | None = None,
 ) -> None:
-    """Raise :class:`InvalidReport` for the first rule the report breaks."""
+    """Raise :class:`InvalidReport` naming every rule the report breaks, in the order
+    upstream's ``validateServerStorageVersion`` checks them (the first one's field,
+    value and rule are the error's own)."""
+    problems: list[InvalidReport] = []
+
+    def check(rule: Callable[..., None], *arguments: str) -> None:
+        try:
+            rule(*arguments)
+        except InvalidReport as problem:
+            problems.append(problem)
+
     if apiserver_id is not None:
-        check_apiserver_id(apiserver_id)
-    check_group(group)
-    check_resource(resource)
-    check_kind(kind)
-    check_version("encoding_version", encoding_version)
-    if not decodable_versions:
-        raise InvalidReport("decodable_versions", list(decodable_versions), "must not be empty")
+        check(check_apiserver_id, apiserver_id)
+    check(check_group, group)
+    check(check_resource, resource)
+    check(check_kind, kind)
+    check(check_version, "encoding_version", encoding_version)
     for version in decodable_versions:
-        check_version("decodable_versions", version)
-    for version in served_versions:
-        check_version("served_versions", version)
+        check(check_version, "decodable_versions", version)
     if encoding_version not in decodable_versions:
-        raise InvalidReport(
-            "encoding_version",
-            encoding_version,
-            f"must be one of decodable_versions {list(decodable_versions)}: "
-            "a server cannot write a version it cannot read back",
+        problems.append(
+            InvalidReport(
+                "decodable_versions",
+                list(decodable_versions),
+                f"must include encoding_version {encoding_version!r}: a server cannot"
+                " write a version it cannot read back",
+            )
         )
     for version in served_versions:
+        check(check_version, "served_versions", version)
         if version not in decodable_versions:
-            raise InvalidReport(
-                "served_versions",
-                version,
-                f"must be one of decodable_versions {list(decodable_versions)}: "
-                "a server cannot serve a version it cannot decode",
+            problems.append(
+                InvalidReport(
+                    "served_versions",
+                    version,
+                    f"must be one of decodable_versions {list(decodable_versions)}: "
+                    "a server cannot serve a version it cannot decode",
+                )
             )
+    if problems:
+        first, *more = problems
+        raise InvalidReport(first.field, first.value, first.rule, more=more)

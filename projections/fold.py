@@ -51,6 +51,14 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   one. The fold's memory then grows with the resources, not with the log. A
   migration that Failed stays: the migrator's back-off counts its attempts, and the
   worker's next attempt resumes at its continue token (:func:`consumers.worker.resumed`).
+* A StorageStateReset also cancels the resource's Pending and Running migrations
+  (reason ``StorageStateReset``), as upstream's trigger deletes a resource's
+  migrations when it finds its StorageState stale and starts afresh. Objects may be
+  stored in any version again (a restored backup), so work requested before the reset
+  proves nothing, and its success must not set the persisted hashes back to the
+  target; the migrator then requests a migration on the reset state. The fold, not
+  the migrator, cancels them: the reset and its consequence are one event, so no
+  success can come between them.
 * Migration phases move Pending -> Running -> Succeeded, with Failed from Pending or
   Running, Cancelled from Pending, Running or Failed, and Started again from Failed
   (resuming from the last continue token). Any other step is rejected, so a worker's
@@ -116,6 +124,8 @@ _STEPS: Final[dict[type[MigrationStatusEvent], tuple[frozenset[Phase], Phase]]] 
     MigrationFailed: (frozenset({"Pending", "Running"}), "Failed"),
     MigrationCancelled: (frozenset({"Pending", "Running", "Failed"}), "Cancelled"),
 }
+
+REASON_RESET: Final = "StorageStateReset"  # a migration cancelled by a reset
 
 _Key = TypeVar("_Key")
 _Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration)
@@ -448,6 +458,19 @@ def _reset(state: State, event: StorageStateReset, revision: str, changes: Chang
         storage_state, persisted_storage_version_hashes=(UNKNOWN_HASH,), revision=revision
     )
     _store(state.storage_states, key, reset, changes.storage_states)
+    name = resource_name(event.group, event.resource)
+    for migration_key in sorted(state.active_migrations_by_resource.get(key, ())):
+        cancelled = dataclasses.replace(
+            state.migrations[migration_key],
+            phase="Cancelled",
+            reason=REASON_RESET,
+            message=f"the StorageState of {name!r} was reset ({event.reason}): objects may be"
+            " stored in any version again, so this migration no longer proves where they"
+            " are; a new one is requested",
+            updated_at=event.meta.occurred_at,
+            revision=revision,
+        )
+        _store_migration(state, cancelled, changes)
 
 
 def _migration_requested(
@@ -508,25 +531,20 @@ def _migration_step(
             f" applies only to a migration that is {' or '.join(sorted(sources))}",
         )
         return
+    # Every step says how far the migration is: a resumed attempt starts at its
+    # predecessor's count and continue token, and fails or is cancelled where it was.
     fields: dict[str, Any] = {
         "phase": phase,
+        "objects_migrated": event.objects_migrated,
+        "continue_token": event.continue_token,
         "updated_at": event.meta.occurred_at,
         "revision": revision,
     }
     match event:
         case MigrationStarted() | MigrationFailed() | MigrationCancelled():
             fields.update(reason=event.reason, message=event.message)
-        case MigrationProgressed():
-            fields.update(
-                objects_migrated=event.objects_migrated, continue_token=event.continue_token
-            )
         case MigrationSucceeded():
-            fields.update(
-                objects_migrated=event.objects_migrated,
-                continue_token=None,
-                reason=event.reason,
-                message=event.message,
-            )
+            fields.update(continue_token=None, reason=event.reason, message=event.message)
             _refine_persisted_hashes(state, migration, event, revision, changes)
     moved = dataclasses.replace(migration, **fields)  # one copy: it is the costly part
     _store_migration(state, moved, changes)

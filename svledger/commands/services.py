@@ -147,9 +147,10 @@ def add_worker(subparsers: Subparsers) -> None:
         help="run the requested storage migrations against a Kubernetes API server",
         description=(
             "The migration worker: follow the log and run each requested migration of\n"
-            "--cluster, oldest first, through that cluster's API server (addressed as kubectl\n"
-            "does: --kubeconfig, KUBECONFIG or ~/.kube/config with --context, else the pod's\n"
-            "service account). Reports MigrationStarted/Progressed/Succeeded/Failed.\n"
+            "--cluster, running ones first, then the oldest, through that cluster's API server\n"
+            "(addressed as kubectl does: --kubeconfig, KUBECONFIG or ~/.kube/config with\n"
+            "--context, else the pod's service account). Reports\n"
+            "MigrationStarted/Progressed/Succeeded/Failed.\n"
             "\n"
             "--executor rewrite (default): list the resource in chunks with continue tokens\n"
             "and write every object back unchanged, so the API server stores it in its\n"

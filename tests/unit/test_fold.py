@@ -655,15 +655,33 @@ def test_a_failed_migration_resumes_from_its_continue_token() -> None:
     log.request("m1", "v2", log.storage_version().revision)
     log.step(MigrationStarted, "m1")
     log.step(MigrationProgressed, "m1", objects_migrated=500, continue_token="c1")
-    log.step(MigrationFailed, "m1", reason="Timeout")
+    # As the worker sends them: each step with how far the migration is.
+    log.step(MigrationFailed, "m1", objects_migrated=500, continue_token="c1", reason="Timeout")
     assert active_migrations(log.state, ("east", "", "pods")) == []
     assert log.migration("m1").continue_token == "c1"
 
-    log.step(MigrationStarted, "m1")
+    log.step(MigrationStarted, "m1", objects_migrated=500, continue_token="c1")
 
     assert (log.migration("m1").phase, log.migration("m1").reason) == ("Running", None)
     assert log.migration("m1").continue_token == "c1"
     assert active_migrations(log.state, ("east", "", "pods")) == [log.migration("m1")]
+
+
+def test_a_resumed_attempt_shows_where_it_started_and_where_it_failed() -> None:
+    # Attempt 1 starts where attempt 0 failed and fails before its first chunk is
+    # done: its view says so, for the attempt after it to resume from.
+    log = agreed_on("v2")
+    log.request("attempt-1", "v2", log.storage_version().revision)
+    log.step(MigrationStarted, "attempt-1", objects_migrated=500, continue_token="c1")
+    assert (
+        log.migration("attempt-1").objects_migrated,
+        log.migration("attempt-1").continue_token,
+    ) == (500, "c1")
+    log.step(
+        MigrationFailed, "attempt-1", objects_migrated=500, continue_token="c1", reason="Timeout"
+    )
+    failed = log.migration("attempt-1")
+    assert (failed.phase, failed.objects_migrated, failed.continue_token) == ("Failed", 500, "c1")
 
 
 def test_steps_of_unknown_migrations_and_reused_ids_are_rejected() -> None:

@@ -16,6 +16,7 @@ from ledger.events import (
     Meta,
     MigrationCancelled,
     MigrationFailed,
+    MigrationProgressed,
     MigrationRequested,
     MigrationStarted,
     MigrationSucceeded,
@@ -23,7 +24,7 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
 )
-from projections.fold import active_migrations, apply
+from projections.fold import REASON_RESET, active_migrations, apply
 from projections.state import ResourceKey, State
 from tests.histories import histories
 
@@ -155,6 +156,30 @@ def test_no_request_when_persisted_is_already_the_common_version() -> None:
     # A reset says nothing is known about what is stored: migrate again.
     decided = ledger.react(StorageStateReset(ledger.meta("ops"), "", "pods", "etcd restored"))
     assert kinds(decided) == ["MigrationRequested"]
+
+
+def test_a_reset_under_a_running_migration_cancels_it_and_a_new_one_is_requested() -> None:
+    # Upstream's trigger deletes a stale StorageState's migrations and launches anew.
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    ledger.append(MigrationProgressed(ledger.meta("worker"), first.migration_id, 500, "c1"))
+
+    reset = StorageStateReset(ledger.meta("ops"), "", "pods", "etcd restored")
+    ledger.append(reset)
+
+    cancelled = ledger.state.migrations[CLUSTER, first.migration_id]
+    assert (cancelled.phase, cancelled.reason) == ("Cancelled", REASON_RESET)
+    assert (cancelled.objects_migrated, cancelled.continue_token) == (500, "c1")
+    decided = decide(ledger.state, PODS, reset.meta)
+    for output in decided:
+        ledger.append(output)
+    assert kinds(decided) == ["MigrationRequested"]
+    assert decided[0].migration_id != first.migration_id  # type: ignore[union-attr]
+    assert ledger.active() == [("v1", "Pending")]
+    # The old migration's late success is refused: it cannot undo the reset.
+    ledger.append(MigrationSucceeded(ledger.meta("worker"), first.migration_id, 1000))
+    assert ledger.state.storage_states[PODS].persisted_storage_version_hashes == ("Unknown",)
 
 
 def test_a_forced_migration_the_storage_version_moved_under_is_cancelled() -> None:

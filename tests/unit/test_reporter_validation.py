@@ -113,11 +113,28 @@ def test_core_group_must_be_written_empty() -> None:
 
 @given(versions.filter(lambda v: v not in ("v1", "v1beta1")))
 def test_encoding_version_must_be_decodable(version: str) -> None:
+    # Upstream blames the list: "decodableVersions must include encodingVersion".
     with pytest.raises(InvalidReport) as raised:
         _report(encoding_version=version)
-    assert raised.value.field == "encoding_version"
-    assert raised.value.value == version
-    assert "decodable_versions" in raised.value.rule
+    assert raised.value.field == "decodable_versions"
+    assert raised.value.value == ["v1", "v1beta1"]
+    assert f"must include encoding_version {version!r}" in raised.value.rule
+
+
+def test_every_rule_a_report_breaks_is_named_as_upstreams_validation_lists_them() -> None:
+    # A row of upstream's TestValidateServerStorageVersion: its error is the served one.
+    with pytest.raises(InvalidReport) as raised:
+        _report(
+            encoding_version="mygroup.com/v2",
+            decodable_versions=("mygroup.com/v2", "/v3"),
+            served_versions=("mygroup.com/",),
+        )
+    assert (raised.value.field, raised.value.value) == ("decodable_versions", "/v3")
+    assert [(more.field, more.value) for more in raised.value.more] == [
+        ("served_versions", "mygroup.com/"),
+        ("served_versions", "mygroup.com/"),  # malformed, and not decodable
+    ]
+    assert "invalid served_versions 'mygroup.com/'" in str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -267,7 +267,7 @@ async def test_a_cancelled_migration_stops_between_objects() -> None:
     )
 
 
-def test_next_migration_is_the_oldest_active_one_of_the_cluster_asked_for() -> None:
+def test_next_migration_is_a_running_one_then_the_oldest_of_the_cluster_asked_for() -> None:
     def at(cluster: str, mid: str, minutes: int, phase: Phase = "Pending") -> Migration:
         return dataclasses.replace(
             migration(phase),
@@ -284,8 +284,12 @@ def test_next_migration_is_the_oldest_active_one_of_the_cluster_asked_for() -> N
     ]
     state = State(migrations={m.key: m for m in rows})
     # No StorageVersions in this state, so every one is stale: order alone is tested here.
-    assert next_migration(state, current_only=False) == rows[1]
+    # A running one first, though requested later (upstream's migrator does the same).
+    assert next_migration(state, current_only=False) == rows[2]
+    assert next_migration(state, "west", current_only=False) == rows[1]
     assert next_migration(state, "east", current_only=False) == rows[2]
+    pending = State(migrations={m.key: m for m in rows if m.phase != "Running"})
+    assert next_migration(pending, current_only=False) == rows[1]
     assert next_migration(state, "north", current_only=False) is None
     assert next_migration(state) is None
 
@@ -393,6 +397,23 @@ async def test_the_next_attempt_of_a_failed_migration_resumes_at_its_continue_to
         ("MigrationProgressed", 6, "6"),
         ("MigrationSucceeded", 7, None),
     ]
+
+
+async def test_an_attempt_that_fails_before_its_first_chunk_hands_its_start_on() -> None:
+    # Attempt 1 resumes at object 3 and fails there at once: attempt 2 resumes at 3
+    # too, not at the beginning (the view of attempt 1 keeps where it started).
+    ledger, retry = failed_at_object_3()
+    target = FakeTarget(7, {3: [Forbidden("denied by webhook")]})
+    result = await run(target, resumed(ledger.state, retry), chunk_size=3)
+    assert result.steps() == [("MigrationStarted", 3, "3"), ("MigrationFailed", 3, "3")]
+    for event in result.events:
+        ledger.append(event)
+    later = Meta.new(PODS[0], "a1", ledger.meta("a1").occurred_at + timedelta(hours=2))
+    [request] = decide(ledger.state, PODS, later)
+    assert isinstance(request, MigrationRequested)
+    ledger.append(request)
+    again = resumed(ledger.state, ledger.state.migrations[PODS[0], request.migration_id])
+    assert (again.objects_migrated, again.continue_token) == (3, "3")
 
 
 def test_a_new_decision_after_a_failure_starts_from_the_beginning() -> None:
