@@ -82,10 +82,14 @@ class StorageMigrationExecutor:
         def meta() -> Meta:
             return Meta.new(migration.cluster, SOURCE, self.clock.now())
 
-        group_version = await self._served_version()
+        # Waiting for the cluster, here and below, ends with the migration: a cancelled
+        # one must not hold the worker's slot while its cluster is away.
+        group_version = await self._served_version(cancelled)
+        if group_version is None:
+            return
         path = f"/apis/{group_version}/storageversionmigrations"
         if migration.phase == "Pending":
-            if not await self._create(migration, group_version, name, append, meta):
+            if not await self._create(migration, group_version, name, append, meta, cancelled):
                 return
             await append([MigrationStarted(meta(), migration.migration_id)])
         while True:
@@ -115,10 +119,11 @@ class StorageMigrationExecutor:
                 return
             await self.clock.sleep(self.poll_seconds)
 
-    async def _served_version(self) -> str:
+    async def _served_version(self, cancelled: Callable[[], bool]) -> str | None:
         """The group version of StorageVersionMigration the cluster prefers (v1 from 1.37,
-        v1beta1 before, where it must be enabled), asked until the cluster answers."""
-        while True:
+        v1beta1 before, where it must be enabled), asked until the cluster answers; None
+        if the migration is cancelled meanwhile."""
+        while not cancelled():
             try:
                 group = await self.kube.get(f"/apis/{GROUP}")
                 version: str = group["preferredVersion"]["groupVersion"]
@@ -126,6 +131,7 @@ class StorageMigrationExecutor:
             except (ApiError, ClusterUnreachable) as error:
                 log.warning("%s is not served (%s); asking again", GROUP, error)
                 await self.clock.sleep(self.poll_seconds)
+        return None
 
     async def _create(
         self,
@@ -134,7 +140,12 @@ class StorageMigrationExecutor:
         name: str,
         append: Append,
         meta: Callable[[], Meta],
+        cancelled: Callable[[], bool],
     ) -> bool:
+        """Create the migration's object; False if the migration is over instead (it
+        failed to be created, or was cancelled while the cluster was away: an attempt
+        that reached the cluster unanswered may have created it, and the in-tree
+        migrator then rewrites the resource once more, which changes no object)."""
         path = f"/apis/{group_version}/storageversionmigrations"
         body = {
             "apiVersion": group_version,
@@ -151,6 +162,8 @@ class StorageMigrationExecutor:
             "spec": {"resource": {"group": migration.group, "resource": migration.resource}},
         }
         while True:
+            if cancelled():
+                return False
             try:
                 await self.kube.request("POST", path, body)
                 break
