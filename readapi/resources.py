@@ -862,7 +862,7 @@ def table(
             for column in kind.columns
         ]
         if with_columns
-        else [],
+        else None,  # upstream's NoHeaders: no definitions, encoded as null
         "rows": table_rows,
     }
 
@@ -911,10 +911,22 @@ def parse_continue(token: str) -> tuple[int, str]:
         ) from error
 
 
-def page(items: Sequence[JSON], after: str, limit: int | None) -> tuple[list[JSON], str | None]:
-    """Items after the name ``after``, at most ``limit``; and the last name if more remain."""
+def page(
+    items: Sequence[JSON],
+    after: str,
+    limit: int | None,
+    selected: Callable[[JSON], bool] = lambda obj: True,
+) -> tuple[list[JSON], str | None]:
+    """The ``selected`` of ``items`` after the name ``after``, at most ``limit``; and the
+    last one's name if any item, selected or not, remains after the one that filled the
+    page (as upstream's watch cache pages a list with a selector: the next page may be
+    empty)."""
     rest = [obj for obj in items if obj["metadata"]["name"] > after] if after else list(items)
-    if limit is None or len(rest) <= limit:
-        return rest, None
-    chosen = rest[:limit]
-    return chosen, str(chosen[-1]["metadata"]["name"])
+    chosen = []
+    for index, obj in enumerate(rest):
+        if selected(obj):
+            chosen.append(obj)
+        if limit is not None and len(chosen) >= limit:
+            more = index < len(rest) - 1
+            return chosen, str(chosen[-1]["metadata"]["name"]) if more else None
+    return chosen, None

@@ -493,9 +493,9 @@ async def _exact_resource_version(request: web.Request, limit: int | None = None
 
     ``resourceVersionMatch=Exact``, or, as upstream's legacy rule, a list with a
     ``limit`` and a resourceVersion but no match, is served at that offset. Otherwise
-    a resourceVersion is "not older than": served at the latest, once the fold has
-    reached it; a fold still behind after :data:`FRESHNESS_WAIT_SECONDS` answers
-    upstream's 504 "Too large resource version", which tells clients to retry.
+    a resourceVersion is "not older than": served at the latest. Either way only once
+    the fold has reached it; a fold still behind after :data:`FRESHNESS_WAIT_SECONDS`
+    answers upstream's 504 "Too large resource version", which tells clients to retry.
     """
     text = request.query.get("resourceVersion", "")
     if text in ("", "0"):
@@ -504,9 +504,9 @@ async def _exact_resource_version(request: web.Request, limit: int | None = None
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     value = int(text)
     match = request.query.get("resourceVersionMatch", "")
+    await _fresh(request, value)  # upstream waits for an exact snapshot too
     if match == "Exact" or (match == "" and limit):
         return value
-    await _fresh(request, value)
     return None
 
 
@@ -610,15 +610,17 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     else:
         resource_version = await _exact_resource_version(request, limit)
     view = await _view(request, resource_version)
-    matching = kind.selected(view, selection)
-    chosen, last = resources.page([obj for _, obj in matching], after, limit)
+    # Everything in the request's namespace, as upstream's list reads its key range; the
+    # selectors choose among them.
+    scope = kind.selected(view, Selection(namespace=selection.namespace))
+    chosen, last = resources.page([obj for _, obj in scope], after, limit, selection.matches)
     names = {obj["metadata"]["name"] for obj in chosen}
     next_token = resources.continue_token(view.offset, last) if last else ""
     remaining = None
     if last and not selection.labels and not selection.fields:
-        remaining = sum(1 for _, obj in matching if obj["metadata"]["name"] > last)
+        remaining = sum(1 for _, obj in scope if obj["metadata"]["name"] > last)
     if output.convert == "Table":
-        pairs = [(row, obj) for row, obj in matching if obj["metadata"]["name"] in names]
+        pairs = [(row, obj) for row, obj in scope if obj["metadata"]["name"] in names]
         body = resources.table(
             kind,
             pairs,
@@ -704,8 +706,12 @@ async def _watch(
     # Upstream: without sendInitialEvents, initial events only when no resourceVersion
     # (or "0") is given; with it, exactly as it says.
     send_initial = start is None if initial is None else initial
+    behind: ApiError | None = None
     if start is not None and send_initial:
-        await _fresh(request, start)  # the initial state is not older than ``start``
+        try:
+            await _fresh(request, start)  # the initial state is not older than ``start``
+        except ApiError as error:
+            behind = error  # upstream's watch cache says so inside the stream
     # Upstream: none or 0 is between one and two minimum request timeouts.
     timeout = _int_parameter(request, "timeoutSeconds") or WATCH_TIMEOUT_SECONDS * (
         1.0 + random.random()
@@ -719,6 +725,9 @@ async def _watch(
     deadline = asyncio.get_running_loop().time() + timeout
     stop = request.app[_STOP]
     with contextlib.suppress(ConnectionResetError):
+        if behind is not None:
+            await stream.error(behind)
+            return response
         if send_initial:
             view = fold.view(time=_now())
             for row, _ in kind.selected(view, selection):
@@ -831,6 +840,8 @@ class _WatchStream:
                 include_object=self.include,
                 with_columns=self.first,
             )
+            # Each event's Table carries its object's resourceVersion, as upstream's.
+            body["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
             self.first = False
         elif self.output.convert == "PartialObjectMetadata":
             body = resources.partial_metadata(obj, self.output.api_version)
@@ -855,7 +866,12 @@ class _WatchStream:
     async def expired(self, cursor: int, horizon: int) -> None:
         # As upstream's watch cache: the oldest resourceVersion still accepted.
         message = f"too old resource version: {cursor} ({horizon})"
-        await self._write({"type": "ERROR", "object": resources.status(410, "Expired", message)})
+        await self.error(ApiError(410, "Expired", message))
+
+    async def error(self, error: ApiError) -> None:
+        """An ERROR event carrying ``error``'s Status; upstream's watch then ends."""
+        status = resources.status(error.code, error.reason, str(error), error.details)
+        await self._write({"type": "ERROR", "object": status})
 
     async def _write(self, event: JSON) -> None:
         await self.response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")

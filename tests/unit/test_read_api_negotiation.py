@@ -210,9 +210,20 @@ async def test_a_table_watch_in_v1beta1_has_columns_first_and_v1beta1_rows(
     assert len(events) > 1
     tables = [e["object"] for e in events]
     assert {t["apiVersion"] for t in tables} == {"meta.k8s.io/v1beta1"}
-    assert tables[0]["columnDefinitions"] and not any(t["columnDefinitions"] for t in tables[1:])
+    # Upstream's NoHeaders after the first: null definitions.
+    assert tables[0]["columnDefinitions"] and all(
+        t["columnDefinitions"] is None for t in tables[1:]
+    )
     rows = [row for t in tables for row in t["rows"]]
     assert {row["object"]["apiVersion"] for row in rows} == {"meta.k8s.io/v1beta1"}
+    # Each Table at its object's resourceVersion, the initial events' too.
+    initial = await watch(client, LEASES, "", headers={"Accept": TABLE_V1BETA1})
+    tables += [e["object"] for e in initial]
+    assert all(
+        t["metadata"]["resourceVersion"] == t["rows"][0]["object"]["metadata"]["resourceVersion"]
+        for t in tables
+    )
+    assert len({t["metadata"]["resourceVersion"] for t in tables}) > 1
 
 
 @pytest.mark.parametrize("watching", ["", "watch=true&"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -319,18 +320,39 @@ def test_any_other_continue_token_is_a_clear_400(token: str) -> None:
 @given(
     st.lists(st.text(alphabet="abcdef", min_size=1, max_size=4), unique=True),
     st.integers(min_value=1, max_value=5),
+    st.sampled_from(["", "a", "b"]),
 )
-def test_pages_cover_every_item_once_in_order(names: list[str], limit: int) -> None:
+def test_pages_cover_every_selected_item_once_in_order(
+    names: list[str], limit: int, prefix: str
+) -> None:
     items = [{"metadata": {"name": name}} for name in sorted(names)]
+
+    def selected(obj: dict[str, Any]) -> bool:
+        return str(obj["metadata"]["name"]).startswith(prefix)
+
     seen: list[str] = []
     after = ""
     while True:
-        chosen, last = resources.page(items, after, limit)
+        chosen, last = resources.page(items, after, limit, selected)
+        assert len(chosen) <= limit
         seen += [obj["metadata"]["name"] for obj in chosen]
         if last is None:
             break
         after = last
-    assert seen == sorted(names)
+    assert seen == sorted(name for name in names if name.startswith(prefix))
+
+
+def test_a_page_filled_by_a_selector_continues_while_any_item_remains() -> None:
+    # Upstream's store test "filter returning only one item, ensure only a single page
+    # returned": a continue token, and the next page is empty.
+    items = [{"metadata": {"name": name}} for name in ("a", "b", "c")]
+
+    def is_a(obj: dict[str, Any]) -> bool:
+        return bool(obj["metadata"]["name"] == "a")
+
+    assert resources.page(items, "", 1, is_a) == ([items[0]], "a")
+    assert resources.page(items, "a", 1, is_a) == ([], None)
+    assert resources.page(items, "", 3, is_a) == ([items[0]], None)
 
 
 def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:

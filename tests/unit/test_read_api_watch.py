@@ -217,16 +217,40 @@ async def test_a_continued_list_takes_no_resource_version(
     )
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "resourceVersion={}",
+        "resourceVersion={}&resourceVersionMatch=Exact",
+        "limit=1&resourceVersion={}",
+    ],
+)
 async def test_a_resource_version_not_reached_is_a_timeout_to_retry(
-    served: tuple[TestClient[Any, Any], LedgerViews],
+    served: tuple[TestClient[Any, Any], LedgerViews], query: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Not older than, and exact (upstream waits for the snapshot too), alike.
+    monkeypatch.setattr(server, "FRESHNESS_WAIT_SECONDS", 0.3)
     client, views = served
     ahead = views.clusters["cluster-000"].offset + 1_000
-    async with client.get(f"{STORAGE_VERSIONS}?resourceVersion={ahead}") as response:
+    async with client.get(f"{STORAGE_VERSIONS}?{query.format(ahead)}") as response:
         status = await response.json()
     assert (response.status, response.headers["Retry-After"]) == (504, "1")
     assert status["message"].startswith("Timeout: Too large resource version: ")
     assert status["details"]["retryAfterSeconds"] == 1
+
+
+async def test_a_watch_list_from_a_resource_version_not_reached_says_so_in_the_stream(
+    served: tuple[TestClient[Any, Any], LedgerViews], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Upstream's watch cache: 200, then an ERROR event with the 504 Status.
+    monkeypatch.setattr(server, "FRESHNESS_WAIT_SECONDS", 0.3)
+    client, views = served
+    ahead = views.clusters["cluster-000"].offset + 1_000
+    query = f"sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion={ahead}"
+    [error] = await watch(client, STORAGE_VERSIONS, query)
+    assert error["type"] == "ERROR"
+    assert (error["object"]["code"], error["object"]["reason"]) == (504, "Timeout")
+    assert error["object"]["message"].startswith("Timeout: Too large resource version: ")
 
 
 async def test_a_watch_too_old_names_the_oldest_resource_version_accepted(
