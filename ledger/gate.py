@@ -3,26 +3,32 @@
 KEP-2339 makes an API server refuse writes to a resource until its storage version
 for that resource is registered, so no object is ever persisted in a version the
 cluster does not know about. Upstream's ``WithStorageVersionPrecondition`` filter
-lets reads (get, list, watch) and non-resource requests through and answers
-``503 ServiceUnavailable`` with
+lets through non-resource requests, reads (the verbs get, list and watch, as its
+request-info resolver tells them from the method and path: a ``watch/`` path is a
+watch whatever the method, a ``proxy/`` one or an unusual method such as OPTIONS is no
+read), writes to the StorageVersion API itself and to leases in ``kube-system`` (the
+identity leases it depends on), and answers ``503 ServiceUnavailable`` with
 
     wait for storage version registration to complete for resource: <gr>, last seen error: <err>
 
 to writes of a resource whose registration is pending, ``<gr>`` being the
 GroupResource (``deployments.apps``, or ``pods`` for the core group) and ``<err>``
 the last error met while registering (``<nil>`` if none). Resources the server never
-reports (not persisted) are not pending and pass.
+reports (not persisted) are not pending and pass. Upstream also passes namespace
+creation by its own ``system:apiserver`` user (its bootstrap of ``kube-system``); an
+ASGI application has no such user, so that exemption is left to the embedding server.
 
 :class:`WriteGate` is that decision as a plain predicate; the reporter marks
 resources pending and registered. It is read from request-handling threads and
 written from the reporter's event loop, so its state is an immutable mapping
 replaced whole on every change. :class:`WriteGateMiddleware` puts it in front of
-an ASGI application, resolving the resource from the request path the way the API
+an ASGI application, resolving each request (:func:`request_info`) the way the API
 server's request-info resolver does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
@@ -31,7 +37,33 @@ from ledger.names import group_resource_string
 
 GroupResource: TypeAlias = tuple[str, str]  # (group, resource), group "" for core
 
-READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+# Upstream's verb of a request by method (requestinfo.go); any other method has none.
+_VERBS: Final = {
+    "POST": "create",
+    "GET": "get",
+    "HEAD": "get",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
+_READS: Final = frozenset({"get", "list", "watch"})
+_PATH_VERBS: Final = frozenset({"proxy", "watch"})  # a path prefix that sets the verb
+_NAMESPACE_SUBRESOURCES: Final = frozenset({"status", "finalize"})
+# Writes upstream passes before registration: the API it registers with, and the
+# identity leases that API depends on (in kube-system only).
+_STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "storageversions")
+_LEASES: Final = ("coordination.k8s.io", "leases")
+_LEASE_NAMESPACE: Final = "kube-system"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What upstream's request-info resolver tells of a resource request."""
+
+    verb: str  # get (list, watch: reads alike here), create, update, patch, delete, proxy or ""
+    group: str
+    resource: str
+    namespace: str = ""
 
 
 class WriteGate:
@@ -63,9 +95,21 @@ class WriteGate:
     def completed(self) -> bool:
         return not self._pending
 
-    def allows(self, method: str, group: str, resource: str) -> bool:
-        """Reads always pass; a write passes unless its resource is pending."""
-        return method.upper() in READ_METHODS or (group, resource) not in self._pending
+    def admits(self, request: RequestInfo) -> bool:
+        """Upstream's precondition: reads pass, and so do writes to the StorageVersion
+        API and to leases in ``kube-system``; another write passes unless its resource
+        is pending."""
+        target = (request.group, request.resource)
+        if request.verb in _READS or target == _STORAGE_VERSIONS:
+            return True
+        if target == _LEASES and request.namespace == _LEASE_NAMESPACE:
+            return True
+        return target not in self._pending
+
+    def allows(self, method: str, group: str, resource: str, namespace: str = "") -> bool:
+        """:meth:`admits` for a request by HTTP ``method`` on the resource's own path."""
+        verb = _VERBS.get(method.upper(), "")
+        return self.admits(RequestInfo(verb, group, resource, namespace))
 
     def reason(self, group: str, resource: str) -> str:
         """The message a refused write gets, as upstream words it."""
@@ -77,31 +121,40 @@ class WriteGate:
         )
 
 
-def resource_of(path: str) -> GroupResource | None:
-    """The (group, resource) a request path addresses, None for non-resource paths.
+def request_info(method: str, path: str) -> RequestInfo | None:
+    """The resource request ``method`` on ``path`` is, as upstream's resolver reads it;
+    None for a non-resource request.
 
-    Handles ``/api/v1/...`` (core) and ``/apis/<group>/<version>/...``, with the
-    legacy ``watch/`` prefix, namespaced paths and subresources::
+    Handles ``/api/v1/...`` (core) and ``/apis/<group>/<version>/...``, the ``watch/``
+    and ``proxy/`` prefixes, namespaced paths and subresources::
 
-        /api/v1/namespaces/ns/pods/p/status -> ("", "pods")
-        /apis/apps/v1/deployments           -> ("apps", "deployments")
-        /api/v1/namespaces/ns/status        -> ("", "namespaces")
-        /apis/apps/v1                       -> None (discovery)
+        GET  /api/v1/namespaces/ns/pods/p/status -> get ("", "pods") in ns
+        POST /apis/apps/v1/deployments           -> create ("apps", "deployments")
+        PUT  /api/v1/namespaces/ns/status        -> update ("", "namespaces") of ns
+        GET  /apis/apps/v1                       -> None (discovery)
     """
     parts = [p for p in path.split("/") if p]
-    if parts[:1] == ["api"]:
-        group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"] and len(parts) >= 3:
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
+        return None
+    if parts[0] == "apis":
+        if len(parts) < 4:
+            return None
         group, rest = parts[1], parts[3:]
     else:
-        return None
-    if rest[:1] == ["watch"]:
-        rest = rest[1:]
-    # /namespaces/<ns>/<resource>/... addresses a namespaced resource, except the
-    # namespace's own subresources status and finalize.
-    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
-        rest = rest[2:]
-    return (group, rest[0]) if rest else None
+        group, rest = "", parts[2:]
+    verb = _VERBS.get(method.upper(), "")
+    if rest[0] in _PATH_VERBS:
+        if len(rest) < 2:
+            return None  # upstream cannot tell the resource either
+        verb, rest = rest[0], rest[1:]
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) > 1:
+        namespace = rest[1]
+        # /namespaces/<ns>/<resource>/... addresses a namespaced resource, except the
+        # namespace's own subresources status and finalize.
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+            rest = rest[2:]
+    return RequestInfo(verb, group, rest[0], namespace)
 
 
 Scope: TypeAlias = MutableMapping[str, Any]
@@ -118,7 +171,7 @@ class WriteGateMiddleware:
         self,
         app: ASGIApp,
         gate: WriteGate,
-        resolve: Callable[[str], GroupResource | None] = resource_of,
+        resolve: Callable[[str, str], RequestInfo | None] = request_info,
     ) -> None:
         self.app = app
         self.gate = gate
@@ -126,9 +179,9 @@ class WriteGateMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            target = self.resolve(scope["path"])
-            if target is not None and not self.gate.allows(scope["method"], *target):
-                await _service_unavailable(send, self.gate.reason(*target))
+            request = self.resolve(scope["method"], scope["path"])
+            if request is not None and not self.gate.admits(request):
+                await _service_unavailable(send, self.gate.reason(request.group, request.resource))
                 return
         await self.app(scope, receive, send)
 

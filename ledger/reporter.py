@@ -308,7 +308,8 @@ class Reporter:
         try:
             await self._producer.send_many(events)
         except Exception as error:
-            self.gate.fail([r.key for r in reports], f"{type(error).__name__}: {error}")
+            # Upstream's message carries the error's own text; a blank one is named.
+            self.gate.fail([r.key for r in reports], str(error) or type(error).__name__)
             raise
         for key in withdrawn:
             del self._acknowledged[key]

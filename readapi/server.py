@@ -10,7 +10,7 @@ What it speaks, as kube-apiserver does:
 
 * discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 or v2beta1
   when the client asks for it first, as kubectl does, else the legacy lists),
-  ``/apis/GROUP`` and ``/apis/GROUP/VERSION``;
+  ``/apis/GROUP`` and ``/apis/GROUP/VERSION`` (each kind with its ``storageVersionHash``);
 * get and list, with ``labelSelector``, ``fieldSelector`` (``metadata.name``,
   ``metadata.namespace``), ``limit`` and ``continue`` (a later page reads the
   snapshot of the first: its resourceVersion; ``remainingItemCount`` when no selector
@@ -22,11 +22,16 @@ What it speaks, as kube-apiserver does:
   Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
   or 0: 30 to 60 minutes); the deprecated ``/apis/GROUP/VERSION/watch/...`` paths
   alike; ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
-  list): the current objects, then a bookmark annotated ``k8s.io/initial-events-end``;
+  list), or a watch from no resourceVersion (or ``0``), which upstream's default WatchList
+  makes one: the current objects, then, with bookmarks, one annotated
+  ``k8s.io/initial-events-end``; boolean parameters read as upstream reads them (any value
+  but ``0`` and ``false`` is true: Python clients send ``True``);
 * list options checked as upstream's ``ValidateListOptions`` checks them (422
   Invalid), a list with a ``limit`` and a resourceVersion but no match served at that
   resourceVersion (upstream's legacy exact rule), and a resourceVersion the fold has
-  not reached after 3 s answered 504 with ``Retry-After``;
+  not reached after 3 s answered 504 with ``Retry-After`` (a watch list: 200, then that
+  Status in an ERROR event, as upstream's watch cache); a page filled under a selector
+  continues while any object, selected or not, remains;
 * the ``Accept`` header negotiated as upstream's (:mod:`readapi.negotiation`): JSON or
   YAML (watches JSON only); ``Table``, ``PartialObjectMetadata`` and
   ``PartialObjectMetadataList`` of ``meta.k8s.io`` ``v1`` or ``v1beta1`` in gets, lists
@@ -35,7 +40,9 @@ What it speaks, as kube-apiserver does:
 * errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
   method but GET (nothing is written through this API: the ledger is appended to
   only by its producers), 401 without a valid bearer token when ``--token-file`` is
-  given (``/healthz`` and ``/readyz`` stay open), 400 for bad parameters;
+  given (``/healthz`` and ``/readyz`` stay open), 400 for bad parameters (label
+  selectors whose keys or values are not label names among them);
+* every response ``Cache-Control: no-cache, private``, as upstream's;
 * ``/healthz`` (the process runs) and ``/readyz`` (the log is folded up to the end it
   had at start);
 * ``/clusters/CLUSTER/timeline/RESOURCE``: the page ``svledger timeline`` draws

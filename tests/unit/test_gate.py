@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.gate import WriteGate, WriteGateMiddleware, resource_of
+from ledger.gate import WriteGate, WriteGateMiddleware, request_info
 
 labels = st.from_regex(r"[a-z]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True).filter(
-    lambda label: label != "watch"  # the legacy watch prefix, ambiguous upstream too
+    lambda label: label not in ("watch", "proxy")  # path prefixes, ambiguous upstream too
 )
 groups = st.one_of(st.just(""), st.lists(labels, min_size=1, max_size=3).map(".".join))
 versions = st.sampled_from(["v1", "v1beta1", "v2alpha3"])
@@ -33,7 +33,11 @@ def test_resource_paths_resolve_to_their_group_and_resource(
     if watch:
         path = path.replace(f"/{version}/", f"/{version}/watch/", 1)
     expected = ("", "namespaces") if namespace and resource in ("status", "finalize") else None
-    assert resource_of(path) == (expected or (group, resource))
+    found = request_info("GET", path)
+    assert found is not None
+    assert (found.group, found.resource) == (expected or (group, resource))
+    assert found.namespace == (namespace or "")
+    assert found.verb == ("watch" if watch else "get")
 
 
 @pytest.mark.parametrize(
@@ -57,14 +61,15 @@ def test_resource_paths_resolve_to_their_group_and_resource(
 def test_namespace_subresources_and_non_resource_paths(
     path: str, expected: tuple[str, str] | None
 ) -> None:
-    assert resource_of(path) == expected
+    found = request_info("PUT", path)
+    assert (found and (found.group, found.resource)) == expected
 
 
 def test_writes_wait_for_registration_reads_never_do() -> None:
     gate = WriteGate([("apps", "deployments"), ("", "pods")])
-    for method in ("GET", "HEAD", "OPTIONS", "get"):
+    for method in ("GET", "HEAD", "get"):
         assert gate.allows(method, "apps", "deployments")
-    for method in ("POST", "PUT", "PATCH", "DELETE"):
+    for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
         assert not gate.allows(method, "apps", "deployments")
         assert gate.allows(method, "batch", "jobs")  # never reported: not persisted here
     gate.open([("apps", "deployments")])
@@ -75,6 +80,29 @@ def test_writes_wait_for_registration_reads_never_do() -> None:
     assert gate.completed
     gate.close([("", "pods")])
     assert not gate.allows("DELETE", "", "pods")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "passes"),
+    [
+        # Upstream's precondition: reads by verb, not by method ...
+        ("POST", "/api/v1/watch/pods", True),
+        ("GET", "/api/v1/proxy/namespaces/ns/pods/foo", False),
+        ("OPTIONS", "/api/v1/namespaces/ns/pods", False),
+        # ... and the writes it lets through before registration.
+        ("POST", "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions", True),
+        ("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/a", True),
+        ("PUT", "/apis/coordination.k8s.io/v1/namespaces/default/leases/a", False),
+    ],
+)
+def test_the_gate_passes_what_upstreams_precondition_passes(
+    method: str, path: str, passes: bool
+) -> None:
+    pending = [("", "pods"), ("internal.apiserver.k8s.io", "storageversions")]
+    gate = WriteGate([*pending, ("coordination.k8s.io", "leases")])
+    request = request_info(method, path)
+    assert request is not None
+    assert gate.admits(request) is passes
 
 
 def test_reason_is_upstreams_message_with_the_group_resource() -> None:
