@@ -364,7 +364,14 @@ class ThreadedReporter:
         self._thread.start()
 
     def _run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(self._timeout)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(self._timeout)
+        except TimeoutError:
+            # The work ends with the wait: a start the caller was told had failed must
+            # not go on and open the gate later.
+            future.cancel()
+            raise
 
     @property
     def gate(self) -> WriteGate:

@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -557,6 +558,22 @@ def test_threaded_reporter_serves_a_blocking_server(
         + ["StorageVersionReported"] * len(RESOURCES)
         + ["StorageVersionWithdrawn", "ApiserverLeaseReleased"]
     )
+
+
+def test_a_threaded_start_that_times_out_stops_trying(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as probe:  # a port nothing listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    settings = KafkaSettings(bootstrap_servers=address)
+    reporter = ThreadedReporter("prod", "late.example", RESOURCES, settings, timeout=1.0)
+    with caplog.at_level(logging.ERROR, logger="aiokafka"):
+        with pytest.raises(TimeoutError):
+            reporter.start()
+        caplog.clear()
+        time.sleep(4)  # aiokafka retries every 2 s while something still tries
+        assert not [r for r in caplog.records if address.split(":")[1] in r.getMessage()]
+    assert not reporter.ready
+    reporter.stop()
 
 
 async def test_unreachable_broker_fails_naming_the_address_and_what_to_check() -> None:
