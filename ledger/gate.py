@@ -33,6 +33,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
 
+from ledger.identity import LEASE_NAMESPACE
 from ledger.names import group_resource_string
 
 GroupResource: TypeAlias = tuple[str, str]  # (group, resource), group "" for core
@@ -53,7 +54,6 @@ _NAMESPACE_SUBRESOURCES: Final = frozenset({"status", "finalize"})
 # identity leases that API depends on (in kube-system only).
 _STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "storageversions")
 _LEASES: Final = ("coordination.k8s.io", "leases")
-_LEASE_NAMESPACE: Final = "kube-system"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ class WriteGate:
         target = (request.group, request.resource)
         if request.verb in _READS or target == _STORAGE_VERSIONS:
             return True
-        if target == _LEASES and request.namespace == _LEASE_NAMESPACE:
+        if target == _LEASES and request.namespace == LEASE_NAMESPACE:
             return True
         return target not in self._pending
 
