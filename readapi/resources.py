@@ -646,7 +646,7 @@ def aggregated_discovery(api_version: str, *, core: bool) -> JSON:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Requirement:
     key: str
-    operator: str  # "=", "!=", "in", "notin", "exists", "!"
+    operator: str  # "=", "!=", "in", "notin", "exists", "!", ">", "<"
     values: frozenset[str]
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -658,22 +658,49 @@ class Requirement:
                 return value not in self.values
             case "exists":
                 return value is not None
+            case ">" | "<":
+                # As upstream's Gt and Lt: the label's value, read as an integer.
+                if value is None or _INTEGER.fullmatch(value) is None:
+                    return False
+                (bound,) = self.values
+                return int(value) > int(bound) if self.operator == ">" else int(value) < int(bound)
             case _:
                 return value is None
 
 
-_SET_REQUIREMENT: Final = re.compile(r"^\s*([^\s!=(),]+)\s+(in|notin)\s+\(([^()]*)\)\s*$")
-_EQUALITY: Final = re.compile(r"^\s*([^\s!=(),]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
-_EXISTS: Final = re.compile(r"^\s*(!?)\s*([^\s!=(),]+)\s*$")
+_SET_REQUIREMENT: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s+(in|notin)\s+\(([^()]*)\)\s*$")
+_EQUALITY: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s*(==|=|!=)\s*([^\s!=(),<>]*)\s*$")
+_ORDER: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s*([<>])\s*([^\s!=(),<>]*)\s*$")
+_EXISTS: Final = re.compile(r"^\s*(!?)\s*([^\s!=(),<>]+)\s*$")
+_INTEGER: Final = re.compile(r"[-+]?[0-9]+")
 
 
 def parse_label_selector(text: str) -> tuple[Requirement, ...]:
-    """A label selector as Kubernetes writes one: ``a=b,c!=d,e in (f,g),h,!i``."""
+    """A label selector as Kubernetes writes one: ``a=b,c!=d,e in (f,g),h,!i,j>1``."""
     requirements = []
-    for part in _split_selector(text):
+    parts = _split_selector(text)
+    if text.strip() and any(not part.strip() for part in parts):
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"unable to parse labelSelector {text!r}: found '', expected an identifier after ','",
+        )
+    for part in parts:
+        if not part.strip():
+            continue
         if match := _SET_REQUIREMENT.match(part):
-            values = frozenset(v.strip() for v in match[3].split(",") if v.strip())
+            # As upstream's parser: "()" and a trailing "," stand for the empty value.
+            values = frozenset(v.strip() for v in match[3].split(","))
             requirements.append(Requirement(match[1], match[2], values))
+        elif match := _ORDER.match(part):
+            if _INTEGER.fullmatch(match[3]) is None:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"invalid requirement {part.strip()!r} of labelSelector {text!r}: for"
+                    " '>' and '<' the value must be an integer",
+                )
+            requirements.append(Requirement(match[1], match[2], frozenset({match[3]})))
         elif match := _EQUALITY.match(part):
             operator = "!=" if match[2] == "!=" else "="
             requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
@@ -707,7 +734,7 @@ def _check_label(requirement: Requirement, text: str) -> None:
             " alphanumeric one, with an optional DNS subdomain prefix and '/'"
             " (e.g. 'app' or 'kubernetes.io/hostname')",
         )
-    for value in requirement.values:
+    for value in requirement.values if requirement.operator not in (">", "<") else ():
         if value and not _is_label_name(value):
             raise ApiError(
                 400,
@@ -733,7 +760,7 @@ def _split_selector(text: str) -> list[str]:
             parts.append(text[start:index])
             start = index + 1
     parts.append(text[start:])
-    return [part for part in parts if part.strip()]
+    return parts
 
 
 FIELDS: Final = ("metadata.name", "metadata.namespace")
@@ -756,6 +783,8 @@ def parse_field_selector(
     known = FIELDS if namespaced or not custom else FIELDS[:1]
     requirements = []
     for part in _split_selector(text):
+        if not part.strip():
+            continue  # upstream's field selectors skip empty terms
         match = _EQUALITY.match(part)
         if match is None:
             raise ApiError(

@@ -37,14 +37,17 @@ What it speaks, as kube-apiserver does:
   ``PartialObjectMetadataList`` of ``meta.k8s.io`` ``v1`` or ``v1beta1`` in gets, lists
   and watches; 406 NotAcceptable for what is not served (protobuf among it); errors in
   JSON or YAML as the header asks;
-* errors as a ``Status``: 404 for unknown paths, names and clusters, 405 for every
-  method but GET (nothing is written through this API: the ledger is appended to
-  only by its producers), 401 without a valid bearer token when ``--token-file`` is
-  given (``/healthz`` and ``/readyz`` stay open), 400 for bad parameters (label
-  selectors whose keys or values are not label names among them);
+* errors as a ``Status``: 404 for unknown paths (whatever the method), names and
+  clusters, 405 for every method but GET on a kind's objects (nothing is written
+  through this API: the ledger is appended to only by its producers), 401 without a
+  valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
+  ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
+  are not label names among them);
+* ``/api/v1/namespaces/NAME``, which kubectl reads after a NotFound: ``kube-system``
+  exists (the leases are there), no other namespace does;
 * every response ``Cache-Control: no-cache, private``, as upstream's;
-* ``/healthz`` (the process runs) and ``/readyz`` (the log is folded up to the end it
-  had at start);
+* ``/healthz`` and ``/livez`` (the process runs) and ``/readyz`` (the log is folded up
+  to the end it had at start);
 * ``/clusters/CLUSTER/timeline/RESOURCE``: the page ``svledger timeline`` draws
   (:mod:`readapi.timeline`), from the cluster's partition as it is now.
 """
@@ -66,6 +69,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from ledger.errors import UsageError
+from ledger.identity import LEASE_NAMESPACE
 from projections.history import ResourceNameError
 from readapi import negotiation, resources
 from readapi.ledger import (
@@ -85,7 +89,7 @@ WATCH_TIMEOUT_SECONDS: Final = 1800.0  # upstream's --min-request-timeout
 FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
 DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
-_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
+_OPEN_PATHS: Final = frozenset({"/healthz", "/livez", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
 _TOKENS: Final = web.AppKey("tokens", frozenset)
 _BOOKMARKS: Final = web.AppKey("bookmark_seconds", float)
@@ -134,12 +138,14 @@ def app(
     application[_BOOKMARKS] = options.bookmark_seconds
     application.on_response_prepare.append(_no_cache)
     application.router.add_get("/healthz", _healthz)
+    application.router.add_get("/livez", _healthz)
     application.router.add_get("/readyz", _readyz)
     application.router.add_get("/clusters/{cluster}/timeline/{resource}", _timeline)
     for prefix in ("/clusters/{cluster}", "/clusters/{cluster}/at/{point}"):
         application.router.add_get(prefix + "/version", _version)
         application.router.add_get(prefix + "/api", _api)
         application.router.add_get(prefix + "/api/v1", _core)
+        application.router.add_get(prefix + "/api/v1/namespaces/{namespace}", _namespace)
         application.router.add_get(prefix + "/apis", _apis)
         application.router.add_get(prefix + "/apis/{group}", _group)
         application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
@@ -251,13 +257,42 @@ def _method_not_allowed(request: web.Request) -> web.Response:
 
 
 async def _not_found(request: web.Request) -> web.StreamResponse:
+    """404 for a path nothing is served at, whatever the method, as upstream; 405 for
+    another method than GET on a served kind's objects."""
     if request.method != "GET":
-        return _method_not_allowed(request)
-    return _status(
-        request,
-        404,
-        "NotFound",
-        f"the server could not find the requested resource: {request.path}",
+        served = await request.app.router.resolve(request.clone(method="GET"))
+        if "resource" in served and resources.kind_of(
+            served["group"], served["version"], served["resource"]
+        ):
+            return _method_not_allowed(request)
+    message = f"the server could not find the requested resource: {request.path}"
+    if not request.path.startswith("/clusters/"):
+        # kubectl get --raw replaces the whole path of --server.
+        message += " (every cluster is served under /clusters/CLUSTER, e.g. /clusters/NAME/api)"
+    return _status(request, 404, "NotFound", message)
+
+
+async def _namespace(request: web.Request) -> web.StreamResponse:
+    """``/api/v1/namespaces/NAME``, which kubectl reads to tell a missing object from a
+    missing namespace: ``kube-system``, where the leases are, exists; no other does.
+    (Not in discovery: the API serves no namespace objects beyond this answer.)"""
+    _cluster_view_check(request)
+    name = request.match_info["namespace"]
+    if name != LEASE_NAMESPACE:
+        raise ApiError(
+            404,
+            "NotFound",
+            f'namespaces "{name}" not found',
+            {"name": name, "kind": "namespaces"},
+        )
+    return _json(
+        {
+            "kind": "Namespace",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }
     )
 
 
@@ -385,11 +420,16 @@ async def _view(request: web.Request, resource_version: int | None = None) -> Vi
     cluster = request.match_info["cluster"]
     point = request.match_info.get("point")
     if point is not None:
-        if resource_version is not None:
-            return await views.view_at(cluster, resource_version)
-        return await views.view_at(cluster, parse_point(point))
+        at = parse_point(point)
+        if resource_version is None:
+            return await views.view_at(cluster, at)
+        # A later page under /at/: timed as the first page was.
+        view = await views.view_at(cluster, resource_version)
+        return view if isinstance(at, int) else dataclasses.replace(view, time=at)
     if resource_version is not None:
-        return await views.view_at(cluster, resource_version)
+        # An exact resourceVersion or a later page: its objects are of then, their ages
+        # of now, as upstream's Table cells are computed when the request is served.
+        return dataclasses.replace(await views.view_at(cluster, resource_version), time=_now())
     return views.fold(cluster).view(time=_now())
 
 

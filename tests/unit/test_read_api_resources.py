@@ -257,7 +257,7 @@ def test_ages_read_as_kubectl_prints_them(seconds: float, shown: str) -> None:
     assert resources.human_duration(seconds) == shown
 
 
-LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1"}
+LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1", "replicas": "3", "empty": ""}
 
 
 @pytest.mark.parametrize(
@@ -267,6 +267,9 @@ LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1"}
         ("missing", False), ("!missing", True), ("tier in (db,web)", True),
         ("tier notin (db)", False), ("app=x,tier=web", False), ("app = x , tier in ( db )", True),
         ("kubernetes.io/hostname=h1", True), ("", True),
+        # Upstream's Gt and Lt compare integers; "()" is the empty value.
+        ("replicas>2", True), ("replicas<3", False), ("replicas>-1", True), ("app>1", False),
+        ("missing<9", False), ("empty in ()", True), ("app in ()", False),
     ],
 )  # fmt: skip
 def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: bool) -> None:
@@ -277,7 +280,21 @@ def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: 
 @pytest.mark.parametrize(
     "selector",
     # The last ones parse, but name no label (upstream's apiserver_test: <invalid> is a 400).
-    ["a in (", "=x", "a b", "a in b", "<invalid>", "-app", "a/b/c", "app=-x", "x" * 64],
+    [
+        "a in (",
+        "=x",
+        "a b",
+        "a in b",
+        "<invalid>",
+        "-app",
+        "a/b/c",
+        "app=-x",
+        "x" * 64,
+        "app=x,",
+        ",",
+        "a>b",
+        "a<",
+    ],
 )
 def test_a_malformed_selector_is_a_400_naming_it(selector: str) -> None:
     with pytest.raises(ApiError) as refused:

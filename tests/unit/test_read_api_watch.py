@@ -193,6 +193,64 @@ async def test_a_namespaced_object_is_found_under_its_namespace_only(
         assert listed.status == 200
 
 
+async def test_every_page_of_a_table_gives_the_ages_one_page_gives(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # kubectl pages (500 a page): later pages are of the first's resourceVersion, but
+    # their ages are of now, as upstream's Table cells.
+    client, _ = served
+    table = {"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"}
+    async with client.get(STORAGE_VERSIONS, headers=table) as response:
+        whole = [row["cells"] for row in (await response.json())["rows"]]
+    paged: list[Any] = []
+    token = ""
+    while True:
+        async with client.get(
+            f"{STORAGE_VERSIONS}?limit=1&continue={token}", headers=table
+        ) as response:
+            page = await response.json()
+        paged += [row["cells"] for row in page["rows"]]
+        token = page["metadata"].get("continue", "")
+        if not token:
+            break
+    assert len(whole) > 2
+    assert paged == whole
+
+
+async def test_kubectl_finds_kube_system_and_no_other_namespace(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # kubectl reads the namespace after a NotFound, to say which of the two is missing.
+    client, _ = served
+    core = LEASES.split("/apis/")[0] + "/api/v1/namespaces"
+    async with client.get(f"{core}/kube-system") as response:
+        namespace = await response.json()
+    assert (response.status, namespace["kind"], namespace["status"]) == (
+        200,
+        "Namespace",
+        {"phase": "Active"},
+    )
+    async with client.get(f"{core}/default") as response:
+        status = await response.json()
+    assert (response.status, status["message"]) == (404, 'namespaces "default" not found')
+
+
+async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    review = LEASES.split("/apis/")[0] + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    async with client.post(review) as response:
+        assert response.status == 404  # as a server without that API: kubectl says so
+    async with client.post(LEASES) as response:
+        assert (response.status, (await response.json())["reason"]) == (405, "MethodNotAllowed")
+    async with client.get("/api") as response:  # kubectl get --raw drops the cluster's path
+        assert response.status == 404
+        assert "/clusters/CLUSTER" in (await response.json())["message"]
+    async with client.get("/livez") as response:
+        assert (response.status, await response.text()) == (200, "ok")
+
+
 async def test_responses_are_not_cached_and_json_is_plain_application_json(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
