@@ -265,11 +265,16 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
             served["group"], served["version"], served["resource"]
         ):
             return _method_not_allowed(request)
+    raise _no_such_path(request)
+
+
+def _no_such_path(request: web.Request) -> ApiError:
+    """The 404 for a path nothing is served at."""
     message = f"the server could not find the requested resource: {request.path}"
     if not request.path.startswith("/clusters/"):
         # kubectl get --raw replaces the whole path of --server.
         message += " (every cluster is served under /clusters/CLUSTER, e.g. /clusters/NAME/api)"
-    return _status(request, 404, "NotFound", message)
+    return ApiError(404, "NotFound", message)
 
 
 async def _namespace(request: web.Request) -> web.StreamResponse:
@@ -374,9 +379,7 @@ async def _group(request: web.Request) -> web.StreamResponse:
     _cluster_view_check(request)
     group = request.match_info["group"]
     if group not in resources.groups():
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource: {request.path}"
-        )
+        raise _no_such_path(request)
     return _json(resources.group_of(group))
 
 
@@ -384,9 +387,7 @@ async def _group_version(request: web.Request) -> web.StreamResponse:
     _cluster_view_check(request)
     found = resources.resource_list(request.match_info["group"], request.match_info["version"])
     if found is None:
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource: {request.path}"
-        )
+        raise _no_such_path(request)
     return _json(found)
 
 
@@ -401,9 +402,7 @@ def _kind(request: web.Request) -> Kind:
     info = request.match_info
     kind = resources.kind_of(info["group"], info["version"], info["resource"])
     if kind is None:
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource: {request.path}"
-        )
+        raise _no_such_path(request)
     if "namespace" in info and not kind.namespaced:
         raise ApiError(
             404,
@@ -496,9 +495,7 @@ async def _member(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     if kind.namespaced and "namespace" not in request.match_info:
         # Upstream registers a namespaced kind's objects under their namespace only.
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource: {request.path}"
-        )
+        raise _no_such_path(request)
     output = _output(request)
     name = request.match_info["name"]
     if _watching(request):
