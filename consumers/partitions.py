@@ -507,7 +507,9 @@ class PartitionFollower:
             partition_log.state,
             partition_log.lease_terms(),
             Changes(),
-            events,
+            None
+            if events is None
+            else lambda record, changes: events.append((record.event, changes)),
             pending=partition_log.pending,
         )
         thinning.fold(itertools.islice(messages, first, None), [], None)

@@ -35,7 +35,7 @@ counted, logged and left out of the fold, as a dead letter would be.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias
 
 from ledger.events import (
@@ -102,10 +102,11 @@ class Thinning:
     pending then carry over to the next poll, and the state lags only in its leases'
     renew times (and those rows' revisions) until it is called. ``counts`` then holds
     the plain renewals per holder, ``dead`` the records that belong in the dead-letter
-    topic (with the reason), and ``changes`` the keys the batch changed. With a list
-    as ``folded``, each event folded but plain renewals is appended to it with the keys
-    it changed, in log order: what a consumer that reacts to each event (the migrator)
-    reads; a plain renewal changes only its lease's renew time.
+    topic (with the reason), and ``changes`` the keys the batch changed. With
+    ``folded``, it is called with each record folded but plain renewals and the keys
+    its event changed, in log order, right after the event is folded: what a consumer
+    that reacts to each event (the migrator) reads, and how the read API tells when
+    each row was created; a plain renewal changes only its lease's renew time.
     """
 
     def __init__(
@@ -113,7 +114,7 @@ class Thinning:
         state: State,
         terms: LeaseTerms,
         changes: Changes,
-        folded: list[tuple[Event, Changes]] | None = None,
+        folded: Callable[[Record, Changes], object] | None = None,
         pending: Pending | None = None,
     ) -> None:
         self.state = state
@@ -217,7 +218,7 @@ class Thinning:
             self._apply(event, record)
             return
         own = apply(self.state, event, record.position)
-        self.folded.append((event, own))
+        self.folded(record, own)
         self.changes.add(own)
 
     def _renewed(self, key: LeaseKey, record: _Pending) -> None:

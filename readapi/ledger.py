@@ -2,13 +2,17 @@
 
 :class:`LedgerViews` reads every partition of the topic from the beginning and folds
 each record into its cluster's :class:`~projections.state.State` with the projector's
-own fold (:func:`projections.fold.apply`), so it shows what the SQL views show. For
-each cluster it keeps:
+own fold (:func:`projections.fold.apply`), so it shows what the SQL views show. What
+the log held at start-up, but its last ``watch_window`` records per partition, is
+folded as the projector folds it, plain lease renewals thinned
+(:mod:`projections.thinning`: most of the log, and most of them never decoded), into
+exactly the same views. For each cluster it keeps:
 
 * the live view (the state, plus when and at which offset each row was created);
 * a window of the latest changes (offset, ADDED/MODIFIED/DELETED, the row before and
   after), from which watches are served; a watch from an offset older than the
-  window is answered 410 Gone, as Kubernetes answers a compacted resourceVersion;
+  window (or than the records folded thinned at start-up) is answered 410 Gone, as
+  Kubernetes answers a compacted resourceVersion;
 * checkpoints: every ``checkpoint_every`` records of a partition, a copy of the state
   of each of its clusters (rows are immutable, so a copy is a copy of four dicts).
   The newest ``recent_checkpoints`` of a partition are kept at that spacing, the ones
@@ -32,21 +36,31 @@ import bisect
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeAlias
 
 from ledger import metrics
 from ledger.errors import UsageError
-from ledger.events import Event, Position
-from ledger.kafka import EndOffsets, EventConsumer, Record, topic_partitions
+from ledger.events import Event, Position, from_micros, micros
+from ledger.kafka import (
+    EndOffsets,
+    EventConsumer,
+    Message,
+    Record,
+    decode_message,
+    first_at,
+    topic_partitions,
+)
 from ledger.names import resource_name
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.history import resolve
 from projections.replay import cluster_log
+from projections.snapshots import NO_EVENTS
 from projections.state import Changes, State
+from projections.thinning import LeaseTerms, Thinning
 from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
 from readapi.resources import Created, Row, View
 
@@ -55,6 +69,7 @@ ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
 CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
 
 CACHED_VIEWS: Final = 64
+_NEVER: Final = micros(NO_EVENTS)
 READER: Final = "serve"  # its label in the Prometheus metrics (ledger.metrics)
 
 
@@ -92,20 +107,29 @@ class ClusterFold:
     created: dict[CreatedKey, Created] = dataclasses.field(default_factory=dict)
     rows: dict[CreatedKey, Row] = dataclasses.field(default_factory=dict)
     offset: int = -1  # the last offset of the partition folded (or passed over)
-    time: datetime | None = None  # the time of the cluster's last event
+    time: datetime | None = None  # the latest time an event of the cluster occurred at
     changes: collections.deque[Change] = dataclasses.field(default_factory=collections.deque)
     horizon: int = -1  # every change at an offset above this is in ``changes``
 
     def apply(self, event: Event, position: Position, window: int) -> None:
         """Fold one event; keep its changes for watches if ``window`` is not 0."""
         changes = apply(self.state, event, position)
-        self.time = event.meta.occurred_at
+        self._passed(event.meta.occurred_at)
         self.offset = position.offset
         found = self._track(changes, position.offset, event.meta.occurred_at)
         if window:
             self.changes.extend(found)
             while len(self.changes) > window:
                 self.horizon = self.changes.popleft().offset
+
+    def track(self, record: Record, changes: Changes) -> None:
+        """Take the ``changes`` of a record folded into the state by someone else (a
+        :class:`~projections.thinning.Thinning`), right after it, keeping none for watches."""
+        self._track(changes, record.position.offset, record.event.meta.occurred_at)
+
+    def _passed(self, time: datetime) -> None:
+        if self.time is None or time > self.time:
+            self.time = time
 
     def _track(self, changes: Changes, offset: int, time: datetime) -> list[Change]:
         state = self.state
@@ -231,6 +255,9 @@ class LedgerViews:
         async with EndOffsets(self.settings) as ends:
             targets = await ends()
         lag = metrics.ReaderLag(READER)
+        # Below these offsets renewals are thinned; the rest is folded one by one, so
+        # watches can start from the tail of the log as it was at start-up.
+        thinned = {p: end - self.watch_window for p, end in targets.items()}
         async with EventConsumer(
             self.settings, dead_letters=False, fetch_max_wait_ms=100
         ) as consumer:
@@ -239,10 +266,22 @@ class LedgerViews:
             self._check_ready(targets)
             try:
                 while not stop.is_set():
-                    batch = await consumer.fetch(timeout_ms=200)
-                    self._fold(batch)
-                    if batch:
-                        metrics.EVENTS_FOLDED.labels(READER).inc(len(batch))
+                    batch = await consumer.fetch_for_fold(timeout_ms=200)
+                    dead: list[tuple[Message, str]] = []
+                    records: list[Record] = []
+                    for partition, messages in batch.items():
+                        cut = first_at(messages, thinned.get(partition, 0))
+                        dead += self._fold_thinned(partition, messages[:cut])
+                        for message in messages[cut:]:
+                            read = decode_message(message)
+                            if isinstance(read, str):
+                                dead.append((message, read))
+                            else:
+                                records.append(read)
+                    await consumer.send_dead_letters(dead)  # logged and passed over
+                    self._fold(records)
+                    if folded := sum(map(len, batch.values())) - len(dead):
+                        metrics.EVENTS_FOLDED.labels(READER).inc(folded)
                     await self._passed(await consumer.positions(), targets, bool(batch))
                     catch_up.update(self._positions)
                     lag.set(await consumer.lags())
@@ -266,6 +305,58 @@ class LedgerViews:
                 self._checkpoint(partition, position.offset + 1)
                 count = 0
             self._since_checkpoint[partition] = count
+
+    def _fold_thinned(
+        self, partition: int, messages: Sequence[Message]
+    ) -> list[tuple[Message, str]]:
+        """Fold ``messages`` (``partition``'s, undecoded, in log order) with plain lease
+        renewals thinned (:mod:`projections.thinning`): most are not decoded, and of a
+        run of them only what one-by-one folding ends with is folded. The state, rows
+        and creations are then exactly those of :meth:`_fold`, and so are the checkpoints
+        (all renewals are folded before each); the watch window keeps nothing of them, so
+        a watch can start only after them. Returns the records that do not decode."""
+        dead: list[tuple[Message, str]] = []
+        start = 0
+        while start < len(messages):
+            since = self._since_checkpoint.get(partition, 0)
+            end = min(len(messages), start + self.checkpoint_every - since)
+            chunk = messages[start:end]
+            dead += self._thin(partition, chunk)
+            self._positions[partition] = chunk[-1].offset + 1
+            since += len(chunk)
+            if since >= self.checkpoint_every:
+                self._checkpoint(partition, chunk[-1].offset + 1)
+                since = 0
+            self._since_checkpoint[partition] = since
+            start = end
+        return dead
+
+    def _thin(self, partition: int, messages: Sequence[Message]) -> list[tuple[Message, str]]:
+        by_cluster: dict[bytes | None, list[Message]] = {}
+        for message in messages:
+            by_cluster.setdefault(message.key, []).append(message)
+        dead: list[tuple[Message, str]] = []
+        for key, records in by_cluster.items():
+            # A record folds only if its key is its event's cluster (else it is dead).
+            name = (key or b"").decode(errors="replace")
+            fold = self.clusters.get(name) or ClusterFold(name, partition)
+            changes = Changes()
+            thinning = Thinning(fold.state, LeaseTerms(fold.state), changes, fold.track)
+            latest = thinning.fold(records, [], _NEVER)
+            thinning.finish()
+            dead += thinning.dead
+            if len(thinning.dead) == len(records):
+                continue
+            self.clusters[name] = fold
+            self.events_folded += len(records) - len(thinning.dead)
+            if latest is not None:
+                fold._passed(from_micros(latest))
+            fold.offset = max(fold.offset, records[-1].offset)
+            fold.horizon = max(fold.horizon, records[-1].offset)
+            for lease_key in changes.leases:  # renewed, as the renewals left them
+                if (lease := fold.state.leases.get(lease_key)) is not None:
+                    fold.rows["Lease", lease_key[1:]] = lease
+        return dead
 
     def _checkpoint(self, partition: int, next_offset: int) -> None:
         folds = {
@@ -361,8 +452,8 @@ class LedgerViews:
         """The latest checkpoint at or before ``point``, and the offset to read up to.
 
         For an offset that is the offset after it. For a time it is the first
-        checkpoint where the cluster's last event is after that time (the cluster's
-        first event after it is before that checkpoint), else the live position.
+        checkpoint before which an event of the cluster occurred after that time (the
+        cluster's first event after it is before that checkpoint), else the live position.
         """
         checkpoints = self._checkpoints.get(live.partition, [])
         if isinstance(point, int):

@@ -38,6 +38,7 @@ from ledger.settings import KafkaSettings
 from projections.fold import fold
 from projections.replay import cluster_log
 from projections.state import State
+from readapi import WATCH_WINDOW
 from readapi.ledger import LedgerViews
 from simulation.run import simulate
 
@@ -542,14 +543,26 @@ def test_a_token_file_and_tls_guard_the_api(
 # --------------------------------------------------------------------------- the past
 
 
+@pytest.mark.parametrize("watch_window", [WATCH_WINDOW, 5], ids=["one-by-one", "thinned"])
 async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(
-    walkthrough: KafkaSettings, log_fold: tuple[State, list[tuple[object, Position]]]
+    walkthrough: KafkaSettings,
+    log_fold: tuple[State, list[tuple[object, Position]]],
+    watch_window: int,
 ) -> None:
+    """Whether the log found at start-up is folded one by one, or (but for the last
+    ``watch_window`` records) with plain renewals thinned."""
     _, records = log_fold
     # Checkpoints every 7 records, the newest 2 kept at that spacing: older points start
     # from the sparser ones the server keeps on a long log.
     assert len(records) > 7 * 8, "too short a log to thin the checkpoints"
-    views = LedgerViews(walkthrough, checkpoint_every=7, recent_checkpoints=2, cached_views=4)
+    assert len(records) < WATCH_WINDOW, "the default window keeps the walkthrough whole"
+    views = LedgerViews(
+        walkthrough,
+        checkpoint_every=7,
+        recent_checkpoints=2,
+        cached_views=4,
+        watch_window=watch_window,
+    )
     stop = asyncio.Event()
     follower = asyncio.create_task(views.follow(stop))
     try:
