@@ -114,7 +114,7 @@ class ClusterFold:
     def apply(self, event: Event, position: Position, window: int) -> None:
         """Fold one event; keep its changes for watches if ``window`` is not 0."""
         changes = apply(self.state, event, position)
-        self._passed(event.meta.occurred_at)
+        self._occurred(event.meta.occurred_at)
         self.offset = position.offset
         found = self._track(changes, position.offset, event.meta.occurred_at)
         if window:
@@ -127,7 +127,7 @@ class ClusterFold:
         :class:`~projections.thinning.Thinning`), right after it, keeping none for watches."""
         self._track(changes, record.position.offset, record.event.meta.occurred_at)
 
-    def _passed(self, time: datetime) -> None:
+    def _occurred(self, time: datetime) -> None:
         if self.time is None or time > self.time:
             self.time = time
 
@@ -350,7 +350,7 @@ class LedgerViews:
             self.clusters[name] = fold
             self.events_folded += len(records) - len(thinning.dead)
             if latest is not None:
-                fold._passed(from_micros(latest))
+                fold._occurred(from_micros(latest))
             fold.offset = max(fold.offset, records[-1].offset)
             fold.horizon = max(fold.horizon, records[-1].offset)
             for lease_key in changes.leases:  # renewed, as the renewals left them
