@@ -834,12 +834,19 @@ class Selection:
 def object_list(
     kind: Kind, items: Sequence[JSON], resource_version: int, token: str, remaining: int | None
 ) -> JSON:
+    """A ``<Kind>List``. As upstream encodes a built-in kind's list, its items carry no
+    ``kind`` and ``apiVersion`` (the list says them once); a custom resource's carry them."""
+    if kind.group not in CUSTOM_GROUPS:
+        items = [{k: v for k, v in item.items() if k not in _TYPE_META} for item in items]
     return {
         "kind": f"{kind.kind}List",
         "apiVersion": kind.api_version,
         "metadata": list_metadata(resource_version, token, remaining),
         "items": list(items),
     }
+
+
+_TYPE_META: Final = frozenset({"kind", "apiVersion"})
 
 
 def list_metadata(resource_version: int, token: str, remaining: int | None = None) -> JSON:

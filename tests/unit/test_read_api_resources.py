@@ -387,3 +387,21 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
         ("migration.k8s.io", "v1alpha1", "storageversionmigrations", "Cluster"),
     }
     assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == []
+
+
+def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -> None:
+    # Upstream encodes a built-in kind's list with bare items (the list names their
+    # kind once); a CRD's objects are unstructured and keep their kind and apiVersion.
+    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1")
+    state = State(
+        storage_versions={("c", "apps", "deployments"): storage_version("v1")},
+        storage_states={core_state.key: core_state},
+    )
+    for kind, typed in [(STORAGE_VERSIONS, False), (STORAGE_STATES, True)]:
+        items = [obj for _, obj in kind.selected(view(state))]
+        listed = resources.object_list(kind, items, 42, "", None)
+        assert (listed["kind"], listed["apiVersion"]) == (f"{kind.kind}List", kind.api_version)
+        (item,) = listed["items"]
+        assert ("kind" in item, "apiVersion" in item) == (typed, typed)
+        assert item["metadata"] == items[0]["metadata"]
+        assert items[0]["kind"] == kind.kind  # a single object keeps its type
