@@ -72,7 +72,13 @@ from ledger.events import (
     StorageVersionReported,
 )
 from ledger.hashing import hash_of_stored
-from ledger.identity import HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
+from ledger.identity import (
+    HOSTNAME_LABEL,
+    IDENTITY_LABEL,
+    IDENTITY_NAME,
+    LEASE_NAMESPACE,
+    PEER_ADDRESS_ANNOTATION,
+)
 from ledger.names import CORE_GROUP_ALIAS, group_resource_string, split_group_version
 from ledger.validation import InvalidReport, check_report
 from projections.state import State, lease_expired
@@ -97,6 +103,7 @@ class Lease:
     hostname: str
     lease_duration_seconds: int | None  # None: none, or not positive (expired, as upstream)
     renew_time: datetime | None  # None: none (expired, as upstream)
+    peer_advertise_address: str | None = None  # its annotation, if any
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,6 +170,7 @@ def parse_lease(obj: Mapping[str, Any]) -> Lease:
         labels.get(HOSTNAME_LABEL, ""),
         int(duration) if duration and int(duration) > 0 else None,
         parse_time(renew) if renew else None,
+        (metadata.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION) or None,
     )
 
 
@@ -268,7 +276,10 @@ def reconcile(
         if lease.renew_time is None or lease.lease_duration_seconds is None:
             continue  # expired whatever the time, as upstream's lease GC sees it: ended below
         live.add(apiserver_id)
-        if held is not None and held.holder_identity == lease.holder_identity:
+        if held is not None and (held.holder_identity, held.peer_advertise_address) == (
+            lease.holder_identity,
+            lease.peer_advertise_address,
+        ):
             step = min(renewal_interval, timedelta(seconds=held.lease_duration_seconds / 2))
             if lease.renew_time <= held.renew_time or lease.renew_time < held.renew_time + step:
                 continue
@@ -280,6 +291,7 @@ def reconcile(
                 lease.hostname,
                 lease.lease_duration_seconds,
                 lease.renew_time,
+                peer_advertise_address=lease.peer_advertise_address,
             )
         )
     for (lease_cluster, apiserver_id), held in sorted(state.leases.items()):

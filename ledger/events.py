@@ -78,6 +78,7 @@ class ApiserverHeartbeat:
     lease_duration_seconds: int
     renew_time: datetime
     binary_version: str | None = None
+    peer_advertise_address: str | None = None
 
 
 def lease_term(
@@ -87,6 +88,7 @@ def lease_term(
     hostname: str,
     lease_duration_seconds: int,
     binary_version: str | None,
+    peer_advertise_address: str | None = None,
 ) -> bytes:
     """What a heartbeat says of its lease besides the renew time, as a 16-byte digest.
 
@@ -101,6 +103,8 @@ def lease_term(
         hostname,
         str(lease_duration_seconds),
         "-" if binary_version is None else f"+{binary_version}",
+        # Only where there is one, so the terms written before the field existed stand.
+        *(() if peer_advertise_address is None else (f"+{peer_advertise_address}",)),
     )
     return hashlib.blake2b("\0".join(fields).encode(), digest_size=16).digest()
 
@@ -128,6 +132,7 @@ def heartbeat_term(event: ApiserverHeartbeat) -> bytes:
         event.hostname,
         event.lease_duration_seconds,
         event.binary_version,
+        event.peer_advertise_address,
     )
 
 

@@ -25,6 +25,8 @@ IDENTITY_NAME: Final = "kube-apiserver"
 LEASE_NAMESPACE: Final = "kube-system"
 IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+# Where peers proxy requests to the apiserver (its UnknownVersionInteroperabilityProxy).
+PEER_ADDRESS_ANNOTATION: Final = "kubernetes.io/peer-advertise-address"
 LEASE_DURATION_SECONDS: Final = 3600
 RENEW_INTERVAL_SECONDS: Final = 10
 GC_PERIOD_SECONDS: Final = 3600

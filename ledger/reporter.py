@@ -115,6 +115,7 @@ class ReporterOptions(TypedDict, total=False):
     jitter: float
     lease_duration_seconds: int
     binary_version: str | None
+    peer_advertise_address: str | None
     rng: random.Random | None
 
 
@@ -133,6 +134,7 @@ class Reporter:
         jitter: float = 0.04,
         lease_duration_seconds: int = 3600,
         binary_version: str | None = None,
+        peer_advertise_address: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if not cluster:
@@ -154,6 +156,7 @@ class Reporter:
         self.apiserver_id = apiserver_id(hostname)
         self.holder_identity: str | None = None
         self.binary_version = binary_version
+        self.peer_advertise_address = peer_advertise_address  # "<ip>:<port>", as upstream's
         self._producer = producer
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._interval = heartbeat_interval
@@ -266,6 +269,7 @@ class Reporter:
                 lease_duration_seconds=self._lease_duration,
                 renew_time=now,
                 binary_version=self.binary_version,
+                peer_advertise_address=self.peer_advertise_address,
             )
         )
         previous, self._last_renewal = self._last_renewal, now

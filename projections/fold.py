@@ -245,6 +245,7 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         renew_time=event.renew_time,
         binary_version=event.binary_version,
         revision=revision,
+        peer_advertise_address=event.peer_advertise_address,
     )
     _store(state.leases, lease.key, lease, changes.leases)
 

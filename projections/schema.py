@@ -112,6 +112,7 @@ apiserver_leases: Final = Table(
     Column("renew_time", UTCDateTime, nullable=False),
     Column("binary_version", String),
     Column("revision", String, nullable=False),
+    Column("peer_advertise_address", String),
     PrimaryKeyConstraint("cluster", "apiserver_id"),
 )
 

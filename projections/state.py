@@ -84,6 +84,8 @@ class Lease:
     renew_time: datetime
     binary_version: str | None
     revision: str
+    # Last, with a default: rows pickled before it existed (fold snapshots) load as None.
+    peer_advertise_address: str | None = None
 
     @property
     def key(self) -> LeaseKey:

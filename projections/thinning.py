@@ -61,6 +61,7 @@ def _term(lease: Lease) -> bytes:
         lease.hostname,
         lease.lease_duration_seconds,
         lease.binary_version,
+        lease.peer_advertise_address,
     )
 
 

@@ -45,7 +45,13 @@ from typing import Any, Final, TypeAlias
 from ledger.errors import UsageError
 from ledger.events import Position
 from ledger.hashing import hash_of_stored
-from ledger.identity import HOSTNAME_LABEL, IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
+from ledger.identity import (
+    HOSTNAME_LABEL,
+    IDENTITY_LABEL,
+    IDENTITY_NAME,
+    LEASE_NAMESPACE,
+    PEER_ADDRESS_ANNOTATION,
+)
 from ledger.names import group_resource_string, split_group_version
 from ledger.validation import is_dns1123_subdomain
 from projections.state import (
@@ -346,7 +352,9 @@ LEASES: Final = Kind(
     name=lambda row: row.apiserver_id,
     body=_lease_body,
     labels=lambda row: {IDENTITY_LABEL: IDENTITY_NAME, HOSTNAME_LABEL: row.hostname},
-    annotations=lambda row: {},
+    annotations=lambda row: (
+        {PEER_ADDRESS_ANNOTATION: row.peer_advertise_address} if row.peer_advertise_address else {}
+    ),
     columns=(
         Column("Name", "string", "The API server's ID.", "name"),
         Column("Holder", "string", "spec.holderIdentity."),

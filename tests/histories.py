@@ -188,6 +188,8 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
                 LEASE_DURATION_SECONDS,
                 now,
                 "1.31.0",
+                # Mostly the same, now and then another: a heartbeat that says more.
+                draw(st.sampled_from(["10.0.0.1:6443"] * 4 + [None, "10.0.0.2:6443"])),
             )
         elif action == "report":
             # Apiservers mostly re-report what they reported before (after a restart).
@@ -320,12 +322,14 @@ def plain_renewals(
                 event.hostname,
                 event.lease_duration_seconds,
                 event.binary_version,
+                event.peer_advertise_address,
             )
             if lease is not None and said == (
                 lease.holder_identity,
                 lease.hostname,
                 lease.lease_duration_seconds,
                 lease.binary_version,
+                lease.peer_advertise_address,
             ):
                 plain.add(position)
                 holder = (event.meta.cluster, event.apiserver_id, event.holder_identity)

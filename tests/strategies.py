@@ -115,6 +115,7 @@ def apiserver_heartbeat(*, domains: Domains = ANY) -> st.SearchStrategy[Apiserve
         lease_duration_seconds=domains.durations,
         renew_time=domains.times,
         binary_version=st.none() | domains.versions,
+        peer_advertise_address=st.none() | st.sampled_from(["10.0.0.1:6443", "[fd00::1]:443"]),
     )
 
 

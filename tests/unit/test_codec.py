@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import io
 import json
 import pathlib
@@ -25,6 +26,7 @@ from ledger.events import (
     Event,
     Meta,
     StorageStateReset,
+    heartbeat_term,
     type_name,
 )
 from tests import strategies
@@ -128,7 +130,7 @@ def test_a_time_in_another_zone_decodes_as_the_same_instant_in_utc() -> None:
 @given(strategies.apiserver_heartbeat())
 def test_records_follow_the_avro_single_object_encoding(event: ApiserverHeartbeat) -> None:
     schema = with_meta(
-        read_schema(SCHEMAS / "ApiserverHeartbeat", 1), read_schema(SCHEMAS / "Meta", 1)
+        read_schema(SCHEMAS / "ApiserverHeartbeat", 2), read_schema(SCHEMAS / "Meta", 1)
     )
     record = {
         "meta": {
@@ -145,6 +147,7 @@ def test_records_follow_the_avro_single_object_encoding(event: ApiserverHeartbea
         "lease_duration_seconds": event.lease_duration_seconds,
         "renew_time": event.renew_time,
         "binary_version": event.binary_version,
+        "peer_advertise_address": event.peer_advertise_address,
     }
     assert codec.encode(event) == single_object(schema, record)
 
@@ -158,20 +161,22 @@ def schema_root(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def ship_older_version(root: pathlib.Path, name: str, drop: str) -> dict[str, Any]:
-    """Make the shipped v1 of ``name`` its v2 and put a v1 without field ``drop`` before it."""
+    """Make the newest shipped version of ``name`` one newer and put it without field
+    ``drop`` in its place."""
     type_dir = root / name
-    current = read_schema(type_dir, 1)
-    (type_dir / "v1.avsc").rename(type_dir / "v2.avsc")
+    newest = max(int(path.stem[1:]) for path in type_dir.glob("v*.avsc"))
+    current = read_schema(type_dir, newest)
+    (type_dir / f"v{newest}.avsc").rename(type_dir / f"v{newest + 1}.avsc")
     older = copy.deepcopy(current)
     older["fields"] = [field for field in current["fields"] if field["name"] != drop]
-    (type_dir / "v1.avsc").write_text(json.dumps(older))
+    (type_dir / f"v{newest}.avsc").write_text(json.dumps(older))
     return older
 
 
-def test_an_older_version_decodes_into_the_current_class_with_the_new_fields_default(
-    schema_root: pathlib.Path,
-) -> None:
-    older = ship_older_version(schema_root, "ApiserverHeartbeat", drop="binary_version")
+def test_an_older_version_decodes_into_the_current_class_with_the_new_fields_default() -> None:
+    # ApiserverHeartbeat v1, as shipped, before v2 added the peer advertise address.
+    older = read_schema(SCHEMAS / "ApiserverHeartbeat", 1)
+    assert "peer_advertise_address" not in {field["name"] for field in older["fields"]}
     renewed = datetime(2024, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
     record = {
         "meta": {
@@ -187,10 +192,11 @@ def test_an_older_version_decodes_into_the_current_class_with_the_new_fields_def
         "hostname": "cp-1",
         "lease_duration_seconds": 3600,
         "renew_time": renewed,
+        "binary_version": "v1.31.0",
     }
-    written = single_object(with_meta(older, read_schema(schema_root / "Meta", 1)), record)
+    written = single_object(with_meta(older, read_schema(SCHEMAS / "Meta", 1)), record)
 
-    decoded = Codec(schema_root).decode(written)
+    decoded = codec.decode(written)
 
     assert decoded == ApiserverHeartbeat(
         meta=Meta("8d7a2c1e-0000-4000-8000-000000000001", "prod", renewed, "apiserver-x"),
@@ -199,8 +205,17 @@ def test_an_older_version_decodes_into_the_current_class_with_the_new_fields_def
         hostname="cp-1",
         lease_duration_seconds=3600,
         renew_time=renewed,
-        binary_version=None,
+        binary_version="v1.31.0",
+        peer_advertise_address=None,
     )
+    # Its lease term is the one its record's svledger-lease header was written with
+    # before v2, so thinning tells its renewals as it did.
+    written_before = "\0".join(("prod", "apiserver-x", "apiserver-x_1", "cp-1", "3600", "+v1.31.0"))
+    assert (
+        heartbeat_term(decoded) == hashlib.blake2b(written_before.encode(), digest_size=16).digest()
+    )
+    addressed = dataclasses.replace(decoded, peer_advertise_address="10.0.0.1:6443")
+    assert heartbeat_term(addressed) != heartbeat_term(decoded)
 
 
 def test_a_new_field_takes_the_default_its_schema_declares(schema_root: pathlib.Path) -> None:
@@ -266,9 +281,9 @@ def test_a_new_field_without_default_is_refused_when_the_tree_loads(
 
 
 def test_a_schema_that_differs_from_its_class_is_refused(schema_root: pathlib.Path) -> None:
-    ship_older_version(schema_root, "ApiserverHeartbeat", drop="binary_version")
+    # Its newest schema is then v1, which lacks the class's peer_advertise_address.
     (schema_root / "ApiserverHeartbeat" / "v2.avsc").unlink()
-    with pytest.raises(CodecError, match=r"class ApiserverHeartbeat has .*binary_version"):
+    with pytest.raises(CodecError, match=r"class ApiserverHeartbeat has .*peer_advertise_address"):
         Codec(schema_root)
 
 

@@ -128,6 +128,29 @@ def test_each_renewal_is_one_heartbeat_and_a_resync_adds_nothing() -> None:
     assert (heartbeat.hostname, heartbeat.holder_identity) == ("host-apiserver-a", "a_1")
 
 
+def test_the_peer_advertise_address_is_carried_and_a_new_one_is_a_heartbeat_at_once() -> None:
+    # kube-apiservers annotate their identity lease with it (UnknownVersionInteroperabilityProxy,
+    # on by default since 1.36); a renewal interval does not hold back a lease that changed.
+    def addressed(address: str, renew: datetime) -> Snapshot:
+        obj = lease_object("apiserver-a", "a_1", renew)
+        obj["metadata"]["annotations"] = {"kubernetes.io/peer-advertise-address": address}
+        snapshot = Snapshot()
+        snapshot.leases["apiserver-a"] = parse_lease(obj)
+        return snapshot
+
+    ledger = Ledger()
+    [joined] = ledger.collect(addressed("10.0.0.1:6443", T0), T0, timedelta(minutes=1))
+    assert isinstance(joined, ApiserverHeartbeat)
+    assert joined.peer_advertise_address == "10.0.0.1:6443"
+    second = T0 + timedelta(seconds=10)
+    assert ledger.collect(addressed("10.0.0.1:6443", second), second, timedelta(minutes=1)) == []
+    [moved] = ledger.collect(addressed("10.0.0.2:6443", second), second, timedelta(minutes=1))
+    assert isinstance(moved, ApiserverHeartbeat)
+    assert moved.peer_advertise_address == "10.0.0.2:6443"
+    assert ledger.state.leases[CLUSTER, "apiserver-a"].peer_advertise_address == "10.0.0.2:6443"
+    assert parse_lease(lease_object("apiserver-a", "a_1", T0)).peer_advertise_address is None
+
+
 def test_a_renewal_interval_appends_a_renewal_per_interval_and_every_new_holder() -> None:
     ledger = Ledger()
     minute = timedelta(seconds=60)

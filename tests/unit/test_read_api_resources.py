@@ -405,3 +405,14 @@ def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -
         assert ("kind" in item, "apiVersion" in item) == (typed, typed)
         assert item["metadata"] == items[0]["metadata"]
         assert items[0]["kind"] == kind.kind  # a single object keeps its type
+
+
+def test_a_lease_shows_its_peer_advertise_address_as_upstream_annotates_it() -> None:
+    lease = Lease("c", "apiserver-a", "apiserver-a_1", "cp-0", 15, T0, None, "0:4")
+    addressed = dataclasses.replace(lease, peer_advertise_address="10.0.0.1:6443")
+    for row, shown in [
+        (lease, None),
+        (addressed, {"kubernetes.io/peer-advertise-address": "10.0.0.1:6443"}),
+    ]:
+        ((_, obj),) = LEASES.selected(view(State(leases={row.key: row})))
+        assert obj["metadata"].get("annotations") == shown
