@@ -68,7 +68,6 @@ Row: TypeAlias = Lease | StorageVersion | StorageState | Migration
 
 PHASE_LABEL: Final = "svledger.io/phase"
 RESOURCE_LABEL: Final = "svledger.io/resource"
-AGREED_LABEL: Final = "svledger.io/agreed"
 MIGRATED_ANNOTATION: Final = "svledger.io/objects-migrated"
 TARGET_HASH_ANNOTATION: Final = "svledger.io/target-storage-version-hash"
 _UID_NAMESPACE: Final = uuid.UUID("6c1f7c8e-5a0b-4f5e-9a43-3f0e2f1b7d21")
@@ -296,7 +295,7 @@ STORAGE_VERSIONS: Final = Kind(
     rows=lambda state: state.storage_versions,
     name=lambda row: row.name,
     body=_storage_version_body,
-    labels=lambda row: {AGREED_LABEL: str(row.condition.status == "True").lower()},
+    labels=lambda row: {},
     annotations=lambda row: {},
     columns=(
         Column("Name", "string", "The StorageVersion's name, <group>.<resource>.", "name"),
