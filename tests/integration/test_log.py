@@ -150,7 +150,16 @@ async def test_three_reporters_join_then_report_then_heartbeat_in_one_partition(
     start = clock.now()
     async with EventProducer(settings) as producer:
         reporters = [
-            Reporter("prod", f"apiserver-{i}.example", RESOURCES, producer, clock) for i in range(3)
+            Reporter(
+                "prod",
+                f"apiserver-{i}.example",
+                RESOURCES,
+                producer,
+                clock,
+                binary_version="v1.37.2",
+                peer_advertise_address=f"10.0.0.{i}:6443",
+            )
+            for i in range(3)
         ]
         for reporter in reporters:
             await reporter.start()
@@ -178,6 +187,9 @@ async def test_three_reporters_join_then_report_then_heartbeat_in_one_partition(
         }
         beats = [e for e in events if isinstance(e, ApiserverHeartbeat)]
         assert beats[0].renew_time == start
+        assert {(b.binary_version, b.peer_advertise_address) for b in beats} == {
+            ("v1.37.2", reporter.peer_advertise_address)
+        }
         for previous, following in itertools.pairwise(beats):
             assert (
                 timedelta(seconds=10)
