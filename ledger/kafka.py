@@ -1326,12 +1326,7 @@ class EventConsumer:
         for messages in (await self.fetch_for_fold(max_records, timeout_ms)).values():
             if key is not None:
                 messages = [message for message in messages if message.key == key]
-            for message in messages:
-                read = decode_message(message)
-                if isinstance(read, str):
-                    dead.append((message, read))
-                else:
-                    records.append(read)
+            decode_messages(messages, records, dead)
         await self.send_dead_letters(dead)
         return records
 
@@ -1540,6 +1535,19 @@ def decode_message(message: Message) -> Record | str:
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
     return Record(Position(message.partition, message.offset), event, message.value)
+
+
+def decode_messages(
+    messages: Iterable[Message], records: list[Record], dead: list[tuple[Message, str]]
+) -> None:
+    """Append the record of each consumed message to ``records``, or the message and why
+    it belongs in the dead-letter topic to ``dead``."""
+    for message in messages:
+        read = decode_message(message)
+        if isinstance(read, str):
+            dead.append((message, read))
+        else:
+            records.append(read)
 
 
 _OFFSET: Final = operator.attrgetter("offset")

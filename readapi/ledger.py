@@ -48,7 +48,7 @@ from ledger.kafka import (
     EventConsumer,
     Message,
     Record,
-    decode_message,
+    decode_messages,
     first_at,
     topic_partitions,
 )
@@ -272,12 +272,7 @@ class LedgerViews:
                     for partition, messages in batch.items():
                         cut = first_at(messages, thinned.get(partition, 0))
                         dead += self._fold_thinned(partition, messages[:cut])
-                        for message in messages[cut:]:
-                            read = decode_message(message)
-                            if isinstance(read, str):
-                                dead.append((message, read))
-                            else:
-                                records.append(read)
+                        decode_messages(messages[cut:], records, dead)
                     await consumer.send_dead_letters(dead)  # logged and passed over
                     self._fold(records)
                     if folded := sum(map(len, batch.values())) - len(dead):
