@@ -230,7 +230,12 @@ class _Node:
     def minutes(self, key: str) -> int:
         """A time in virtual minutes (fractions allowed), returned in whole seconds."""
         value = self.required(key)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not value >= 0  # NaN too
+            or not math.isfinite(value * 60)
+        ):
             self.fail(key, f"expected minutes >= 0 (e.g. 3 or 2.5), got {value!r}")
         seconds = value * 60
         if not math.isclose(seconds, round(seconds)):

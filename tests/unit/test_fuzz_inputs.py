@@ -9,6 +9,7 @@ line naming the argument, never a traceback. (The codec's fuzzing is in
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def test_a_scenario_loads_or_is_refused_with_a_clear_error(document: object) -> 
         scenario.parse(text, "fuzz.yaml")
     except ScenarioError as error:
         assert str(error).startswith("fuzz.yaml"), error
+
+
+@pytest.mark.parametrize("at", [float("nan"), float("inf"), 3e306])
+def test_a_time_that_is_no_number_of_minutes_is_refused_naming_it(at: float) -> None:
+    # YAML's .nan and .inf, and a number of minutes whose seconds overflow.
+    document = copy.deepcopy(WALKTHROUGH_DOCUMENT)
+    document["timeline"][1]["at"] = at
+    with pytest.raises(ScenarioError, match=r"^fuzz\.yaml.*expected minutes >= 0"):
+        scenario.parse(yaml.safe_dump(document), "fuzz.yaml")
 
 
 @given(st.text(max_size=200))
