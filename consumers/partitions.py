@@ -331,6 +331,9 @@ class PartitionFollower:
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._member: GroupMember | None = None
         self._lag = metrics.ReaderLag(group_id)
+        # How often each partition was revoked or assigned: a rebuild that sees it move
+        # started on an assignment that is gone (:meth:`_build`).
+        self._moves: collections.Counter[int] = collections.Counter()
 
     async def __aenter__(self) -> Self:
         return self
@@ -376,8 +379,10 @@ class PartitionFollower:
         return None
 
     def _lose(self, partitions: set[int]) -> None:
-        """Revoked and newly assigned partitions are rebuilt from scratch."""
+        """Revoked and newly assigned partitions are rebuilt from scratch, and so are those
+        being rebuilt right now (:meth:`_build`)."""
         for partition in partitions:
+            self._moves[partition] += 1
             partition_log = self.logs.get(partition)
             if partition_log is not None:
                 partition_log.lose()
@@ -410,7 +415,15 @@ class PartitionFollower:
                 self.logs[partition] = built
 
     async def _build(self, partition: int) -> PartitionLog | None:
-        """A fresh log of ``partition``, or None if a rebalance took it meanwhile."""
+        """A fresh log of ``partition``, or None if a rebalance took it meanwhile (or the
+        seek to where its fold starts timed out).
+
+        Or gave it back: a partition assigned anew starts reading at the group's
+        committed offset, whatever this rebuild seeked on the assignment before, so the
+        fold would start past the partition's history (and the consumer decide on a
+        state without it). The next poll builds it again on the new assignment.
+        """
+        moves = self._moves[partition]
         producer = PartitionProducer(
             self.settings, partition, f"{self.transactional_prefix}-{partition}", self.group_id
         )
@@ -436,11 +449,18 @@ class PartitionFollower:
                     barrier,
                 )
             if await self.member.seek(partition, partition_log.position):
-                return partition_log
+                if self._moves[partition] == moves:
+                    return partition_log
+                log.info(
+                    "%s: partition %d was reassigned while its log was rebuilt; rebuilding"
+                    " it again",
+                    self.group_id,
+                    partition,
+                )
         except BaseException:
             await producer.stop()
             raise
-        await producer.stop()  # a rebalance took the partition while the producer started
+        await producer.stop()  # a rebalance moved the partition, or the seek timed out
         return None
 
     async def batches(self, stop: asyncio.Event) -> AsyncIterator[Folded]:

@@ -1013,7 +1013,8 @@ class GroupMember(_Member):
 
     async def seek(self, partition: int, offset: int = 0) -> bool:
         """Read ``partition`` from ``offset`` (0: its start, whatever the log's retention
-        left); False if a rebalance has taken it meanwhile."""
+        left); False if a rebalance has taken it meanwhile, or the broker did not answer
+        the seek to the start within the request timeout (the caller tries again)."""
         tp = self._tp(partition)
         if tp not in self._kafka.assignment():
             return False
@@ -1021,11 +1022,10 @@ class GroupMember(_Member):
             with self._refusals():
                 if offset:
                     self._kafka.seek(tp, offset)
-                else:
-                    await self._kafka.seek_to_beginning(tp)
+                    return True
+                return bool(await self._kafka.seek_to_beginning(tp))
         except IllegalStateError:  # revoked between the check and the seek
             return False
-        return True
 
     async def position(self, partition: int) -> int:
         with self._refusals():

@@ -54,8 +54,10 @@ from ledger.kafka import (
     BROKER_ERRORS,
     EndOffsets,
     EventProducer,
+    GroupMember,
     PartitionProducer,
     create_topics,
+    ledger_consumer,
 )
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
@@ -495,6 +497,64 @@ async def test_a_follower_that_joined_before_its_topic_was_listed_is_assigned_on
         joining.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await joining
+
+
+async def test_a_partition_given_back_while_its_log_is_rebuilt_is_rebuilt_again(
+    kafka_bootstrap: str, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebalance gives a member back the partition it is rebuilding, right after the
+    rebuild seeked to the partition's start (a broker restart makes every member rejoin).
+    The partition, assigned anew, is read from the group's committed offset. The fold
+    used to start there without the partition's history, and the consumer decided on
+    that: the chaos test's worker once sat for ever on a Running migration its fold had
+    never seen. The rebuild is now made again on the new assignment."""
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    other = KafkaSettings(
+        bootstrap_servers=kafka_bootstrap, topic=f"{unique_topic}.other", partitions=1
+    )
+    await create_topics(settings)
+    await create_topics(other)
+    group = "given-back"
+    async with EventProducer(settings) as producer:
+        await producer.send_many([heartbeat("h1"), heartbeat("h2")])
+    earlier = PartitionProducer(settings, 0, f"{group}-0", group)
+    await earlier.start()
+    await earlier.append([heartbeat("h3")], consumed=2)  # the group's offset: past h1, h2
+    await earlier.stop()
+
+    joiner = ledger_consumer(other, group)  # a member of the group that reads another topic
+    joined = False
+    seek = GroupMember.seek
+
+    async def seek_then_rebalance(self: GroupMember, partition: int, offset: int = 0) -> bool:
+        nonlocal joined
+        sought = await seek(self, partition, offset)
+        if joined:
+            return sought
+        joined = True
+        coordinator = self._kafka._coordinator
+        generation = coordinator.generation
+        await joiner.start()
+        joiner.subscribe([other.topic])
+        async with asyncio.timeout(60):  # this member rejoins and gets its partition back
+            while coordinator.generation == generation or partition not in self.assignment():
+                await asyncio.sleep(0.1)
+        return sought
+
+    monkeypatch.setattr(GroupMember, "seek", seek_then_rebalance)
+    stop = asyncio.Event()
+    follower = PartitionFollower(settings, group_id=group, transactional_prefix=group)
+    try:
+        async with asyncio.timeout(120), follower:
+            async for folded in follower.batches(stop):
+                if folded.log.caught_up:
+                    break
+    finally:
+        await joiner.stop()
+    assert joined, "no rebalance was made"
+    assert sorted(key[1] for key in folded.log.state.leases) == sorted(
+        apiserver_id(host) for host in ("h1", "h2", "h3")
+    )
 
 
 async def test_a_collector_started_while_the_broker_is_down_collects_once_it_is_back(
