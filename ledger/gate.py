@@ -15,8 +15,10 @@ to writes of a resource whose registration is pending, ``<gr>`` being the
 GroupResource (``deployments.apps``, or ``pods`` for the core group) and ``<err>``
 the last error met while registering (``<nil>`` if none). Resources the server never
 reports (not persisted) are not pending and pass. Upstream also passes namespace
-creation by its own ``system:apiserver`` user (its bootstrap of ``kube-system``); an
-ASGI application has no such user, so that exemption is left to the embedding server.
+creation by the API server's own user (``system:apiserver`` in ``system:masters``: its
+bootstrap of ``kube-system``, where the identity leases live); so does the gate when it
+is told who made the request (``RequestInfo.user``; the middleware's ``user``), since
+only the embedding server authenticates requests.
 
 :class:`WriteGate` is that decision as a plain predicate; the reporter marks
 resources pending and registered. It is read from request-handling threads and
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Final, TypeAlias
 
 from ledger.identity import LEASE_NAMESPACE
@@ -54,6 +56,11 @@ _NAMESPACE_SUBRESOURCES: Final = frozenset({"status", "finalize"})
 # identity leases that API depends on (in kube-system only).
 _STORAGE_VERSIONS: Final = ("internal.apiserver.k8s.io", "storageversions")
 _LEASES: Final = ("coordination.k8s.io", "leases")
+_NAMESPACES: Final = ("", "namespaces")
+# The API server's own loopback identity (upstream's user.APIServerUser and
+# user.SystemPrivilegedGroup): only it may create namespaces before registration.
+APISERVER_USER: Final = "system:apiserver"
+PRIVILEGED_GROUP: Final = "system:masters"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +71,8 @@ class RequestInfo:
     group: str
     resource: str
     namespace: str = ""
+    user: str | None = None  # who made it, if the server authenticated it
+    groups: tuple[str, ...] = ()  # the user's groups
 
 
 class WriteGate:
@@ -97,10 +106,17 @@ class WriteGate:
 
     def admits(self, request: RequestInfo) -> bool:
         """Upstream's precondition: reads pass, and so do writes to the StorageVersion
-        API and to leases in ``kube-system``; another write passes unless its resource
-        is pending."""
+        API, the API server's own creation of namespaces and writes to leases in
+        ``kube-system``; another write passes unless its resource is pending."""
         target = (request.group, request.resource)
         if request.verb in _READS or target == _STORAGE_VERSIONS:
+            return True
+        if (
+            target == _NAMESPACES
+            and request.verb == "create"
+            and request.user == APISERVER_USER
+            and PRIVILEGED_GROUP in request.groups
+        ):
             return True
         if target == _LEASES and request.namespace == LEASE_NAMESPACE:
             return True
@@ -165,21 +181,32 @@ ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class WriteGateMiddleware:
-    """ASGI middleware answering 503 (a Kubernetes ``Status``) to writes the gate refuses."""
+    """ASGI middleware answering 503 (a Kubernetes ``Status``) to writes the gate refuses.
+
+    ``user``: who made a request, as the embedding server authenticated it (its name and
+    groups, or None), so that the API server's own namespace creation passes as
+    upstream's does; without it no request has a user.
+    """
 
     def __init__(
         self,
         app: ASGIApp,
         gate: WriteGate,
         resolve: Callable[[str, str], RequestInfo | None] = request_info,
+        user: Callable[[Scope], tuple[str, Sequence[str]] | None] | None = None,
     ) -> None:
         self.app = app
         self.gate = gate
         self.resolve = resolve
+        self.user = user
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             request = self.resolve(scope["method"], scope["path"])
+            if request is not None and self.user is not None:
+                found = self.user(scope)
+                if found is not None:
+                    request = dataclasses.replace(request, user=found[0], groups=tuple(found[1]))
             if request is not None and not self.gate.admits(request):
                 await _service_unavailable(send, self.gate.reason(request.group, request.resource))
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.gate import WriteGate, WriteGateMiddleware, request_info
+from ledger.gate import RequestInfo, WriteGate, WriteGateMiddleware, request_info
 
 labels = st.from_regex(r"[a-z]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True).filter(
     lambda label: label not in ("watch", "proxy")  # path prefixes, ambiguous upstream too
@@ -105,6 +106,27 @@ def test_the_gate_passes_what_upstreams_precondition_passes(
     assert gate.admits(request) is passes
 
 
+def test_the_apiserver_itself_may_create_namespaces_before_registration() -> None:
+    """Upstream passes namespace creation by ``system:apiserver`` in ``system:masters``
+    (its bootstrap of ``kube-system``), and no other write to namespaces."""
+    gate = WriteGate([("", "namespaces"), ("", "configmaps")])
+    apiserver = RequestInfo(
+        "create", "", "namespaces", user="system:apiserver", groups=("system:masters",)
+    )
+    assert gate.admits(apiserver)
+    assert not gate.admits(dataclasses.replace(apiserver, groups=("system:authenticated",)))
+    assert not gate.admits(dataclasses.replace(apiserver, user="admin"))
+    assert not gate.admits(dataclasses.replace(apiserver, user=None, groups=()))
+    assert not gate.admits(dataclasses.replace(apiserver, verb="update", namespace="kube-system"))
+    assert not gate.admits(dataclasses.replace(apiserver, resource="configmaps"))
+
+    users = {"apiserver": ("system:apiserver", ["system:masters"]), "admin": ("admin", [])}
+    app = WriteGateMiddleware(_hello, gate, user=lambda scope: users.get(scope["user"]))
+    for user, status in (("apiserver", 201), ("admin", 503), ("anonymous", 503)):
+        assert asyncio.run(_call(app, "POST", "/api/v1/namespaces", user=user))[0] == status
+    assert asyncio.run(_call(app, "PUT", "/api/v1/namespaces/x", user="apiserver"))[0] == 503
+
+
 def test_reason_is_upstreams_message_with_the_group_resource() -> None:
     gate = WriteGate([("apps", "deployments"), ("", "pods")])
     assert gate.reason("apps", "deployments") == (
@@ -118,7 +140,9 @@ def test_reason_is_upstreams_message_with_the_group_resource() -> None:
     )
 
 
-async def _call(app: Any, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+async def _call(
+    app: Any, method: str, path: str, user: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -127,7 +151,8 @@ async def _call(app: Any, method: str, path: str) -> tuple[int, dict[str, str], 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await app({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+    scope = {"type": "http", "method": method, "path": path, "headers": [], "user": user}
+    await app(scope, receive, send)
     start, body = sent[0], b"".join(m.get("body", b"") for m in sent[1:])
     headers = {k.decode(): v.decode() for k, v in start["headers"]}
     return start["status"], headers, body
