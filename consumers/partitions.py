@@ -32,7 +32,10 @@ migration trigger, the migration worker) has the same needs, served here once:
   next decision waits until the output has come back through the log and been
   folded like any other event.
 * Anything going wrong with a partition (fenced, transaction failed, revoked) marks
-  its log lost; the next poll rebuilds it from scratch as on assignment. So does
+  its log lost; the next poll rebuilds it from scratch as on assignment. A rebuild
+  during which the partition was revoked or assigned again is made again: aiokafka
+  reads a partition assigned anew from the group's committed offset, not from where
+  the rebuild seeked, and the fold would miss the partition's history. So does
   output of its own that a transaction timeout after its commit is still not
   readable, with the partition's last stable offset stopped at it: the broker
   acknowledged the commit but never wrote its markers (see
