@@ -32,15 +32,15 @@ migration trigger, the migration worker) has the same needs, served here once:
   next decision waits until the output has come back through the log and been
   folded like any other event.
 * Anything going wrong with a partition (fenced, transaction failed, revoked) marks
-  its log lost; the next poll rebuilds it from scratch as on assignment. A rebuild
-  during which the partition was revoked or assigned again is made again: aiokafka
-  reads a partition assigned anew from the group's committed offset, not from where
-  the rebuild seeked, and the fold would miss the partition's history. So does
+  its log lost; the next poll rebuilds it from scratch as on assignment. So does
   output of its own that a transaction timeout after its commit is still not
   readable, with the partition's last stable offset stopped at it: the broker
   acknowledged the commit but never wrote its markers (see
   :class:`~ledger.kafka.PartitionProducer`), and the new producer's start aborts it.
   The fold rebuilt without it, the consumer decides again, exactly once.
+* A rebuild during which the partition was revoked or assigned again is made again:
+  aiokafka reads a partition assigned anew from the group's committed offset, not
+  from where the rebuild seeked, and the fold would miss the partition's history.
 * A log lost because its transaction failed (fenced, most often) is rebuilt only after
   a jittered backoff that doubles with each such loss in a row (:class:`Backoff`).
   Within one group a fence means a rebalance gave the partition away, and the
