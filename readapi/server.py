@@ -11,6 +11,8 @@ What it speaks, as kube-apiserver does:
 * discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 or v2beta1
   when the client asks for it first, as kubectl does, else the legacy lists),
   ``/apis/GROUP`` and ``/apis/GROUP/VERSION`` (each kind with its ``storageVersionHash``);
+* ``/openapi/v3`` and a document per group version, which ``kubectl explain`` reads
+  (:mod:`readapi.openapi`; JSON only);
 * get and list, with ``labelSelector``, ``fieldSelector`` (``metadata.name``,
   ``metadata.namespace``), ``limit`` and ``continue`` (a later page reads the
   snapshot of the first: its resourceVersion; ``remainingItemCount`` when no selector
@@ -71,7 +73,7 @@ from aiohttp import web
 from ledger.errors import UsageError
 from ledger.identity import LEASE_NAMESPACE
 from projections.history import ResourceNameError
-from readapi import negotiation, resources
+from readapi import negotiation, openapi, resources
 from readapi.ledger import (
     Change,
     ClusterFold,
@@ -149,6 +151,8 @@ def app(
         application.router.add_get(prefix + "/apis", _apis)
         application.router.add_get(prefix + "/apis/{group}", _group)
         application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
+        application.router.add_get(prefix + "/openapi/v3", _openapi_index)
+        application.router.add_get(prefix + "/openapi/v3/{path:.+}", _openapi_document)
         # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
         watched = prefix + "/apis/{group}/{version}/{watch:watch}"
         application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
@@ -389,6 +393,19 @@ async def _group_version(request: web.Request) -> web.StreamResponse:
     if found is None:
         raise _no_such_path(request)
     return _json(found)
+
+
+async def _openapi_index(request: web.Request) -> web.StreamResponse:
+    _cluster_view_check(request)
+    return _json(openapi.index(request.path.removesuffix("/openapi/v3")))
+
+
+async def _openapi_document(request: web.Request) -> web.StreamResponse:
+    _cluster_view_check(request)
+    document = openapi.document(request.match_info["path"])
+    if document is None:
+        raise _no_such_path(request)
+    return web.Response(body=document, content_type="application/json")
 
 
 def _cluster_view_check(request: web.Request) -> None:

@@ -25,8 +25,8 @@ of any other language fails the test, so a new kind of block needs a rule here f
   scenario checks of ``simulation.scenario``.
 * ``text``: pictures and sample output; not run.
 
-Comparing output: trailing blanks are dropped and runs of spaces count as one, so
-aligned columns may differ in width. ``...`` stands for text that varies from run to run
+Comparing output: trailing blanks are dropped and runs of blanks (spaces, tabs) count
+as one, so aligned columns may differ in width. ``...`` stands for text that varies from run to run
 (times, log offsets after the walkthrough's first concurrent step, IDs derived from
 them, durations): within a line it matches any text, and a line holding only ``...``
 matches any number of lines. Pages use it only where a real run varies.
@@ -151,7 +151,7 @@ def commands(block: Block) -> list[Command]:
 
 
 def normalized(lines: list[str] | tuple[str, ...]) -> list[str]:
-    out = [re.sub(r" +", " ", line.rstrip()) for line in lines]
+    out = [re.sub(r"[ \t]+", " ", line.rstrip()) for line in lines]
     while out and not out[-1]:
         out.pop()
     return out

@@ -266,6 +266,41 @@ def test_kubectl_get_yaml_is_upstreams_shape(
     assert "commonEncodingVersion: apps/v2" in yaml_out
 
 
+def test_kubectl_explain_describes_each_kind_and_its_fields(
+    server: Server, kubectl: list[str]
+) -> None:
+    explained = run([*kubectl, "--server", server.cluster, "explain", "storageversions"])
+    assert explained.splitlines()[:3] == [
+        "GROUP:      internal.apiserver.k8s.io",
+        "KIND:       StorageVersion",
+        "VERSION:    v1alpha1",
+    ]
+    assert re.search(r"^  status\t<StorageVersionStatus>", explained, re.MULTILINE)
+    entries = run(
+        [*kubectl, "--server", server.cluster, "explain", "storageversions.status.storageVersions"]
+    )
+    assert "FIELD: storageVersions <[]ServerStorageVersion>" in entries
+    assert re.search(r"^  encodingVersion\t<string>$", entries, re.MULTILINE)
+    # Every kind, also in a past view, and a field path through a named type.
+    for resource, kind in (
+        ("leases.spec", "Lease"),
+        ("storagestates.status.persistedStorageVersionHashes", "StorageState"),
+        ("storageversionmigrations.spec.resource", "StorageVersionMigration"),
+    ):
+        out = run([*kubectl, "--server", f"{server.cluster}/at/5", "explain", resource])
+        assert f"KIND:       {kind}" in out
+    recursive = run([*kubectl, "--server", server.cluster, "explain", "leases", "--recursive"])
+    assert re.search(r"^    holderIdentity\t<string>$", recursive, re.MULTILINE)
+    missing = subprocess.run(
+        [*kubectl, "--server", server.cluster, "explain", "storageversions.status.nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0
+    assert 'field "nope" does not exist' in missing.stderr
+
+
 def test_kubectl_watch_sees_an_event_appended_to_kafka(
     server: Server, kubectl: list[str], walkthrough: KafkaSettings
 ) -> None:

@@ -1,0 +1,444 @@
+"""The served kinds' schemas as OpenAPI v3, which ``kubectl explain`` reads.
+
+kube-apiserver publishes its schemas per group version: ``/openapi/v3`` lists the group
+versions, each with a ``serverRelativeURL`` (carrying a ``hash`` of the document, so a
+client may cache it), and that URL answers an OpenAPI 3.0 document whose
+``components.schemas`` hold every kind of the group version, each marked with its
+``x-kubernetes-group-version-kind``. kubectl finds a resource's kind by discovery, then
+its schema by that mark. This module builds the same documents for the four kinds of
+:mod:`readapi.resources`.
+
+The schemas describe what this API serves, field for field (``tests/unit/test_openapi.py``
+checks every served object against them), in upstream's type names and JSON shapes;
+their descriptions say what each field means in the ledger. A field upstream's types
+have and the ledger never fills (``ObjectMeta.generation``, ``Lease.spec.acquireTime``,
+...) is left out rather than described as always empty.
+
+The ``serverRelativeURL`` is the whole path from the server's root, the cluster's prefix
+(``/clusters/CLUSTER``, or a past view's ``/clusters/CLUSTER/at/POINT``) included,
+because client-go requests it as is rather than below the path it was configured with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Any, Final
+
+from readapi.resources import JSON, KINDS, Kind, groups
+
+_META: Final = "io.k8s.apimachinery.pkg.apis.meta.v1"
+OBJECT_META: Final = f"{_META}.ObjectMeta"
+LIST_META: Final = f"{_META}.ListMeta"
+_COMPONENT_PREFIX: Final = "#/components/schemas/"
+
+
+def _string(description: str, **more: Any) -> JSON:
+    return {"type": "string", "description": description, **more}
+
+
+def _time(description: str) -> JSON:
+    return _string(description, format="date-time")
+
+
+def _integer(description: str) -> JSON:
+    return {"type": "integer", "format": "int32", "description": description}
+
+
+def _strings(description: str) -> JSON:
+    return {"type": "array", "items": {"type": "string", "default": ""}, "description": description}
+
+
+def _string_map(description: str) -> JSON:
+    return {
+        "type": "object",
+        "additionalProperties": {"type": "string", "default": ""},
+        "description": description,
+    }
+
+
+def _ref(name: str, description: str) -> JSON:
+    """A reference to component ``name``, wrapped as upstream's documents wrap one, so
+    the field keeps a description of its own."""
+    return {
+        "allOf": [{"$ref": _COMPONENT_PREFIX + name}],
+        "default": {},
+        "description": description,
+    }
+
+
+def _object(description: str, properties: JSON, required: tuple[str, ...] = ()) -> JSON:
+    schema: JSON = {"type": "object", "description": description, "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _kind_fields(kind: Kind) -> JSON:
+    return {
+        "apiVersion": _string(f"The schema of this object: {kind.api_version}."),
+        "kind": _string(f"The kind of this object: {kind.kind}."),
+        "metadata": _ref(OBJECT_META, "Standard object metadata; see ObjectMeta."),
+    }
+
+
+_GROUP_RESOURCE: Final = {
+    "group": _string("The API group; left out for the core group."),
+    "resource": _string("The resource, plural and lower case, e.g. deployments."),
+}
+
+_SHARED: Final[JSON] = {
+    OBJECT_META: _object(
+        "Metadata of a served object. Every object is read-only: the ledger's producers "
+        "append events, and the views are folded from them.",
+        {
+            "name": _string("The object's name, unique within its kind (and namespace)."),
+            "namespace": _string("kube-system for the apiserver identity leases; unset otherwise."),
+            "uid": _string(
+                "Derived from the cluster, kind, name and the log offset of the event that "
+                "created the object, so an object deleted and created again gets a new one."
+            ),
+            "resourceVersion": _string(
+                "The log offset, in the cluster's partition, of the event that last "
+                "changed the object. Opaque to clients, as in Kubernetes."
+            ),
+            "creationTimestamp": {
+                **_time("The time of the event that created the object; null when not known."),
+                "nullable": True,
+            },
+            "labels": _string_map(
+                "Labels, as upstream sets them; svledger.io/ ones are the ledger's."
+            ),
+            "annotations": _string_map("Annotations; svledger.io/ ones are the ledger's."),
+        },
+    ),
+    LIST_META: _object(
+        "Metadata of a list.",
+        {
+            "resourceVersion": _string("The log offset the view is folded up to."),
+            "continue": _string("Set when there are more items: pass it to get the next page."),
+            "remainingItemCount": {
+                "type": "integer",
+                "format": "int64",
+                "description": "How many items follow this page, when known.",
+            },
+        },
+    ),
+}
+
+
+class _Package:
+    """The components of one kind's Go package: each named type a component of its own,
+    so kubectl prints a field's type by name, as for upstream's."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+        self.components: JSON = {}
+
+    def define(self, name: str, schema: JSON) -> str:
+        self.components[f"{self.package}.{name}"] = schema
+        return f"{self.package}.{name}"
+
+    def field(self, name: str, schema: JSON, description: str) -> JSON:
+        """A field of type ``name``, defined here as ``schema``."""
+        return _ref(self.define(name, schema), description)
+
+    def array(self, name: str, schema: JSON, description: str) -> JSON:
+        """An array field of items of type ``name``, defined here as ``schema``."""
+        item = {"$ref": _COMPONENT_PREFIX + self.define(name, schema), "default": {}}
+        return {"type": "array", "items": item, "description": description}
+
+
+def _storage_version(kind: Kind, package: _Package) -> JSON:
+    entry = _object(
+        "What one API server reported for the resource.",
+        {
+            "apiServerID": _string("The ID of the API server (its identity lease's name)."),
+            "encodingVersion": _string("The version it encodes objects in when it writes them."),
+            "decodableVersions": _strings(
+                "The versions it can decode; includes the encoding version."
+            ),
+            "servedVersions": _strings(
+                "The versions it serves the resource in; left out when it reported none."
+            ),
+        },
+    )
+    condition = _object(
+        "The state of the agreement.",
+        {
+            "type": _string("AllEncodingVersionsEqual."),
+            "status": _string("True when every API server reports the same encoding version."),
+            "lastTransitionTime": _time("The time of the ledger event that last flipped status."),
+            "reason": _string("CommonEncodingVersionSet or CommonEncodingVersionUnset."),
+            "message": _string("The reason, for humans."),
+        },
+        ("type", "status", "reason"),
+    )
+    status = _object(
+        "The reports and the agreement folded from them.",
+        {
+            "storageVersions": package.array(
+                "ServerStorageVersion", entry, "One entry per reporting API server."
+            ),
+            "commonEncodingVersion": _string(
+                "The encoding version every API server reports; left out while they disagree."
+            ),
+            "conditions": package.array(
+                "StorageVersionCondition", condition, "The AllEncodingVersionsEqual condition."
+            ),
+        },
+    )
+    return _object(
+        "The storage versions API server instances report for one resource (KEP-2339), "
+        "folded from the ledger: an entry per API server with a live identity lease.",
+        {
+            **_kind_fields(kind),
+            "spec": package.field(
+                "StorageVersionSpec", _object("Empty.", {}), "Always empty, as upstream's."
+            ),
+            "status": package.field(
+                "StorageVersionStatus", status, "The API servers' reports and whether they agree."
+            ),
+        },
+        ("spec", "status"),
+    )
+
+
+def _lease(kind: Kind, package: _Package) -> JSON:
+    spec = _object(
+        "Who holds the lease, for how long, and when it was last renewed.",
+        {
+            "holderIdentity": _string(
+                "The holder, <apiserver ID>_<UUID>: a new UUID on every start of the server; "
+                "left out when the lease has none."
+            ),
+            "leaseDurationSeconds": _integer("Seconds the lease stays valid after its renew time."),
+            "renewTime": _time("When the holder last renewed the lease, to the microsecond."),
+        },
+    )
+    return _object(
+        "An API server's identity lease (KEP-1965) as the ledger last saw it renewed: "
+        "its name is the API server's ID, its host name is in the kubernetes.io/hostname "
+        "label. A lease that expired or was released is gone.",
+        {**_kind_fields(kind), "spec": package.field("LeaseSpec", spec, "The lease's term.")},
+    )
+
+
+def _storage_state(kind: Kind, package: _Package) -> JSON:
+    resource = package.field(
+        "GroupResource", _object("A resource.", dict(_GROUP_RESOURCE)), "The resource."
+    )
+    status = _object(
+        "storageVersionHash values, as discovery gives them for versions of the resource.",
+        {
+            "currentStorageVersionHash": _string(
+                "The storageVersionHash of the version the API servers agree on; left out "
+                "until they first do."
+            ),
+            "persistedStorageVersionHashes": _strings(
+                "Hashes of every version objects may still be stored in; Unknown while "
+                "objects may be stored in a version the ledger never saw, until a "
+                "migration has rewritten every object."
+            ),
+        },
+    )
+    return _object(
+        "The storage versions objects of one resource may be stored in, as "
+        "kube-storage-version-migrator keeps them.",
+        {
+            **_kind_fields(kind),
+            "spec": package.field(
+                "StorageStateSpec",
+                _object("Which resource the state is of.", {"resource": resource}),
+                "The resource.",
+            ),
+            "status": package.field(
+                "StorageStateStatus", status, "The current and the persisted hashes."
+            ),
+        },
+    )
+
+
+def _migration(kind: Kind, package: _Package) -> JSON:
+    condition = _object(
+        "The migration's state.",
+        {
+            "type": _string("Running, Succeeded or Failed."),
+            "status": _string("True."),
+            "lastUpdateTime": _time("The time of the ledger event that set it."),
+            "reason": _string("Why it failed; Cancelled for a cancelled migration."),
+            "message": _string("What happened, for humans."),
+        },
+        ("type", "status"),
+    )
+    resource = _object(
+        "A resource, with the version objects are rewritten in.",
+        {
+            "group": _GROUP_RESOURCE["group"],
+            "version": _string("The version objects are rewritten in."),
+            "resource": _GROUP_RESOURCE["resource"],
+        },
+    )
+    spec = _object(
+        "The resource a migration rewrites, and where it goes on.",
+        {
+            "resource": package.field(
+                "GroupVersionResource", resource, "The resource and the version it is migrated to."
+            ),
+            "continueToken": _string("Where a resumed migration goes on listing."),
+        },
+    )
+    status = _object(
+        "How far the migration is.",
+        {
+            "conditions": package.array(
+                "MigrationCondition", condition, "The condition of the migration's phase."
+            )
+        },
+    )
+    return _object(
+        "A storage migration of one resource: every object rewritten in the version the "
+        "API servers agree on. The ledger's phase (Pending, Running, Succeeded, Failed, "
+        "Cancelled) is in the svledger.io/phase label.",
+        {
+            **_kind_fields(kind),
+            "spec": package.field("StorageVersionMigrationSpec", spec, "What is migrated."),
+            "status": package.field(
+                "StorageVersionMigrationStatus", status, "Empty while the migration is pending."
+            ),
+        },
+    )
+
+
+_SCHEMAS: Final = {
+    "StorageVersion": ("io.k8s.api.apiserverinternal.v1alpha1", _storage_version),
+    "Lease": ("io.k8s.api.coordination.v1", _lease),
+    "StorageState": ("io.k8s.migration.v1alpha1", _storage_state),
+    "StorageVersionMigration": ("io.k8s.migration.v1alpha1", _migration),
+}
+
+
+def component_name(kind: Kind) -> str:
+    """The name of ``kind``'s schema in its group version's document."""
+    return f"{_SCHEMAS[kind.kind][0]}.{kind.kind}"
+
+
+def _mark(kind: Kind, name: str) -> list[JSON]:
+    return [{"group": kind.group, "kind": name, "version": kind.version}]
+
+
+def _list(kind: Kind) -> JSON:
+    return _object(
+        f"A list of {kind.kind} objects.",
+        {
+            "apiVersion": _string(f"The schema of this list: {kind.api_version}."),
+            "kind": _string(f"{kind.kind}List."),
+            "metadata": _ref(LIST_META, "Standard list metadata; see ListMeta."),
+            "items": {
+                "type": "array",
+                "items": _ref(component_name(kind), f"A {kind.kind}."),
+                "description": f"The {kind.resource}.",
+            },
+        },
+        ("items",),
+    )
+
+
+def _operation(kind: Kind, action: str, schema: str, path: str) -> JSON:
+    """A read operation as upstream's documents list it: kubectl explain finds a
+    resource's kind through the ``x-kubernetes-group-version-kind`` of its path's get."""
+    what = (
+        f"list or watch objects of kind {kind.kind}"
+        if action == "list"
+        else f"read the specified {kind.kind}"
+    )
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in ("namespace", "name")
+        if "{" + name + "}" in path
+    ]
+    operation: JSON = {
+        "description": what,
+        "operationId": f"{action}{kind.kind}",
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {
+                    media: {"schema": {"$ref": _COMPONENT_PREFIX + schema}}
+                    for media in ("application/json", "application/yaml")
+                },
+            }
+        },
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": _mark(kind, kind.kind)[0],
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    return {"get": operation}
+
+
+def _paths(kind: Kind) -> JSON:
+    scope = "/namespaces/{namespace}" if kind.namespaced else ""
+    collection = f"/apis/{kind.group}/{kind.version}{scope}/{kind.resource}"
+    name = component_name(kind)
+    return {
+        collection: _operation(kind, "list", f"{name}List", collection),
+        f"{collection}/{{name}}": _operation(kind, "get", name, f"{collection}/{{name}}"),
+    }
+
+
+def group_version_paths() -> list[str]:
+    """The group versions with a document, as ``/openapi/v3`` lists them."""
+    return sorted({f"apis/{kind.group}/{kind.version}" for kind in KINDS})
+
+
+@functools.cache
+def document(path: str) -> bytes | None:
+    """The OpenAPI v3 document of group version ``path`` (``apis/GROUP/VERSION``), as
+    served; None for a path that has none."""
+    if path not in group_version_paths():
+        return None
+    _, group, version = path.split("/")
+    schemas: JSON = dict(_SHARED)
+    paths: JSON = {}
+    for kind in groups()[group]:
+        if kind.version != version:
+            continue
+        name = component_name(kind)
+        package_name, build = _SCHEMAS[kind.kind]
+        package = _Package(package_name)
+        schemas[name] = {
+            **build(kind, package),
+            "x-kubernetes-group-version-kind": _mark(kind, kind.kind),
+        }
+        schemas.update(package.components)
+        paths.update(_paths(kind))
+        schemas[f"{name}List"] = {
+            **_list(kind),
+            "x-kubernetes-group-version-kind": _mark(kind, f"{kind.kind}List"),
+        }
+    body = {
+        "openapi": "3.0.0",
+        "info": {"title": "svledger", "version": version},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    return json.dumps(body, sort_keys=True).encode()
+
+
+@functools.cache
+def _hash(path: str) -> str:
+    document_bytes = document(path)
+    assert document_bytes is not None
+    return hashlib.sha512(document_bytes).hexdigest().upper()
+
+
+def index(prefix: str) -> JSON:
+    """``/openapi/v3`` below ``prefix`` (the request's path up to ``/openapi``)."""
+    return {
+        "paths": {
+            path: {"serverRelativeURL": f"{prefix}/openapi/v3/{path}?hash={_hash(path)}"}
+            for path in group_version_paths()
+        }
+    }
