@@ -393,12 +393,15 @@ def group_version_paths() -> list[str]:
     return sorted({f"apis/{kind.group}/{kind.version}" for kind in KINDS})
 
 
-@functools.cache
 def document(path: str) -> bytes | None:
     """The OpenAPI v3 document of group version ``path`` (``apis/GROUP/VERSION``), as
-    served; None for a path that has none."""
-    if path not in group_version_paths():
-        return None
+    served; None for a path that has none (checked before the cache, which so holds only
+    the few real documents, whatever paths clients ask for)."""
+    return _document(path) if path in group_version_paths() else None
+
+
+@functools.cache
+def _document(path: str) -> bytes:
     _, group, version = path.split("/")
     schemas: JSON = dict(_SHARED)
     paths: JSON = {}
@@ -429,9 +432,7 @@ def document(path: str) -> bytes | None:
 
 @functools.cache
 def _hash(path: str) -> str:
-    document_bytes = document(path)
-    assert document_bytes is not None
-    return hashlib.sha512(document_bytes).hexdigest().upper()
+    return hashlib.sha512(_document(path)).hexdigest().upper()
 
 
 def index(prefix: str) -> JSON:
