@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 import yaml
 
+from readapi import protobuf
 from readapi.resources import JSON, ApiError
 
 JSON_TYPE: Final = "application/json"
@@ -90,6 +92,32 @@ def for_errors(accept: str) -> Output:
         return negotiate(accept, convert=False)
     except ApiError:
         return Output()
+
+
+def read_body(content_type: str, data: bytes) -> Any:
+    """A request body in a served media type (``Content-Type``; JSON when it has none), or
+    a review in protobuf (:mod:`readapi.protobuf`): 415 UnsupportedMediaType for another,
+    as upstream's, and 400 if it does not parse."""
+    load: Callable[[bytes], Any]
+    if content_type in ("", "application/octet-stream", JSON_TYPE):
+        load, form = json.loads, "JSON"
+    elif content_type == YAML_TYPE:
+        load, form = yaml.safe_load, "YAML"
+    elif content_type == protobuf.MEDIA_TYPE:
+        return protobuf.decode(data)
+    else:
+        raise ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format - accepted media types include:"
+            f" {', '.join((*SERVED, protobuf.MEDIA_TYPE))}",
+        )
+    try:
+        return load(data)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ApiError(
+            400, "BadRequest", f"the body of the request is not valid {form}: {error}"
+        ) from None
 
 
 def check_stream(output: Output) -> None:

@@ -99,6 +99,29 @@ def status(code: int, reason: str, message: str, details: JSON | None = None) ->
     return body
 
 
+def invalid(kind: str, group: str, causes: list[tuple[str, str, str]]) -> ApiError:
+    """Upstream's ``NewInvalid``: a 422 naming every field error of an unnamed ``kind``.
+
+    ``causes``: (field, reason, message), the message as upstream's
+    ``field.Error.ErrorBody`` writes it (``Forbidden: ...``, ``Invalid value: ...``).
+    """
+    described = [f"{field}: {message}" for field, _, message in causes]
+    shown = described[0] if len(described) == 1 else "[" + ", ".join(described) + "]"
+    return ApiError(
+        422,
+        "Invalid",
+        f'{kind}.{group} "" is invalid: {shown}',
+        {
+            "group": group,
+            "kind": kind,
+            "causes": [
+                {"reason": f"FieldValue{reason}", "message": message, "field": field}
+                for field, reason, message in causes
+            ],
+        },
+    )
+
+
 # --------------------------------------------------------------------------- views
 
 

@@ -45,6 +45,10 @@ What it speaks, as kube-apiserver does:
   valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
   ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
   are not label names among them);
+* ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` (``authorization.k8s.io/v1``,
+  POST only, JSON, YAML or kubectl's protobuf; not in discovery, as kubectl needs none):
+  ``kubectl auth can-i`` is told every read is allowed and nothing else
+  (:mod:`readapi.access`);
 * ``/api/v1/namespaces/NAME``, which kubectl reads after a NotFound: ``kube-system``
   exists (the leases are there), no other namespace does;
 * every response ``Cache-Control: no-cache, private``, as upstream's;
@@ -73,7 +77,7 @@ from aiohttp import web
 from ledger.errors import UsageError
 from ledger.identity import LEASE_NAMESPACE
 from projections.history import ResourceNameError
-from readapi import negotiation, openapi, resources
+from readapi import access, negotiation, openapi, resources
 from readapi.ledger import (
     Change,
     ClusterFold,
@@ -153,6 +157,9 @@ def app(
         application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
         application.router.add_get(prefix + "/openapi/v3", _openapi_index)
         application.router.add_get(prefix + "/openapi/v3/{path:.+}", _openapi_document)
+        reviews = prefix + "/apis/authorization.k8s.io/v1/"
+        application.router.add_post(reviews + "selfsubjectaccessreviews", _access_review)
+        application.router.add_post(reviews + "selfsubjectrulesreviews", _rules_review)
         # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
         watched = prefix + "/apis/{group}/{version}/{watch:watch}"
         application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
@@ -412,6 +419,29 @@ def _cluster_view_check(request: web.Request) -> None:
     request.app[_VIEWS].fold(request.match_info["cluster"])
 
 
+# --------------------------------------------------------------------------- access reviews
+
+
+async def _access_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, access.access_review)
+
+
+async def _rules_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, access.rules_review)
+
+
+async def _answer_review(request: web.Request, answer: Callable[[Any], JSON]) -> web.Response:
+    """Create a review (:mod:`readapi.access`): read the object posted, answer it with
+    201 Created, as upstream does, in the media type the request accepts. Nothing is
+    stored."""
+    _cluster_view_check(request)
+    output = negotiation.negotiate(request.headers.get("Accept", ""), convert=False)
+    body = negotiation.read_body(request.content_type, await request.read())
+    response = _respond(output, answer(body))
+    response.set_status(201)
+    return response
+
+
 # --------------------------------------------------------------------------- objects
 
 
@@ -635,23 +665,8 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
             forbid('resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
         if initial:
             forbid("sendInitialEvents is forbidden for list", "sendInitialEvents")
-    if not causes:
-        return
-    described = [f"{field}: {message}" for field, _, message in causes]
-    shown = described[0] if len(described) == 1 else "[" + ", ".join(described) + "]"
-    raise ApiError(
-        422,
-        "Invalid",
-        f'ListOptions.meta.k8s.io "" is invalid: {shown}',
-        {
-            "group": "meta.k8s.io",
-            "kind": "ListOptions",
-            "causes": [
-                {"reason": f"FieldValue{reason}", "message": message, "field": field}
-                for field, reason, message in causes
-            ],
-        },
-    )
+    if causes:
+        raise resources.invalid("ListOptions", "meta.k8s.io", causes)
 
 
 async def _collection(request: web.Request) -> web.StreamResponse:

@@ -301,6 +301,32 @@ def test_kubectl_explain_describes_each_kind_and_its_fields(
     assert 'field "nope" does not exist' in missing.stderr
 
 
+def test_kubectl_auth_can_i_may_read_everything_and_change_nothing(
+    server: Server, kubectl: list[str]
+) -> None:
+    # kubectl posts its reviews in protobuf (readapi.protobuf) and prints the answer.
+    def can_i(*asked: str) -> subprocess.CompletedProcess[str]:
+        command = [*kubectl, "--server", server.cluster, "auth", "can-i", *asked]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    for asked in (
+        ("list", "storageversions"),
+        ("watch", "leases", "-n", "kube-system"),
+        ("get", "storagestates", "--all-namespaces"),
+        ("get", "/openapi/v3"),
+    ):
+        answer = can_i(*asked)
+        assert (answer.returncode, answer.stdout) == (0, "yes\n"), (asked, answer.stderr)
+    refused = can_i("delete", "leases", "-n", "kube-system")
+    assert refused.returncode == 1
+    assert refused.stdout.startswith("no - the ledger's read API only reads")
+    listed = run([*kubectl, "--server", f"{server.cluster}/at/5", "auth", "can-i", "--list"])
+    assert table(listed)[1:] == [
+        ["*.*", "[]", "[]", "[get", "list", "watch]"],
+        ["[*]", "[]", "[get]"],
+    ]
+
+
 def test_kubectl_watch_sees_an_event_appended_to_kafka(
     server: Server, kubectl: list[str], walkthrough: KafkaSettings
 ) -> None:
@@ -564,6 +590,13 @@ def test_a_token_file_and_tls_guard_the_api(
             ]
         )  # fmt: skip
         assert out.strip() == "storageversion.internal.apiserver.k8s.io/apps.deployments"
+        allowed = run(
+            [
+                *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
+                "--token", "s3cret-reader", "auth", "can-i", "get", "storageversions",
+            ]
+        )  # fmt: skip
+        assert allowed == "yes\n"
         refused = subprocess.run(
             [
                 *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
@@ -573,6 +606,15 @@ def test_a_token_file_and_tls_guard_the_api(
             text=True,
         )  # fmt: skip
         assert refused.returncode != 0 and "Unauthorized" in refused.stderr
+        unknown = subprocess.run(
+            [
+                *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
+                "--token", "wrong", "auth", "can-i", "get", "/healthz",
+            ],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        assert unknown.returncode != 0 and "Unauthorized" in unknown.stderr
 
 
 # --------------------------------------------------------------------------- the past

@@ -24,6 +24,9 @@ def versions(events: list[dict[str, Any]]) -> list[int]:
     ]
 
 
+JSON_BODY = {"Content-Type": "application/json"}
+
+
 async def test_a_deletion_is_sent_at_its_own_resource_version(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
@@ -239,8 +242,8 @@ async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     client, _ = served
-    review = LEASES.split("/apis/")[0] + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-    async with client.post(review) as response:
+    whoami = LEASES.split("/apis/")[0] + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    async with client.post(whoami) as response:
         assert response.status == 404  # as a server without that API: kubectl says so
     async with client.post(LEASES) as response:
         assert (response.status, (await response.json())["reason"]) == (405, "MethodNotAllowed")
@@ -249,6 +252,23 @@ async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
         assert "/clusters/CLUSTER" in (await response.json())["message"]
     async with client.get("/livez") as response:
         assert (response.status, await response.text()) == (200, "ok")
+
+
+async def test_an_access_review_is_answered_as_created_now_and_in_the_past(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, _ = served
+    path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    review = {"spec": {"resourceAttributes": {"verb": "list", "resource": "leases"}}}
+    cluster = LEASES.split("/apis/")[0]
+    for prefix in (cluster, f"{cluster}/at/5"):
+        async with client.post(prefix + path, json=review) as response:
+            assert response.status == 201
+            assert (await response.json())["status"]["allowed"] is True
+    async with client.post(cluster + path, data=b"{", headers=JSON_BODY) as response:
+        assert (response.status, (await response.json())["reason"]) == (400, "BadRequest")
+    async with client.post("/clusters/nowhere" + path, json=review) as response:
+        assert response.status == 404
 
 
 async def test_responses_are_not_cached_and_json_is_plain_application_json(

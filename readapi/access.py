@@ -1,0 +1,141 @@
+"""What a client may do here, answered as upstream's access reviews answer it.
+
+``kubectl auth can-i`` asks the API server by creating a ``SelfSubjectAccessReview``
+(``authorization.k8s.io/v1``), and ``kubectl auth can-i --list`` a
+``SelfSubjectRulesReview``; neither is stored, the answer comes back in the created
+object's ``status``. The read API's authorization is one rule: a request that passes
+authentication (any request without ``--token-file``) may read everything it serves
+and change nothing. So a review allows ``get``, ``list`` and ``watch`` of any resource
+in any namespace, and ``get`` of any non-resource path, and denies every
+other verb: the ledger is appended to by its producers, never through this API.
+
+As upstream's authorizers, the answer does not depend on whether the resource or path
+exists (a request for one that does not gets a 404, not a 403); kubectl warns of a
+resource type the server does not have before it asks. Verbs compare as upstream's
+(case-sensitive, ``*`` meaning every verb, which includes writes).
+
+The reviews are checked as upstream's ``ValidateSelfSubjectAccessReview`` and its
+``SelfSubjectRulesReview`` storage check them: exactly one of ``resourceAttributes``
+and ``nonResourceAttributes``, empty ``metadata``, and a rules review names a
+namespace. Their ``fieldSelector`` and ``labelSelector`` attributes are accepted and do
+not change the answer (everything is readable, whatever is selected).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from readapi.resources import JSON, ApiError, invalid
+
+GROUP: Final = "authorization.k8s.io"
+API_VERSION: Final = f"{GROUP}/v1"
+ACCESS_REVIEW: Final = "SelfSubjectAccessReview"
+RULES_REVIEW: Final = "SelfSubjectRulesReview"
+
+RESOURCE_VERBS: Final = ("get", "list", "watch")
+NON_RESOURCE_VERBS: Final = ("get",)
+ALLOWED: Final = "the ledger's read API lets every authenticated client read all it serves"
+DENIED: Final = (
+    "the ledger's read API only reads: its events are appended by their producers,"
+    " never through this API"
+)
+
+
+def access_review(body: Any) -> JSON:
+    """The ``SelfSubjectAccessReview`` ``body`` asks for, with its ``status`` answered."""
+    review = _review(body, ACCESS_REVIEW)
+    spec = review.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise _unrecognized(ACCESS_REVIEW, f"spec is {_shown(spec)}, not an object")
+    resource = spec.get("resourceAttributes")
+    non_resource = spec.get("nonResourceAttributes")
+    causes = []
+    if (resource is None) == (non_resource is None):
+        shown = "null" if non_resource is None else json.dumps(non_resource)
+        causes.append(
+            (
+                "spec",
+                "Invalid",
+                f"Invalid value: {json.dumps(shown)}: exactly one of nonResourceAttributes"
+                " or resourceAttributes must be specified",
+            )
+        )
+    causes += _metadata_causes(review)
+    if causes:
+        raise invalid(ACCESS_REVIEW, GROUP, causes)
+    attributes, verbs = (
+        (resource, RESOURCE_VERBS) if resource is not None else (non_resource, NON_RESOURCE_VERBS)
+    )
+    if not isinstance(attributes, dict):
+        raise _unrecognized(ACCESS_REVIEW, f"the attributes are {_shown(attributes)}")
+    allowed = attributes.get("verb") in verbs
+    status: JSON = {"allowed": allowed, "reason": ALLOWED if allowed else DENIED}
+    if not allowed:
+        status["denied"] = True  # no other authorizer could allow it: nothing is written here
+    return {
+        "kind": ACCESS_REVIEW,
+        "apiVersion": API_VERSION,
+        "metadata": {},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def rules_review(body: Any) -> JSON:
+    """The ``SelfSubjectRulesReview`` ``body`` asks for: every rule the client holds in
+    its namespace (the same in all of them). As upstream's, the answer carries the
+    status alone, not the spec."""
+    review = _review(body, RULES_REVIEW)
+    spec = review.get("spec") or {}
+    if not isinstance(spec, dict) or not spec.get("namespace"):
+        raise ApiError(400, "BadRequest", "no namespace on request")
+    causes = _metadata_causes(review)
+    if causes:
+        raise invalid(RULES_REVIEW, GROUP, causes)
+    return {
+        "kind": RULES_REVIEW,
+        "apiVersion": API_VERSION,
+        "metadata": {},
+        "spec": {},
+        "status": {
+            "resourceRules": [
+                {"verbs": list(RESOURCE_VERBS), "apiGroups": ["*"], "resources": ["*"]}
+            ],
+            "nonResourceRules": [{"verbs": list(NON_RESOURCE_VERBS), "nonResourceURLs": ["*"]}],
+            "incomplete": False,
+        },
+    }
+
+
+def _review(body: Any, kind: str) -> JSON:
+    """``body`` as a review of ``kind``: an object whose kind and apiVersion, where
+    given, are that kind's."""
+    if not isinstance(body, dict):
+        raise _unrecognized(kind, f"the body is {_shown(body)}, not an object")
+    for field, expected in (("kind", kind), ("apiVersion", API_VERSION)):
+        given = body.get(field)
+        if given not in (None, "", expected):
+            raise _unrecognized(kind, f"its {field} is {given!r}, not {expected!r}")
+    return body
+
+
+def _metadata_causes(review: JSON) -> list[tuple[str, str, str]]:
+    """Upstream's "metadata: must be empty": kubectl sends ``creationTimestamp: null``,
+    which is empty; a name, labels or any other set field is not."""
+    metadata = review.get("metadata") or {}
+    if isinstance(metadata, dict) and not any(metadata.values()):
+        return []
+    return [("metadata", "Invalid", f"Invalid value: {_shown(metadata)}: must be empty")]
+
+
+def _unrecognized(kind: str, why: str) -> ApiError:
+    return ApiError(
+        400,
+        "BadRequest",
+        f"the object provided is unrecognized (must be of type {kind}): {why}",
+    )
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:200]
