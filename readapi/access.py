@@ -1,4 +1,4 @@
-"""What a client may do here, answered as upstream's access reviews answer it.
+"""Who a client is and what it may do here, answered as upstream's reviews answer it.
 
 ``kubectl auth can-i`` asks the API server by creating a ``SelfSubjectAccessReview``
 (``authorization.k8s.io/v1``), and ``kubectl auth can-i --list`` a
@@ -14,6 +14,10 @@ exists (a request for one that does not gets a 404, not a 403); kubectl warns of
 resource type the server does not have before it asks. Verbs compare as upstream's
 (case-sensitive, ``*`` meaning every verb, which includes writes).
 
+``kubectl auth whoami`` creates a ``SelfSubjectReview`` (``authentication.k8s.io/v1``):
+its answer is the :class:`User` the request authenticated as, from the token file
+(:func:`read_tokens`), or upstream's anonymous user when the server takes no tokens.
+
 The reviews are checked as upstream's ``ValidateSelfSubjectAccessReview`` and its
 ``SelfSubjectRulesReview`` storage check them: exactly one of ``resourceAttributes``
 and ``nonResourceAttributes``, empty ``metadata``, and a rules review names a
@@ -23,7 +27,10 @@ not change the answer (everything is readable, whatever is selected).
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
+from pathlib import Path
 from typing import Any, Final
 
 from readapi.resources import JSON, ApiError, invalid
@@ -32,6 +39,72 @@ GROUP: Final = "authorization.k8s.io"
 API_VERSION: Final = f"{GROUP}/v1"
 ACCESS_REVIEW: Final = "SelfSubjectAccessReview"
 RULES_REVIEW: Final = "SelfSubjectRulesReview"
+AUTHENTICATION_VERSION: Final = "authentication.k8s.io/v1"
+SELF_REVIEW: Final = "SelfSubjectReview"
+AUTHENTICATED: Final = "system:authenticated"  # upstream adds it to every authenticated user
+TOKEN_USER: Final = "svledger-reader"  # the user of a token file line that names none
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class User:
+    """Who a request is, as upstream's ``user.Info``: name, uid and groups."""
+
+    name: str
+    uid: str = ""
+    groups: tuple[str, ...] = (AUTHENTICATED,)
+
+    def info(self) -> JSON:
+        """The ``UserInfo`` of an ``authentication.k8s.io`` review."""
+        body: JSON = {"username": self.name}
+        if self.uid:
+            body["uid"] = self.uid
+        if self.groups:
+            body["groups"] = list(self.groups)
+        return body
+
+
+ANONYMOUS: Final = User("system:anonymous", groups=("system:unauthenticated",))
+
+
+def read_tokens(path: Path) -> dict[str, User]:
+    """The bearer tokens in a token file, and whose each is.
+
+    A line is kube-apiserver's static token file format, ``token,user,uid,"group1,group2"``
+    (CSV), or a token alone, whose user is :data:`TOKEN_USER`; blank lines and ``#``
+    comments are skipped. As upstream's, every user is also in ``system:authenticated``.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ValueError(f"cannot read token file {path}: {error.strerror}") from error
+    tokens: dict[str, User] = {}
+    for fields in csv.reader(line for line in lines if not line.lstrip().startswith("#")):
+        fields = [field.strip() for field in fields]
+        if not fields or not fields[0]:
+            continue
+        name = fields[1] if len(fields) > 1 and fields[1] else TOKEN_USER
+        uid = fields[2] if len(fields) > 2 else ""
+        groups = [group.strip() for group in fields[3].split(",")] if len(fields) > 3 else []
+        tokens[fields[0]] = User(name, uid, (*(g for g in groups if g), AUTHENTICATED))
+    if not tokens:
+        raise ValueError(f"token file {path} holds no token; write one token per line")
+    return tokens
+
+
+def self_review(body: Any, user: User) -> JSON:
+    """The ``SelfSubjectReview`` ``body`` asks for: who ``user`` is."""
+    if not isinstance(body, dict):
+        raise _unrecognized(SELF_REVIEW, f"the body is {_shown(body)}, not an object")
+    given = body.get("kind")
+    if given not in (None, "", SELF_REVIEW):
+        raise _unrecognized(SELF_REVIEW, f"its kind is {given!r}, not {SELF_REVIEW!r}")
+    return {
+        "kind": SELF_REVIEW,
+        "apiVersion": AUTHENTICATION_VERSION,
+        "metadata": {},
+        "status": {"userInfo": user.info()},
+    }
+
 
 RESOURCE_VERBS: Final = ("get", "list", "watch")
 NON_RESOURCE_VERBS: Final = ("get",)

@@ -1,8 +1,8 @@
 """Request bodies in Kubernetes' protobuf encoding, for the reviews kubectl posts in it.
 
 client-go's typed clients send built-in kinds as ``application/vnd.kubernetes.protobuf``
-and accept JSON back, so ``kubectl auth can-i`` posts its ``SelfSubjectAccessReview``
-in protobuf however the server answers (client-go has no fallback to JSON for it). The
+and accept JSON back, so ``kubectl auth can-i`` and ``kubectl auth whoami`` post their
+reviews in protobuf however the server answers (client-go has no fallback to JSON for it). The
 encoding (``apimachinery/pkg/runtime/serializer/protobuf``): the four bytes ``k8s\\0``,
 then a ``runtime.Unknown`` message whose ``typeMeta`` names the kind and whose ``raw``
 holds the object's own message.
@@ -71,8 +71,9 @@ _MESSAGES: Final[
         ("metadata", 1, "ObjectMeta"),
         ("spec", 2, "SelfSubjectRulesReviewSpec"),
     ),
+    "SelfSubjectReview": (("metadata", 1, "ObjectMeta"),),  # authentication.k8s.io/v1
 }
-KINDS: Final = ("SelfSubjectAccessReview", "SelfSubjectRulesReview")
+KINDS: Final = ("SelfSubjectAccessReview", "SelfSubjectRulesReview", "SelfSubjectReview")
 
 
 @functools.cache
@@ -112,7 +113,7 @@ def decode(data: bytes) -> JSON:
     unknown = _parse(classes["Unknown"], data[len(MAGIC) :])
     kind = unknown.typeMeta.kind
     if kind not in KINDS:
-        raise _bad(f"its kind is {kind!r}; only {' and '.join(KINDS)} are read in protobuf here")
+        raise _bad(f"its kind is {kind!r}; only {', '.join(KINDS)} are read in protobuf here")
     body = json_format.MessageToDict(
         _parse(classes[kind], unknown.raw), preserving_proto_field_name=True
     )

@@ -45,10 +45,11 @@ What it speaks, as kube-apiserver does:
   valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
   ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
   are not label names among them);
-* ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` (``authorization.k8s.io/v1``,
-  POST only, JSON, YAML or kubectl's protobuf; not in discovery, as kubectl needs none):
-  ``kubectl auth can-i`` is told every read is allowed and nothing else
-  (:mod:`readapi.access`);
+* ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` (``authorization.k8s.io/v1``)
+  and ``SelfSubjectReview`` (``authentication.k8s.io/v1``), POST only, in JSON, YAML or
+  kubectl's protobuf, not in discovery (kubectl needs none): ``kubectl auth can-i`` is
+  told every read is allowed and nothing else, ``kubectl auth whoami`` the token file's
+  user (:mod:`readapi.access`);
 * ``/api/v1/namespaces/NAME``, which kubectl reads after a NotFound: ``kube-system``
   exists (the leases are there), no other namespace does;
 * every response ``Cache-Control: no-cache, private``, as upstream's;
@@ -97,7 +98,8 @@ INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after in
 DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
 _OPEN_PATHS: Final = frozenset({"/healthz", "/livez", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
-_TOKENS: Final = web.AppKey("tokens", frozenset)
+_TOKENS: Final = web.AppKey("tokens", dict[str, access.User])
+_USER: Final = web.RequestKey("user", access.User)  # whom the request authenticated as
 _BOOKMARKS: Final = web.AppKey("bookmark_seconds", float)
 _STOP: Final = web.AppKey("stop", asyncio.Event)
 
@@ -116,23 +118,6 @@ class ServeOptions:
     bookmark_seconds: float = BOOKMARK_SECONDS
 
 
-def read_tokens(path: Path) -> frozenset[str]:
-    """The bearer tokens in a token file: one per line; blank lines and ``#`` comments skipped.
-
-    A line may also be kube-apiserver's static token file format (``token,user,uid,...``):
-    the first field is the token.
-    """
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        raise ValueError(f"cannot read token file {path}: {error.strerror}") from error
-    tokens = {line.split(",")[0].strip() for line in lines if line.strip()}
-    tokens = {token for token in tokens if token and not token.startswith("#")}
-    if not tokens:
-        raise ValueError(f"token file {path} holds no token; write one token per line")
-    return frozenset(tokens)
-
-
 def app(
     views: LedgerViews, options: ServeOptions = ServeOptions(), stop: asyncio.Event | None = None
 ) -> web.Application:
@@ -140,7 +125,7 @@ def app(
     application = web.Application(middlewares=[_errors, _authenticate])
     application[_VIEWS] = views
     application[_STOP] = stop or asyncio.Event()
-    application[_TOKENS] = read_tokens(options.token_file) if options.token_file else frozenset()
+    application[_TOKENS] = access.read_tokens(options.token_file) if options.token_file else {}
     application[_BOOKMARKS] = options.bookmark_seconds
     application.on_response_prepare.append(_no_cache)
     application.router.add_get("/healthz", _healthz)
@@ -160,6 +145,8 @@ def app(
         reviews = prefix + "/apis/authorization.k8s.io/v1/"
         application.router.add_post(reviews + "selfsubjectaccessreviews", _access_review)
         application.router.add_post(reviews + "selfsubjectrulesreviews", _rules_review)
+        whoami = prefix + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+        application.router.add_post(whoami, _self_review)
         # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
         watched = prefix + "/apis/{group}/{version}/{watch:watch}"
         application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
@@ -232,10 +219,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens = request.app[_TOKENS]
+    request[_USER] = access.ANONYMOUS
     if tokens and request.path not in _OPEN_PATHS:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or token.strip() not in tokens:
+        user = tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
             return _status(request, 401, "Unauthorized", "Unauthorized: give a valid bearer token")
+        request[_USER] = user
     return await handler(request)
 
 
@@ -428,6 +418,10 @@ async def _access_review(request: web.Request) -> web.StreamResponse:
 
 async def _rules_review(request: web.Request) -> web.StreamResponse:
     return await _answer_review(request, access.rules_review)
+
+
+async def _self_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, lambda body: access.self_review(body, request[_USER]))
 
 
 async def _answer_review(request: web.Request, answer: Callable[[Any], JSON]) -> web.Response:

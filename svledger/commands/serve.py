@@ -53,7 +53,8 @@ def add_serve(subparsers: Subparsers) -> None:
         "--token-file",
         type=Path,
         metavar="FILE",
-        help="require 'Authorization: Bearer TOKEN' with a token from FILE (one per line)",
+        help="require 'Authorization: Bearer TOKEN' with a token from FILE (one per line;"
+        " kube-apiserver's 'token,user,uid,\"groups\"' lines name the user)",
     )
     parser.add_argument(
         "--tls-cert-file", type=Path, metavar="FILE", help="serve HTTPS with this certificate"
@@ -92,8 +93,9 @@ def add_serve(subparsers: Subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from ledger.metrics import parse_address
+    from readapi.access import read_tokens
     from readapi.ledger import LedgerViews
-    from readapi.server import ServeOptions, read_tokens, serve
+    from readapi.server import ServeOptions, serve
 
     try:
         host, port = parse_address(args.address)

@@ -563,7 +563,7 @@ def test_a_token_file_and_tls_guard_the_api(
     walkthrough: KafkaSettings, tmp_path: Path, kubectl: list[str]
 ) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("# readers\ns3cret-reader\n")
+    tokens.write_text('# readers\ns3cret-reader\nt0k3n,alice,42,"ops"\n')
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     subprocess.run(
         [
@@ -597,6 +597,18 @@ def test_a_token_file_and_tls_guard_the_api(
             ]
         )  # fmt: skip
         assert allowed == "yes\n"
+        whoami = run(
+            [
+                *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),
+                "--token", "t0k3n", "auth", "whoami",
+            ]
+        )  # fmt: skip
+        assert table(whoami) == [
+            ["ATTRIBUTE", "VALUE"],
+            ["Username", "alice"],
+            ["UID", "42"],
+            ["Groups", "[ops", "system:authenticated]"],
+        ]
         refused = subprocess.run(
             [
                 *kubectl, "--server", secured.cluster, "--certificate-authority", str(cert),

@@ -3,6 +3,7 @@ the protobuf bodies kubectl posts them in are read (:mod:`readapi.protobuf`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,12 @@ KUBECTL_LIST = bytes.fromhex(
     "6b3873000a310a17617574686f72697a6174696f6e2e6b38732e696f2f7631121653656c665375626a6563"
     "7452756c657352657669657712230a100a0012001a0022002a0032003800420012090a0764656661756c74"
     "1a04180022001a002200"
+)
+
+
+KUBECTL_WHOAMI = bytes.fromhex(  # `auth whoami`
+    "6b3873000a2d0a1861757468656e7469636174696f6e2e6b38732e696f2f7631121153656c665375626a6563"
+    "74526576696577121a0a100a0012001a0022002a0032003800420012060a040a0012001a002200"
 )
 
 
@@ -181,3 +188,40 @@ def test_request_bodies_in_unserved_media_types_or_broken_are_refused() -> None:
         negotiation.read_body("application/json", b"{")
     assert raised.value.code == 400
     assert negotiation.read_body("application/yaml", b"spec: {}\n") == {"spec": {}}
+
+
+def test_kubectls_protobuf_whoami_is_told_who_the_token_is() -> None:
+    asked = protobuf.decode(KUBECTL_WHOAMI)
+    assert (asked["kind"], asked["apiVersion"]) == ("SelfSubjectReview", "authentication.k8s.io/v1")
+    alice = access.User("alice", "42", ("ops", "system:authenticated"))
+    assert access.self_review(asked, alice) == {
+        "kind": "SelfSubjectReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {},
+        "status": {
+            "userInfo": {
+                "username": "alice",
+                "uid": "42",
+                "groups": ["ops", "system:authenticated"],
+            }
+        },
+    }
+    assert access.self_review({}, access.ANONYMOUS)["status"]["userInfo"] == {
+        "username": "system:anonymous",
+        "groups": ["system:unauthenticated"],
+    }
+
+
+def test_a_token_file_names_each_tokens_user_as_kube_apiservers_does(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text('# readers\n\n  bare-token  \nt0k3n,alice,42\nt0k3n-2,bob,43,"ops,readers"\n')
+    assert access.read_tokens(tokens) == {
+        "bare-token": access.User("svledger-reader", "", ("system:authenticated",)),
+        "t0k3n": access.User("alice", "42", ("system:authenticated",)),
+        "t0k3n-2": access.User("bob", "43", ("ops", "readers", "system:authenticated")),
+    }
+    tokens.write_text("# nobody\n\n")
+    with pytest.raises(ValueError, match="holds no token"):
+        access.read_tokens(tokens)
+    with pytest.raises(ValueError, match="cannot read token file"):
+        access.read_tokens(tmp_path / "missing")

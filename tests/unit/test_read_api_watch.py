@@ -242,8 +242,8 @@ async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     client, _ = served
-    whoami = LEASES.split("/apis/")[0] + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-    async with client.post(whoami) as response:
+    review = LEASES.split("/apis/")[0] + "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+    async with client.post(review) as response:
         assert response.status == 404  # as a server without that API: kubectl says so
     async with client.post(LEASES) as response:
         assert (response.status, (await response.json())["reason"]) == (405, "MethodNotAllowed")
