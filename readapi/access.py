@@ -125,12 +125,13 @@ def access_review(body: Any) -> JSON:
     non_resource = spec.get("nonResourceAttributes")
     causes = []
     if (resource is None) == (non_resource is None):
-        shown = "null" if non_resource is None else json.dumps(non_resource)
+        # Upstream shows the nonResourceAttributes: "null" when absent, else the value.
+        shown = '"null"' if non_resource is None else _shown(non_resource)
         causes.append(
             (
                 "spec",
                 "Invalid",
-                f"Invalid value: {json.dumps(shown)}: exactly one of nonResourceAttributes"
+                f"Invalid value: {shown}: exactly one of nonResourceAttributes"
                 " or resourceAttributes must be specified",
             )
         )
