@@ -46,10 +46,10 @@ What it speaks, as kube-apiserver does:
   ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
   are not label names among them);
 * ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` (``authorization.k8s.io/v1``)
-  and ``SelfSubjectReview`` (``authentication.k8s.io/v1``), POST only, in JSON, YAML or
-  kubectl's protobuf, not in discovery (kubectl needs none): ``kubectl auth can-i`` is
-  told every read is allowed and nothing else, ``kubectl auth whoami`` the token file's
-  user (:mod:`readapi.access`);
+  and ``SelfSubjectReview`` (``authentication.k8s.io/v1``), created only (405 for other
+  methods), in JSON, YAML or kubectl's protobuf, not in discovery (kubectl needs none):
+  ``kubectl auth can-i`` is told every read is allowed and nothing else, ``kubectl auth
+  whoami`` the token file's user (:mod:`readapi.access`);
 * ``/api/v1/namespaces/NAME``, which kubectl reads after a NotFound: ``kube-system``
   exists (the leases are there), no other namespace does;
 * every response ``Cache-Control: no-cache, private``, as upstream's;
@@ -143,10 +143,10 @@ def app(
         application.router.add_get(prefix + "/openapi/v3", _openapi_index)
         application.router.add_get(prefix + "/openapi/v3/{path:.+}", _openapi_document)
         reviews = prefix + "/apis/authorization.k8s.io/v1/"
-        application.router.add_post(reviews + "selfsubjectaccessreviews", _access_review)
-        application.router.add_post(reviews + "selfsubjectrulesreviews", _rules_review)
+        application.router.add_route("*", reviews + "selfsubjectaccessreviews", _access_review)
+        application.router.add_route("*", reviews + "selfsubjectrulesreviews", _rules_review)
         whoami = prefix + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-        application.router.add_post(whoami, _self_review)
+        application.router.add_route("*", whoami, _self_review)
         # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
         watched = prefix + "/apis/{group}/{version}/{watch:watch}"
         application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
@@ -427,8 +427,10 @@ async def _self_review(request: web.Request) -> web.StreamResponse:
 async def _answer_review(request: web.Request, answer: Callable[[Any], JSON]) -> web.Response:
     """Create a review (:mod:`readapi.access`): read the object posted, answer it with
     201 Created, as upstream does, in the media type the request accepts. Nothing is
-    stored."""
+    stored; a review is only created (405 for any other method)."""
     _cluster_view_check(request)
+    if request.method != "POST":
+        return _method_not_allowed(request)
     output = negotiation.negotiate(request.headers.get("Accept", ""), convert=False)
     body = negotiation.read_body(request.content_type, await request.read())
     response = _respond(output, answer(body))

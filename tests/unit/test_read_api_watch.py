@@ -269,6 +269,8 @@ async def test_an_access_review_is_answered_as_created_now_and_in_the_past(
         assert (response.status, (await response.json())["reason"]) == (400, "BadRequest")
     async with client.post("/clusters/nowhere" + path, json=review) as response:
         assert response.status == 404
+    async with client.get(cluster + path) as response:  # only created, as upstream's
+        assert (response.status, (await response.json())["reason"]) == (405, "MethodNotAllowed")
 
 
 async def test_responses_are_not_cached_and_json_is_plain_application_json(
