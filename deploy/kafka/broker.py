@@ -44,6 +44,7 @@ import ctypes
 import dataclasses
 import hashlib
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -57,6 +58,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -527,12 +529,42 @@ def _require_tool(name: str, what: str) -> str:
     return path
 
 
+EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORTS_BELOW_EPHEMERAL: Final = 10_000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (tests and benchmarks too)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now (tests and benchmarks too),
+    below the kernel's ephemeral range, and not handed out before by this process.
+
+    The port ``bind(0)`` gives comes from the ephemeral range, the one every outgoing
+    connection takes its local port from: between this check and the server's own bind a
+    client connection (to Kafka, etcd, PostgreSQL) can take it, and the server fails with
+    "address already in use" (a kube-apiserver did, once, in a full run). No connection
+    takes a port below the range, so one is drawn at random there and checked; ``bind(0)``
+    only if none of a hundred draws is free.
+    """
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    candidates = range(max(1024, low - _PORTS_BELOW_EPHEMERAL), low)
+    for port in random.sample(candidates, min(100, len(candidates))):
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        port = sock.getsockname()[1]
+        _handed_out.add(port)
+        return int(port)
 
 
 def _accepts(port: int) -> bool:

@@ -54,7 +54,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -72,13 +71,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def _load_build_module() -> ModuleType:
-    # build.py is a script beside this one, not a package module: load it by path so this
-    # file works however it is run (python cluster.py, runpy, an import from tests).
-    name = "svledger_kube_build"
+def _load_script(name: str, path: Path) -> ModuleType:
+    # build.py and the broker's script are scripts, not package modules: load them by
+    # path so this file works however it is run (python cluster.py, runpy, an import
+    # from tests).
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / "build.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -86,8 +85,9 @@ def _load_build_module() -> ModuleType:
     return module
 
 
-_BUILD = _load_build_module()
+_BUILD = _load_script("svledger_kube_build", HERE / "build.py")
 DEFAULT_VERSION: str = _BUILD.DEFAULT_VERSION
+free_port = _load_script("svledger_kafka_broker", HERE.parent / "kafka" / "broker.py").free_port
 
 #: The controllers ``start_controller_manager()`` runs unless told otherwise.
 DEFAULT_CONTROLLERS = (
@@ -307,7 +307,7 @@ class LocalCluster:
                 _APIServer(
                     index=index,
                     hostname=f"{_HOSTNAME_PREFIX}-{index}",
-                    port=_free_port(),
+                    port=free_port(),
                     version=self._version,
                     process=_Process(
                         f"kube-apiserver {index}", self._workdir / f"apiserver-{index}.log"
@@ -566,7 +566,7 @@ class LocalCluster:
         version = version or self._version
         binary = binaries(version) / "kube-controller-manager"
         kubeconfig = self.write_kubeconfig(workdir / "controller-manager.kubeconfig", server_index)
-        self._controller_manager_port = _free_port()
+        self._controller_manager_port = free_port()
         gates = controller_manager_feature_gates(version)
         command = [
             str(binary),
@@ -641,8 +641,8 @@ class LocalCluster:
 
     def _start_etcd(self, binary: Path) -> None:
         workdir = self._require_started()
-        self._etcd_port = _free_port()
-        peer = f"http://127.0.0.1:{_free_port()}"
+        self._etcd_port = free_port()
+        peer = f"http://127.0.0.1:{free_port()}"
         client = f"http://127.0.0.1:{self._etcd_port}"
         self._etcd = _Process("etcd", workdir / "etcd.log")
         self._etcd.start(
@@ -801,13 +801,6 @@ def _require_tool(name: str) -> None:
         raise ClusterError(
             f"`{name}` is not on PATH; the local cluster needs it (Debian package {package})"
         )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # Every child is forked from this one thread, which lives as long as the Python process.

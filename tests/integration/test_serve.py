@@ -19,6 +19,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -78,34 +79,28 @@ class Server:
 @contextlib.contextmanager
 def running_server(settings: KafkaSettings, *extra: str, scheme: str = "http") -> Iterator[Server]:
     port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "svledger",
-            "serve",
-            "--bootstrap",
-            settings.bootstrap_servers,
-            "--topic",
-            settings.topic,
-            "--address",
-            f"127.0.0.1:{port}",
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-    )
-    server = Server(f"{scheme}://127.0.0.1:{port}", process)
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=30)
-        assert process.returncode == 0, stderr.decode()[-2000:]
-        lines = stderr.decode().splitlines()
-        server.log = [json.loads(line) for line in lines if line.startswith("{")]
+    command = [
+        sys.executable, "-m", "svledger", "serve",
+        "--bootstrap", settings.bootstrap_servers,
+        "--topic", settings.topic,
+        "--address", f"127.0.0.1:{port}",
+        *extra,
+    ]  # fmt: skip
+    # Its log goes to a file: a pipe nobody reads while the tests run would block the
+    # server once its buffer is full.
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
+        server = Server(f"{scheme}://127.0.0.1:{port}", process)
+        try:
+            wait_ready(server)
+            yield server
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            log.seek(0)
+            stderr = log.read().decode()
+            assert process.returncode == 0, stderr[-2000:]
+            server.log = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
 def test_serve_says_when_it_has_caught_up_with_the_log(walkthrough: KafkaSettings) -> None:
@@ -344,7 +339,7 @@ def test_kubectl_watch_sees_an_event_appended_to_kafka(
         appended = datetime.now(UTC)
         asyncio.run(append_heartbeat(walkthrough, hostname, appended))
         seen = read_lines_until(watch.stdout, lambda line: hostname in line, 60)
-        assert seen and hostname in seen[-1]
+        assert seen and hostname in seen[-1], what_it_said(watch)
     finally:
         watch.kill()
         watch.wait()
@@ -396,6 +391,13 @@ def test_client_gos_metadata_informer_lists_and_watches(
         informer.stdin.close()
         informer.wait(timeout=30)
     assert informer.returncode == 0, informer.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+
+
+def what_it_said(process: subprocess.Popen[bytes]) -> str:
+    """What a process still running printed on stdout and stderr, once killed."""
+    process.kill()
+    out, err = process.communicate(timeout=10)
+    return f"stdout: {out.decode()[-2000:]!r}; stderr: {err.decode()[-2000:]!r}"
 
 
 def read_lines_until(stream: object, done: object, seconds: float) -> list[str]:
