@@ -2,10 +2,10 @@
 
 client-go's typed clients send built-in kinds as ``application/vnd.kubernetes.protobuf``
 and accept JSON back, so ``kubectl auth can-i`` and ``kubectl auth whoami`` post their
-reviews in protobuf however the server answers (client-go has no fallback to JSON for it). The
-encoding (``apimachinery/pkg/runtime/serializer/protobuf``): the four bytes ``k8s\\0``,
-then a ``runtime.Unknown`` message whose ``typeMeta`` names the kind and whose ``raw``
-holds the object's own message.
+reviews in protobuf however the server answers (client-go has no fallback to JSON for
+them). The encoding (``apimachinery/pkg/runtime/serializer/protobuf``): the four bytes
+``k8s\\0``, then a ``runtime.Unknown`` message whose ``typeMeta`` names the kind and whose
+``raw`` holds the object's own message.
 
 The messages are declared here at run time, with the field numbers of upstream's
 ``generated.proto`` files (``k8s.io/api/authorization/v1``, ``apimachinery``'s
