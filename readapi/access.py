@@ -93,11 +93,7 @@ def read_tokens(path: Path) -> dict[str, User]:
 
 def self_review(body: Any, user: User) -> JSON:
     """The ``SelfSubjectReview`` ``body`` asks for: who ``user`` is."""
-    if not isinstance(body, dict):
-        raise _unrecognized(SELF_REVIEW, f"the body is {_shown(body)}, not an object")
-    given = body.get("kind")
-    if given not in (None, "", SELF_REVIEW):
-        raise _unrecognized(SELF_REVIEW, f"its kind is {given!r}, not {SELF_REVIEW!r}")
+    _review(body, SELF_REVIEW, AUTHENTICATION_VERSION)
     return {
         "kind": SELF_REVIEW,
         "apiVersion": AUTHENTICATION_VERSION,
@@ -182,12 +178,12 @@ def rules_review(body: Any) -> JSON:
     }
 
 
-def _review(body: Any, kind: str) -> JSON:
+def _review(body: Any, kind: str, api_version: str = API_VERSION) -> JSON:
     """``body`` as a review of ``kind``: an object whose kind and apiVersion, where
     given, are that kind's."""
     if not isinstance(body, dict):
         raise _unrecognized(kind, f"the body is {_shown(body)}, not an object")
-    for field, expected in (("kind", kind), ("apiVersion", API_VERSION)):
+    for field, expected in (("kind", kind), ("apiVersion", api_version)):
         given = body.get(field)
         if given not in (None, "", expected):
             raise _unrecognized(kind, f"its {field} is {given!r}, not {expected!r}")

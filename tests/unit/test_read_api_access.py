@@ -203,6 +203,8 @@ def test_kubectls_protobuf_whoami_is_told_who_the_token_is() -> None:
             }
         },
     }
+    with pytest.raises(ApiError, match="must be of type SelfSubjectReview"):
+        access.self_review({"apiVersion": "authorization.k8s.io/v1"}, alice)
     assert access.self_review({}, access.ANONYMOUS)["status"]["userInfo"] == {
         "username": "system:anonymous",
         "groups": ["system:unauthenticated"],
