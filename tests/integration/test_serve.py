@@ -13,20 +13,21 @@ import asyncio
 import contextlib
 import json
 import os
+import queue
 import re
-import selectors
 import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from kubernetes import client as kube_client
@@ -333,13 +334,14 @@ def test_kubectl_watch_sees_an_event_appended_to_kafka(
     )
     try:
         assert watch.stdout is not None
-        lines = read_lines_until(watch.stdout, lambda line: line.startswith("NAME"), 30)
+        printed = Lines(watch.stdout)
+        lines = printed.until(lambda line: line.startswith("NAME"), 30)
         assert lines, "kubectl printed no header"
         time.sleep(1)  # the watch is open after the list is printed
         appended = datetime.now(UTC)
         asyncio.run(append_heartbeat(walkthrough, hostname, appended))
-        seen = read_lines_until(watch.stdout, lambda line: hostname in line, 60)
-        assert seen and hostname in seen[-1], what_it_said(watch)
+        seen = printed.until(lambda line: hostname in line, 60)
+        assert seen and hostname in seen[-1], what_it_said(watch, printed)
     finally:
         watch.kill()
         watch.wait()
@@ -373,7 +375,8 @@ def test_client_gos_metadata_informer_lists_and_watches(
     )
     try:
         assert informer.stdout is not None
-        lines = read_lines_until(informer.stdout, lambda line: "SYNCED" in line, 60)
+        printed = Lines(informer.stdout)
+        lines = printed.until(lambda line: "SYNCED" in line, 60)
         assert lines, informer.stderr.read1().decode() if informer.poll() is not None else ""
         listed, got, *events = [json.loads(line) for line in lines]
         assert {o["name"] for o in listed["list"]} == set(leases)
@@ -383,7 +386,7 @@ def test_client_gos_metadata_informer_lists_and_watches(
         assert got["get"]["name"] == listed["list"][0]["name"]
         assert {e["name"] for e in events if e["type"] == "ADDED"} == set(leases)
         asyncio.run(append_heartbeat(walkthrough, hostname, datetime.now(UTC)))
-        seen = read_lines_until(informer.stdout, lambda line: hostname in line, 60)
+        seen = printed.until(lambda line: hostname in line, 60)
         assert seen, "the informer's watch did not see the lease appended to Kafka"
         assert json.loads(seen[-1])["type"] == "ADDED"
     finally:
@@ -393,28 +396,60 @@ def test_client_gos_metadata_informer_lists_and_watches(
     assert informer.returncode == 0, informer.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
 
 
-def what_it_said(process: subprocess.Popen[bytes]) -> str:
+def what_it_said(process: subprocess.Popen[bytes], printed: Lines) -> str:
     """What a process still running printed on stdout and stderr, once killed."""
     process.kill()
-    out, err = process.communicate(timeout=10)
-    return f"stdout: {out.decode()[-2000:]!r}; stderr: {err.decode()[-2000:]!r}"
+    assert process.stderr is not None
+    err = process.stderr.read().decode()
+    return f"stdout: {printed.everything()[-2000:]!r}; stderr: {err[-2000:]!r}"
 
 
-def read_lines_until(stream: object, done: object, seconds: float) -> list[str]:
-    selector = selectors.DefaultSelector()
-    selector.register(stream, selectors.EVENT_READ)  # type: ignore[arg-type]
-    lines: list[str] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=deadline - time.monotonic()):
-            break
-        line = stream.readline().decode()  # type: ignore[attr-defined]
-        if not line:
-            break
-        lines.append(line)
-        if done(line):  # type: ignore[operator]
-            return lines
-    return []
+class Lines:
+    """A child's output line by line, as it comes, read by a thread of its own.
+
+    Waiting on the pipe itself (a select) and then reading it through a buffered
+    reader loses lines: one read may take several lines off the pipe, and those after
+    the first wait in the reader's buffer, where no select sees them, until the next
+    line arrives, if one ever does.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._lines: queue.Queue[str | None] = queue.Queue()  # None: the end
+        self._said: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self._lines.put(line.decode())
+        self._lines.put(None)
+
+    def until(self, done: Callable[[str], bool], seconds: float) -> list[str]:
+        """The lines up to and including the first that is ``done``, if it comes within
+        ``seconds``; else none."""
+        lines: list[str] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self._said.append(line)
+            lines.append(line)
+            if done(line):
+                return lines
+        return []
+
+    def everything(self) -> str:
+        """All it printed, once the process has ended."""
+        self._reader.join(timeout=10)
+        while not self._lines.empty():
+            line = self._lines.get()
+            if line is not None:
+                self._said.append(line)
+        return "".join(self._said)
 
 
 async def append_heartbeat(settings: KafkaSettings, hostname: str, at: datetime) -> Position:
