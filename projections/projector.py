@@ -31,13 +31,15 @@ Throughput comes from a pipeline of depth one: while a batch is written, by the
 writer process (:mod:`projections.writer`: writing then runs on a core of its own
 instead of waiting for the fold's interpreter lock), the event loop fetches,
 decodes and folds the next, and starts writing it only once the previous one has
-committed. Batches therefore commit one at a time, in log order, and the state is
-never more than one batch ahead of the database. If a write fails, the batch
-folded on top of it is dropped with it. A rebalance may now happen while a batch
-is being written; it needs no care: the batch's transaction still checks and
-locks its checkpoints, a new owner of the partition that read the checkpoint too
-early is refused and reloads, and this projector finishes the write before it
-reloads for its new assignment.
+committed; while it waits for that commit, it fetches the batch after (aiokafka
+parses the records as it hands them out). Batches therefore commit one at a time,
+in log order, and the state is never more than one batch ahead of the database. If
+a write fails, the batch folded on top of it is dropped with it, and so is the one
+fetched after it. A rebalance may now happen while a batch is being written; it
+needs no care: the batch's transaction still checks and locks its checkpoints, a
+new owner of the partition that read the checkpoint too early is refused and
+reloads, and this projector finishes the write before it reloads for its new
+assignment.
 
 Outages do not stop it: an unreachable broker or database is logged (naming which
 one), and retried with exponential backoff; the batch in hand is dropped and read
@@ -46,7 +48,8 @@ batch in hand is committed first, then it leaves the consumer group.
 
 Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
 (:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
-and each partition's lag after every poll, the batch being written counted as read.
+and each partition's lag after every poll, the batches being written and fetched
+counted as read.
 While the broker or the database is out of reach the lag is unknown, and not shown.
 """
 
@@ -329,8 +332,7 @@ class Projector:
                     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                     if not fetch.done():
                         if stop.is_set():
-                            await _cancel(fetch)
-                            return
+                            return  # the fetch is cancelled below
                         if await self._settle(stop):
                             continue
                         # The write failed while records were being fetched, maybe
@@ -341,7 +343,7 @@ class Projector:
                         continue
                     messages, fetch = fetch.result(), None
                     if messages:
-                        await self._project(consumer, messages, stop)
+                        fetch = await self._project(consumer, messages, stop)
                     # Measured after every poll, empty ones too: a poll that only passes
                     # a transaction's commit marker moves the position to the end.
                     lags = await consumer.lags()
@@ -352,6 +354,8 @@ class Projector:
                         return
             finally:
                 stopped.cancel()
+                if fetch is not None:
+                    await _cancel(fetch)
                 self._lag.clear()  # unknown until the next session polls
                 # Whatever ended the session, the batch being written is finished first;
                 # if it failed, the next session reloads from the database anyway.
@@ -407,30 +411,37 @@ class Projector:
         consumer: EventConsumer,
         messages: Messages,
         stop: asyncio.Event,
-    ) -> None:
-        """Fold a batch and start writing it, once the batch before it is committed.
+    ) -> asyncio.Future[Messages] | None:
+        """Fold a batch and start writing it, once the batch before it is committed;
+        returns the fetch of the next batch, if it started one.
 
         Folding this batch overlaps the write of the one before it, and fetching the
-        next overlaps this one's write; batches still commit one at a time, in order.
+        next (aiokafka parses its records as it hands them out, on this process's
+        interpreter) overlaps both that write, when it is still going, and this one's;
+        batches still commit one at a time, in order.
         """
         assert self._db is not None
         if self._reassigned:
             if not await self._settle(stop):
                 await self._recover(consumer, stop)
-                return
+                return None
             if not await self._reload(stop):
-                return
+                return None
         assert self._state is not None
         folded = fold_batch(self._state, messages)
         # Before the checkpoint moves past them.
         await consumer.send_dead_letters(folded.dead)
+        fetch = asyncio.ensure_future(consumer.fetch_for_fold(self.max_batch, self.poll_ms))
         if not await self._settle(stop):
-            # Folded on top of a batch that did not commit: dropped, read again.
+            # Folded on top of a batch that did not commit: dropped, read again, and so
+            # is what was fetched after it.
+            await _cancel(fetch)
             await self._recover(consumer, stop)
-            return
+            return None
         self._writing = self._writer.commit(folded.batch)
         self._sweeper.folded(sum(map(len, messages.values())))
         self._written = folded.result
+        return fetch
 
     async def _settle(self, stop: asyncio.Event) -> bool:
         """Wait for the batch being written, if any; False if it did not commit."""
