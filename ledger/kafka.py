@@ -67,7 +67,15 @@ import dataclasses
 import logging
 import operator
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, TypeVar
 
@@ -1304,11 +1312,27 @@ class EventConsumer:
 
     async def batches_for_fold(
         self, max_records: int = 10_000, timeout_ms: int = 1_000
-    ) -> AsyncIterator[Messages]:
-        """As :meth:`batches`, of what :meth:`fetch_for_fold` returns."""
-        while self._until is None or self._ends:
-            if messages := await self.fetch_for_fold(max_records, timeout_ms):
-                yield messages
+    ) -> AsyncGenerator[Messages, None]:
+        """As :meth:`batches`, of what :meth:`fetch_for_fold` returns, one batch ahead:
+        the next is fetched while the caller awaits something else (its batch's write,
+        say), as aiokafka parses the records when it hands them out. A caller that leaves
+        early closes the iterator (:func:`contextlib.aclosing`), which cancels that fetch.
+        """
+        ahead: asyncio.Future[Messages] | None = None
+        try:
+            while self._until is None or self._ends:
+                if ahead is None:
+                    ahead = asyncio.ensure_future(self.fetch_for_fold(max_records, timeout_ms))
+                messages, ahead = await ahead, None
+                if self._until is None or self._ends:
+                    ahead = asyncio.ensure_future(self.fetch_for_fold(max_records, timeout_ms))
+                if messages:
+                    yield messages
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ahead
 
     async def fetch(
         self, max_records: int = 10_000, timeout_ms: int = 1_000, *, key: bytes | None = None

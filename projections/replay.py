@@ -42,6 +42,7 @@ seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -363,13 +364,16 @@ async def _replay(
     writing: asyncio.Future[None] | None = None  # the batch being committed
     if open_partitions:
         begin = dict(reached)
-        async with EventConsumer(
-            settings,
-            partitions=sorted(open_partitions),
-            start_offsets=lambda partitions: {p: begin[p] for p in partitions},
-            until={p: limits[p] for p in open_partitions},  # where it stops reading each
-        ) as consumer:
-            async for batch in consumer.batches_for_fold(max_batch):
+        async with (
+            EventConsumer(
+                settings,
+                partitions=sorted(open_partitions),
+                start_offsets=lambda partitions: {p: begin[p] for p in partitions},
+                until={p: limits[p] for p in open_partitions},  # where it stops reading each
+            ) as consumer,
+            contextlib.aclosing(consumer.batches_for_fold(max_batch)) as batches,
+        ):
+            async for batch in batches:
                 kept = batch  # up to the limits: nothing to sort out
                 if until_time is not None or cluster is not None:
                     kept = _sorted_out(batch, reached, limits, open_partitions, until_time)
