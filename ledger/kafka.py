@@ -1319,10 +1319,12 @@ class EventConsumer:
         early closes the iterator (:func:`contextlib.aclosing`), which cancels that fetch.
         """
         ahead: asyncio.Future[Messages] | None = None
+        if self._until is None or self._ends:
+            ahead = asyncio.ensure_future(self.fetch_for_fold(max_records, timeout_ms))
         try:
-            while self._until is None or self._ends:
-                if ahead is None:
-                    ahead = asyncio.ensure_future(self.fetch_for_fold(max_records, timeout_ms))
+            while ahead is not None:
+                # Whether to read on is asked as each fetch ends, as it may have reached
+                # the last ends: every fetch started is handed out.
                 messages, ahead = await ahead, None
                 if self._until is None or self._ends:
                     ahead = asyncio.ensure_future(self.fetch_for_fold(max_records, timeout_ms))

@@ -76,6 +76,17 @@ async def test_replaying_twice_gives_identical_databases_equal_to_the_fold(
     assert replayed == reference_snapshot(db, records, settings.topic)
 
 
+async def test_a_replay_in_small_batches_reads_every_record_to_the_end(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    # Many fetches, each started while the batch before is written: the last of them
+    # reaches the ends of the partitions before the replay has taken its records.
+    settings, records = log
+    result = await replay(settings, database_url, progress=False, max_batch=50)
+    assert result.events == len(records)
+    assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+
+
 async def test_until_an_offset_gives_the_views_as_of_that_offset(
     log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
 ) -> None:
