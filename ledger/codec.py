@@ -179,15 +179,6 @@ class Codec:
         writer = self._writer_of(data)
         return typing.cast(Event, writer.shape.from_avro(self._read(writer, data)))
 
-    def read_record(self, data: bytes) -> tuple[str, dict[str, Any]]:
-        """The event type name and Avro record in ``data``, as the current schema reads it.
-
-        The record is what :meth:`decode` makes the event of: field for field, nested
-        ``meta`` as a dict, times as timezone-aware UTC datetimes, arrays as lists.
-        """
-        writer = self._writer_of(data)
-        return writer.type_name, self._read(writer, data)
-
     def _read(self, writer: _Writer, data: bytes) -> dict[str, Any]:
         stream = io.BytesIO(data)
         stream.seek(HEADER_SIZE)
@@ -252,11 +243,6 @@ def encode(event: Event) -> bytes:
 def decode(data: bytes) -> Event:
     """:meth:`Codec.decode` with the packaged schemas."""
     return default_codec().decode(data)
-
-
-def read_record(data: bytes) -> tuple[str, dict[str, Any]]:
-    """:meth:`Codec.read_record` with the packaged schemas."""
-    return default_codec().read_record(data)
 
 
 def type_of(data: bytes) -> str:

@@ -76,7 +76,6 @@ from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
 from projections.database import DatabaseUnreachable, engine
-from projections.fold import subject
 from projections.snapshots import NO_EVENTS, SNAPSHOT_EVERY, Snapshot, take
 from projections.state import Changes, State
 from projections.store import StaleProjection, load_checkpoints, load_log_times, load_state
@@ -195,7 +194,7 @@ def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
     folded = store.Batch.of(
         projection.state,
         changes,
-        [(r.value, r.position.partition, r.position.offset, subject(r.event)) for r in logged],
+        [store.logged(r.event, r.position) for r in logged],
         projection.topic,
         projection.name,
         start_offsets,

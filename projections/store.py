@@ -51,8 +51,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger.codec import read_record
-from ledger.events import EVENT_TYPES, Position
+from ledger.events import EVENT_TYPES, Event, Position, type_name
+from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
     fold_snapshots,
@@ -111,10 +111,13 @@ Key = TypeVar("Key", bound=tuple[str, ...])
 Row = TypeVar("Row")
 
 
-# A folded event as a batch carries it: its record value (the encoding the log
-# holds), log partition and offset, and subject (what it is about: a resource name,
-# an apiserver ID). A plain tuple, because batches are pickled and it pickles fastest.
-LoggedEvent: TypeAlias = tuple[bytes, int, int, str]
+# A folded event as a batch carries it: its ``ledger_events`` row but the topic and
+# outcome (log partition and offset, meta's fields, event type, subject and payload
+# as JSON text; see :func:`logged`). A plain tuple, because batches are pickled and it
+# pickles fastest.
+LoggedEvent: TypeAlias = tuple[
+    int, int, str, str, str, str, datetime, str, str | None, str | None, str
+]
 
 
 class StaleProjection(Exception):
@@ -125,13 +128,11 @@ class StaleProjection(Exception):
 class Batch:
     """One folded batch, as :func:`write` puts it in the database.
 
-    Its events as the log holds them (each record's value, position and subject),
-    the view rows the batch changed (``None`` for a row it deleted), and the
-    checkpoints it moves from and to. Nothing in it refers to the live state, so a
-    batch can be written while the fold goes on with the next one, and it pickles
-    cheaply for the writer process (:mod:`projections.writer`), which makes the
-    ``ledger_events`` rows from the record values: the log's own bytes are the
-    cheapest form of an event to hand over.
+    Its events' ``ledger_events`` rows (:func:`logged`), the view rows the batch
+    changed (``None`` for a row it deleted), and the checkpoints it moves from and to.
+    Nothing in it refers to the live state, so a batch can be written while the fold
+    goes on with the next one, and it pickles cheaply for the writer process
+    (:mod:`projections.writer`): tuples of strings, numbers and times.
     """
 
     topic: str
@@ -178,7 +179,7 @@ class Batch:
         there (default: unknown); ``snapshots`` those taken at the batch's end.
         """
         if next_offsets is None:
-            next_offsets = {partition: offset + 1 for _, partition, offset, _ in events}
+            next_offsets = {partition: offset + 1 for partition, offset, *_ in events}
         return cls(
             topic,
             projection,
@@ -272,27 +273,10 @@ def write(connection: Connection, batch: Batch) -> None:
     rejected = {Position.parse(rejection.revision): rejection for rejection in batch.rejections}
     events = []
     rejected_rows = []
-    for value, partition, offset, subject in batch.events:
-        type_name, record = read_record(value)
-        meta = record["meta"]
+    for event in batch.events:
+        partition, offset = event[0], event[1]
         rejection = rejected.get(Position(partition, offset))
-        events.append(
-            (
-                topic,
-                partition,
-                offset,
-                meta["cluster"],
-                meta["event_id"],
-                type_name,
-                subject,
-                meta["occurred_at"],
-                meta["source"],
-                meta["causation_id"],
-                meta["correlation_id"],
-                _payload(type_name, record),
-                "applied" if rejection is None else "rejected",
-            )
-        )
+        events.append((topic, *event, "applied" if rejection is None else "rejected"))
         if rejection is not None:
             rejected_rows.append(
                 (
@@ -303,7 +287,7 @@ def write(connection: Connection, batch: Batch) -> None:
                     rejection.event_id,
                     rejection.event_type,
                     rejection.subject,
-                    meta["occurred_at"],
+                    event[6],  # occurred_at
                     rejection.reason,
                 )
             )
@@ -486,19 +470,38 @@ def views_snapshot(connection: Connection) -> dict[str, list[tuple[Any, ...]]]:
     return snapshot
 
 
-def _payload(type_name: str, record: dict[str, Any]) -> str:
-    """The JSON text of an event's payload: its Avro record but ``meta``, times in ISO 8601."""
-    payload = {name: value for name, value in record.items() if name != "meta"}
-    for name in _TIME_FIELDS[type_name]:
-        if payload[name] is not None:
-            payload[name] = payload[name].isoformat()
-    return _JSON.encode(payload)
+def logged(event: Event, position: Position) -> LoggedEvent:
+    """How a batch carries a folded ``event`` at ``position`` (:data:`LoggedEvent`).
+
+    Built where the event was decoded for the fold, so the writer need not decode it
+    again. The payload is the event's Avro record but ``meta``, as JSON text, times in
+    ISO 8601: the fields of the event's class are its schema's, in the same order.
+    """
+    meta = event.meta
+    times = _TIME_FIELDS[type(event)]
+    payload = {}
+    for name in _PAYLOAD[type(event)]:
+        value = getattr(event, name)
+        payload[name] = value.isoformat() if name in times and value is not None else value
+    return (
+        position.partition,
+        position.offset,
+        meta.cluster,
+        meta.event_id,
+        type_name(event),
+        subject(event),
+        meta.occurred_at,
+        meta.source,
+        meta.causation_id,
+        meta.correlation_id,
+        _JSON.encode(payload),
+    )
 
 
-def _time_fields(cls: type[Any]) -> tuple[str, ...]:
+def _time_fields(cls: type[Any]) -> frozenset[str]:
     """The fields of an event class that hold times (ISO 8601 strings in its payload)."""
     hints = typing.get_type_hints(cls)
-    return tuple(
+    return frozenset(
         field.name
         for field in dataclasses.fields(cls)
         if datetime in (hints[field.name], *typing.get_args(hints[field.name]))
@@ -654,7 +657,11 @@ def _insert_json_as_text(table: Table) -> Insert:
 
 
 _JSON: Final = json.JSONEncoder(separators=(",", ":"))
-_TIME_FIELDS: Final = {name: _time_fields(cls) for name, cls in EVENT_TYPES.items()}
+_TIME_FIELDS: Final = {cls: _time_fields(cls) for cls in EVENT_TYPES.values()}
+_PAYLOAD: Final = {
+    cls: tuple(field.name for field in dataclasses.fields(cls) if field.name != "meta")
+    for cls in EVENT_TYPES.values()
+}
 
 _INSERTS: Final[dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]]] = {
     "postgresql": postgresql.insert,

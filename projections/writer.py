@@ -1,20 +1,18 @@
 """The batch writer: commits the projector's batches beside the fold.
 
 Folding is CPU-bound Python (decoding, the fold itself), and so is writing a large
-batch (decoding its events again into ``ledger_events`` rows, formatting tens of
-thousands of rows for ``COPY``, the upserts). In one process the two would share
-one interpreter lock and their costs would add up. So a :class:`BatchWriter`
-commits large batches (:data:`PROCESS_AT` events or more, as when catching up) in
-a child process (``python -m projections.writer``) with its own engine, while the
-parent folds the next batch: the two run on two cores. A batch crosses the child's
-stdin as the log's own record bytes plus the view rows it changed
-(:class:`projections.store.Batch`), which pickle in about a microsecond per event;
-the outcome comes back on its stdout. The child is a plain subprocess rather than a
-:mod:`multiprocessing` one so that it never re-imports the parent's main module,
-and it starts with the first large batch, so a projector that only ever sees a few
-live events at a time has none. Small batches are committed in the parent (in the
-writer's thread): for them a round trip to another process costs more than it
-saves.
+batch (formatting tens of thousands of rows for ``COPY``, the upserts). In one
+process the two would share one interpreter lock and their costs would add up. So a
+:class:`BatchWriter` commits large batches (:data:`PROCESS_AT` events or more, as
+when catching up) in a child process (``python -m projections.writer``) with its own
+engine, while the parent folds the next batch: the two run on two cores. A batch
+crosses the child's stdin as its events' rows plus the view rows it changed
+(:class:`projections.store.Batch`), pickled; the outcome comes back on its stdout.
+The child is a plain subprocess rather than a :mod:`multiprocessing` one so that it
+never re-imports the parent's main module, and it starts with the first large batch,
+so a projector that only ever sees a few live events at a time has none. Small
+batches are committed in the parent (in the writer's thread): for them a round trip
+to another process costs more than it saves.
 
 Either way batches are committed one at a time, in the order they are submitted,
 by :func:`projections.store.commit`. A failed commit reaches the caller as one of:

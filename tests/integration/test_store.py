@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, delete
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from ledger.codec import encode
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -205,9 +204,7 @@ def test_naive_times_are_refused(db: Engine) -> None:
     naive = dataclasses.replace(event, renew_time=datetime(2024, 5, 1, 12, 0))
     state = State()
     changes = fold.apply(state, naive, position)
-    batch = store.Batch.of(
-        state, changes, [(encode(event), *position, fold.subject(event))], TOPIC, PROJECTION, {}
-    )
+    batch = store.Batch.of(state, changes, [store.logged(event, position)], TOPIC, PROJECTION, {})
     with pytest.raises(StatementError, match="naive datetime"), db.begin() as connection:
         store.write(connection, batch)
     assert snapshot(db) == {table.name: [] for table in store.VIEWS}

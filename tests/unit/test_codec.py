@@ -91,21 +91,6 @@ def test_every_event_type_round_trips(name: str, data: st.DataObject) -> None:
 
 
 @given(strategies.events())
-def test_the_record_read_holds_the_decoded_event_field_for_field(event: Event) -> None:
-    # The projector's writer builds ledger_events rows from the record, not the event.
-    encoded = codec.encode(event)
-    decoded = codec.decode(encoded)
-    name, record = codec.read_record(encoded)
-    assert name == type_name(event)
-    assert record["meta"] == dataclasses.asdict(decoded.meta)
-    for field in dataclasses.fields(decoded):
-        value = getattr(decoded, field.name)
-        if field.name != "meta":
-            assert record[field.name] == (list(value) if isinstance(value, tuple) else value)
-            assert type(record[field.name]) is type(value) or isinstance(value, tuple)
-
-
-@given(strategies.events())
 def test_decoded_times_are_utc_and_exact_to_the_microsecond(event: Event) -> None:
     decoded = codec.decode(codec.encode(event))
     for before, after in [(event.meta.occurred_at, decoded.meta.occurred_at)] + [

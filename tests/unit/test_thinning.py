@@ -52,7 +52,7 @@ def in_batches(
         batch = fold_batch(projection, by_partition(records[start:end]))
         assert not batch.dead
         folded += batch.result.folded
-        logged += [Position(partition, offset) for _, partition, offset, _ in batch.batch.events]
+        logged += [Position(partition, offset) for partition, offset, *_ in batch.batch.events]
         for holder, count in batch.batch.renewals.items():
             _, first, _, renewals = counts.get(holder, (0, count.first_offset, 0, 0))
             counts[holder] = (

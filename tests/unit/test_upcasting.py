@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 from datetime import UTC, datetime, timedelta
 
-from ledger.codec import decode, encode, read_record
+from ledger.codec import decode, encode
 from ledger.events import ApiserverHeartbeat, Event, Meta, Position, StorageVersionReported
 from ledger.hashing import storage_version_hash
+from projections import store
 from projections.fold import apply
 from projections.state import State
 from tests.unit.test_codec import read_schema, single_object, with_meta
@@ -51,9 +53,9 @@ def test_a_v1_record_reads_with_versions_qualified_by_its_group() -> None:
         decodable_versions=("apps/v1", "apps/v2"),
         served_versions=("apps/v1",),
     )
-    # The writer process builds ledger_events rows from read_record: the same upcast.
-    _, record = read_record(as_v1(old))
-    assert record["encoding_version"] == "apps/v2"
+    # Its ledger_events row is built from the event decoded: the same upcast.
+    payload = json.loads(store.logged(decoded, Position(0, 0))[-1])
+    assert payload["encoding_version"] == "apps/v2"
     # Core versions are the same in both forms.
     core = old_report("apiserver-a", "", "v1", 2)
     assert decode(as_v1(core)) == core
