@@ -1331,9 +1331,9 @@ class EventConsumer:
                 if messages:
                     yield messages
         finally:
-            if ahead is not None:
+            if ahead is not None:  # not wanted: how it ends does not matter
                 ahead.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, *BROKER_ERRORS):
                     await ahead
 
     async def fetch(

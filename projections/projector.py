@@ -340,7 +340,8 @@ class Projector:
                         fetch = None
                         await self._recover(consumer, stop)
                         continue
-                    messages, fetch = fetch.result(), None
+                    fetched, fetch = fetch, None
+                    messages = fetched.result()
                     if messages:
                         fetch = await self._project(consumer, messages, stop)
                     # Measured after every poll, empty ones too: a poll that only passes
@@ -509,8 +510,10 @@ class Projector:
 
 
 async def _cancel(fetch: asyncio.Future[Messages]) -> None:
+    """Drop a fetch whose records are not wanted: how it ends does not matter, a broker
+    error included (the next fetch meets the broker as it is)."""
     fetch.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    with contextlib.suppress(asyncio.CancelledError, *BROKER_ERRORS):
         await fetch
 
 
