@@ -178,6 +178,14 @@ class NotAuthorized(AccessDenied):
 BROKER_ERRORS: Final = (BrokerUnavailable, KafkaError)
 
 
+async def drop_fetch(fetch: asyncio.Future[Any]) -> None:
+    """Cancel a fetch whose records are not wanted: how it ends does not matter, a broker
+    error included (the next fetch meets the broker as it is)."""
+    fetch.cancel()
+    with contextlib.suppress(asyncio.CancelledError, *BROKER_ERRORS):
+        await fetch
+
+
 class OutgoingRecord(NamedTuple):
     key: bytes | None  # None only for a fencing record (PartitionProducer)
     value: bytes
@@ -1331,10 +1339,8 @@ class EventConsumer:
                 if messages:
                     yield messages
         finally:
-            if ahead is not None:  # not wanted: how it ends does not matter
-                ahead.cancel()
-                with contextlib.suppress(asyncio.CancelledError, *BROKER_ERRORS):
-                    await ahead
+            if ahead is not None:
+                await drop_fetch(ahead)
 
     async def fetch(
         self, max_records: int = 10_000, timeout_ms: int = 1_000, *, key: bytes | None = None

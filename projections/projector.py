@@ -71,7 +71,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
 from ledger.events import from_micros, micros
-from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record, first_at
+from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record, drop_fetch, first_at
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
@@ -336,7 +336,7 @@ class Projector:
                             continue
                         # The write failed while records were being fetched, maybe
                         # fetched past it: drop them and read on from the checkpoints.
-                        await _cancel(fetch)
+                        await drop_fetch(fetch)
                         fetch = None
                         await self._recover(consumer, stop)
                         continue
@@ -355,7 +355,7 @@ class Projector:
             finally:
                 stopped.cancel()
                 if fetch is not None:
-                    await _cancel(fetch)
+                    await drop_fetch(fetch)
                 self._lag.clear()  # unknown until the next session polls
                 # Whatever ended the session, the batch being written is finished first;
                 # if it failed, the next session reloads from the database anyway.
@@ -435,7 +435,7 @@ class Projector:
         if not await self._settle(stop):
             # Folded on top of a batch that did not commit: dropped, read again, and so
             # is what was fetched after it.
-            await _cancel(fetch)
+            await drop_fetch(fetch)
             await self._recover(consumer, stop)
             return None
         self._writing = self._writer.commit(folded.batch)
@@ -507,14 +507,6 @@ class Projector:
         # the views fall behind: unknown, it leaves the metric until the next poll.
         self._lag.clear()
         await _sleep_unless_stopped(stop, delay)
-
-
-async def _cancel(fetch: asyncio.Future[Messages]) -> None:
-    """Drop a fetch whose records are not wanted: how it ends does not matter, a broker
-    error included (the next fetch meets the broker as it is)."""
-    fetch.cancel()
-    with contextlib.suppress(asyncio.CancelledError, *BROKER_ERRORS):
-        await fetch
 
 
 def _shown(address: str) -> str:
