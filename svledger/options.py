@@ -158,11 +158,12 @@ def metrics_address(text: str) -> str:
 def run_until_signalled(
     service: Callable[[asyncio.Event], Awaitable[object]], metrics_address: str | None = None
 ) -> int:
-    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit.
+    """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit,
+    and SIGUSR1 logs where each of its asyncio tasks waits (:mod:`ledger.tasks`).
 
-    With ``metrics_address`` its metrics are exposed there first
-    (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
-    found).
+        With ``metrics_address`` its metrics are exposed there first
+        (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
+        found).
     """
     if metrics_address:
         from ledger.metrics import serve_metrics
@@ -182,9 +183,11 @@ def run_until_signalled(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        log_tasks_on_signal(loop)
         await service(stop)
 
     from ledger.memory import fewer_collections
+    from ledger.tasks import log_tasks_on_signal
 
     with fewer_collections():  # every service folds the log, as the projector does
         asyncio.run(main())

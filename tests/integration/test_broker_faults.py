@@ -122,6 +122,18 @@ def svledger(*arguments: str, settings: KafkaSettings, log: Path) -> subprocess.
     )
 
 
+def show_where_they_wait(processes: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
+    """Have every process still running log where its tasks wait (SIGUSR1, :mod:`ledger.tasks`),
+    then print the end of each log in ``logs``: pytest shows it with the failure."""
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    for log in sorted(logs.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-150:]
+        print(f"---- the last {len(tail)} lines of {log.name}", *tail, sep="\n")
+
+
 async def until_done(step: object) -> None:
     """Run ``step()`` until the broker takes it (an outage raises; the caller retries)."""
     while True:
@@ -200,6 +212,8 @@ async def test_the_pipeline_rides_out_hard_broker_kills(
             records = await settle(settings, db_url, migrated=False)
             assert {name: p.poll() for name, p in processes.items()} == dict.fromkeys(processes)
     finally:
+        if sys.exc_info()[0] is not None:
+            show_where_they_wait(processes, tmp_path)
         for process in processes.values():
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import random
 import signal
 import subprocess
@@ -39,8 +40,10 @@ from ledger.events import (
 )
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
+from ledger.tasks import log_tasks_on_signal
 from projections.fold import active_migrations, apply
 from projections.state import State
+from svledger.cli import configure_logging
 from tests.integration.test_migrator import DEADLINE, read_records
 
 CLUSTERS = ("east", "west", "north")
@@ -65,6 +68,7 @@ async def _serve(role: str, bootstrap: str, topic: str) -> None:
     settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic, partitions=2)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    log_tasks_on_signal(asyncio.get_running_loop())
     if role == "migrator":
         await run_migrator(settings, stop=stop, group_id=f"{topic}.migrator")
     else:
@@ -193,4 +197,8 @@ def _fold(records: list[tuple[Event, Position]]) -> tuple[State, collections.Cou
 
 
 if __name__ == "__main__":
+    # Timed text lines as ``svledger`` writes them, warnings and up, and aiokafka's
+    # group membership (joins, assignments) too: what a failed run needs to be read.
+    configure_logging("WARNING", "text")
+    logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(logging.INFO)
     asyncio.run(_serve(*sys.argv[1:4]))

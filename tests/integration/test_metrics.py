@@ -355,3 +355,28 @@ async def test_the_migrator_and_lease_gc_show_migrations_reactions_and_heartbeat
         await asyncio.gather(*consumers)
     # A consumer that stopped shows no lag any more.
     assert lags(await asyncio.to_thread(scraped_from_another_thread), migrator) == {}
+
+
+async def test_a_service_logs_where_its_tasks_wait_on_sigusr1_and_goes_on(
+    topic: KafkaSettings, tmp_path: Path
+) -> None:
+    await create_topics(topic)
+    log = tmp_path / "lease-gc.log"
+    with running(["lease-gc"], topic, log) as gc:
+        gc.wait_for(
+            "following", lambda samples: len(lags(samples, "svledger-lease-gc")) == PARTITIONS
+        )
+        gc.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        dumps: list[str] = []
+        while not dumps and time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = [json.loads(line) for line in log.read_text().splitlines() if line]
+            dumps = [line["message"] for line in lines if line["logger"] == "ledger.tasks"]
+        assert dumps, log.read_text()[-3000:]
+        (dump,) = dumps
+        assert "asyncio tasks:" in dump.splitlines()[0]
+        # The service's own task, down through the lease GC into the follower's poll.
+        assert "consumers/lease_gc.py:" in dump, dump
+        assert "consumers/partitions.py:" in dump, dump
+        gc.stop()  # SIGTERM still stops it cleanly (exit 0)

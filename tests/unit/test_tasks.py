@@ -1,0 +1,89 @@
+"""The task dump names every frame a waiting task is in, down to the future it awaits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ledger.tasks import describe_tasks, log_tasks_on_signal
+
+
+async def _innermost(future: asyncio.Future[None]) -> None:
+    await future
+
+
+async def _middle(future: asyncio.Future[None]) -> None:
+    await _innermost(future)
+
+
+async def _outer(future: asyncio.Future[None]) -> None:
+    await _middle(future)
+
+
+async def test_a_waiting_task_is_described_through_every_await_to_its_future() -> None:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(_outer(future), name="waiter")
+    await asyncio.sleep(0)
+    try:
+        lines = describe_tasks({task}).splitlines()
+    finally:
+        future.set_result(None)
+        await task
+    assert lines[0] == "1 asyncio tasks:"
+    assert lines[1] == "task waiter (pending):"
+    assert [line.rsplit(" in ", 1)[-1] for line in lines[2:5]] == [
+        "_outer",
+        "_middle",
+        "_innermost",
+    ]
+    assert all(line.strip().startswith(f"{__file__}:") for line in lines[2:5])
+    assert lines[5].startswith("    awaiting <Future pending")
+    assert len(lines) == 6
+
+
+async def test_sigusr1_logs_the_tasks(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    task = asyncio.create_task(_outer(future), name="waiter")
+    log_tasks_on_signal(loop)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for _ in range(100):
+            if caplog.records:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        loop.remove_signal_handler(signal.SIGUSR1)
+        future.set_result(None)
+        await task
+    (record,) = caplog.records
+    assert "task waiter (pending):" in record.getMessage()
+    assert "in _innermost" in record.getMessage()
+
+
+async def _steps(future: asyncio.Future[None]) -> AsyncIterator[int]:
+    yield 1
+    await _innermost(future)
+    yield 2
+
+
+async def _follows(future: asyncio.Future[None]) -> None:
+    async for _ in _steps(future):
+        pass
+
+
+async def test_a_task_in_an_async_for_is_described_into_the_generator() -> None:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(_follows(future), name="follower")
+    await asyncio.sleep(0)
+    try:
+        lines = describe_tasks({task}).splitlines()
+    finally:
+        future.set_result(None)
+        await task
+    functions = [line.rsplit(" in ", 1)[-1] for line in lines[2:-1]]
+    assert functions == ["_follows", "_steps", "_innermost"]
