@@ -28,7 +28,8 @@ Fills a fresh topic with N mixed events of many clusters (``--events``, default
 each with events/s and the process's RSS before and after; for the projector also
 its RSS and its writer process's (:mod:`projections.writer`) as each quarter of the
 log is in: flat, or growing with the log, the rows it leaves, and the CPU seconds its
-fold process and its writer process used (``cpu_seconds``). Prints one JSON object.
+fold process, its writer process and the PostgreSQL server used (``cpu_seconds``; the
+server's only when the bench runs its own). Prints one JSON object.
 ``--stages fetch_only,project_postgresql`` runs only those (a long log, say).
 
 Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
@@ -133,6 +134,22 @@ def _writer_cpu_seconds() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _database_cpu_seconds() -> float | None:
+    """CPU seconds this machine's PostgreSQL processes have used (the server and its
+    backends, those that exited included), when the bench runs its own server; None
+    with ``SVLEDGER_BENCH_DATABASE_URL``, whose server may be elsewhere."""
+    if os.environ.get("SVLEDGER_BENCH_DATABASE_URL"):
+        return None
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            command, fields = stat.read_text().rsplit(")", 1)
+            if command.endswith("(postgres"):
+                # utime, stime, and those of its children that it waited for
+                total += sum(int(field) for field in fields.split()[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -212,6 +229,7 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
     projector = Projector(settings, db_url, group=False, log_interval=3600)
     started = time.perf_counter()
     cpu = _cpu_seconds()
+    database_cpu = _database_cpu_seconds()
     task = asyncio.create_task(projector.run(stop))
     while True:
         await asyncio.sleep(0.2)
@@ -225,10 +243,13 @@ async def _project(settings: KafkaSettings, db_url: str, end: dict[int, int]) ->
         if task.done():
             task.result()
     seconds = time.perf_counter() - started
-    # Where the cores went: this process (the fold, and the bench's polling) and the writer.
+    # Where the cores went: this process (the fold, and the bench's polling), the writer
+    # and the database server.
+    database_after = _database_cpu_seconds() or 0.0
     cpu_seconds = {
         "fold_process": round(_cpu_seconds() - cpu, 2),
         "writer_process": round(_writer_cpu_seconds(), 2),
+        "database": None if database_cpu is None else round(database_after - database_cpu, 2),
     }
     stop.set()
     await task
