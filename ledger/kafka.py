@@ -227,6 +227,11 @@ async def _shut(client: _Client) -> None:
 
 _C = TypeVar("_C", bound=_Client)
 
+_CHECK_REACHABLE: Final = (
+    "Check that the broker is running and listening there, that SVLEDGER_KAFKA_BOOTSTRAP"
+    " names its advertised address, and that the security settings match its listener."
+)
+
 
 async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: float = 30.0) -> _C:
     """Start a fresh aiokafka client from ``make`` until it connects or ``timeout`` passes.
@@ -234,6 +239,14 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
     A client whose ``start`` failed is stopped, and replaced if the broker was not
     reachable: aiokafka clients are not meant to be started twice. A client the
     broker turns away is :class:`NotAuthenticated` at once (:func:`_turned_away`).
+
+    A start that has not finished by then is given up too, even one the broker answers:
+    an idempotent or transactional producer starts only once the broker's transaction
+    coordinator gives it a producer ID, and aiokafka asks again and again, logging
+    nothing, while there is none (the ``__transaction_state`` topic cannot be created,
+    say, because its replication factor exceeds the brokers). Without the bound the
+    caller would wait for ever, unseen; with it the caller gets
+    :class:`BrokerUnavailable`, saying what to check, and a service retries later.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -243,8 +256,22 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
         attempts += 1
         client = make()
         try:
-            await client.start()
+            async with asyncio.timeout_at(deadline):
+                await client.start()
             return client
+        except TimeoutError as error:
+            await _shut(client)
+            if loop.time() < deadline:  # the client's own, not the bound's
+                raise
+            raise BrokerUnavailable(
+                f"an {type(client).__name__} for Kafka at {settings.bootstrap_servers!r}"
+                f" ({settings.security_protocol}) did not start within {timeout:g} s."
+                f" {_CHECK_REACHABLE} If all that holds, a"
+                " transactional or idempotent producer is waiting for a producer ID from"
+                " the broker's transaction coordinator: check the broker's log, and that"
+                " transaction.state.log.replication.factor and"
+                " transaction.state.log.min.isr do not exceed the brokers running."
+            ) from error
         except KafkaConnectionError as error:
             await _shut(client)
             refusal = await _turned_away(settings)
@@ -254,9 +281,7 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
                 raise BrokerUnavailable(
                     f"cannot reach Kafka at {settings.bootstrap_servers!r} "
                     f"({settings.security_protocol}) after {attempts} attempts in "
-                    f"{timeout:g} s: {error}. Check that the broker is running and "
-                    "listening there, that SVLEDGER_KAFKA_BOOTSTRAP names its advertised "
-                    "address, and that the security settings match its listener."
+                    f"{timeout:g} s: {error}. {_CHECK_REACHABLE}"
                 ) from error
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)

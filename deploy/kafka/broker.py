@@ -147,10 +147,13 @@ class LocalKafka:
         heap: str = "512m",
         startup_timeout: float = 120.0,
         security: Security | None = None,
+        overrides: Mapping[str, str] | None = None,
     ) -> None:
+        """``overrides``: broker settings (``server.properties`` keys) set over its own."""
         self._heap = heap
         self._startup_timeout = startup_timeout
         self.security = security
+        self._overrides = dict(overrides or {})
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._port = 0
@@ -323,6 +326,7 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "transaction.partition.verification.enable": "false",
+            **self._overrides,
         }
         path = self._workdir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))

@@ -595,3 +595,39 @@ async def test_a_collector_started_while_the_broker_is_down_collects_once_it_is_
         assert collector.wait(60) == 0, log.read_text()[-3000:]
     _, records = await cluster_log(settings, CLUSTER)
     assert_nothing_twice(records)
+
+
+async def test_a_follower_whose_transaction_coordinator_never_answers_says_so_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker whose transaction coordinator cannot start (its state topic wants three
+    replicas of one broker) gives a transactional producer no producer ID, and aiokafka
+    asks again for ever, logging nothing. The follower used to wait in the producer's
+    start for ever, silently, polling no more; now the start gives up in time, the
+    follower says why and what to check, polls on, and stops when asked."""
+    broker = LocalKafka(overrides={"transaction.state.log.replication.factor": "3"}).start()
+    try:
+        settings = KafkaSettings(
+            bootstrap_servers=broker.bootstrap, topic="svledger-no-coordinator", partitions=1
+        )
+        await create_topics(settings)
+        stop = asyncio.Event()
+        follower = PartitionFollower(settings, group_id="stuck", transactional_prefix="stuck")
+        following = asyncio.create_task(first_partition(follower, stop))
+
+        def said() -> list[str]:
+            return [
+                r.getMessage() for r in caplog.records if "cannot be rebuilt yet" in r.getMessage()
+            ]
+
+        async with asyncio.timeout(120):  # one connect timeout (30 s), and a margin
+            while not said():
+                assert not following.done(), following
+                await asyncio.sleep(0.5)
+        assert "did not start within 30 s" in said()[0]
+        assert "transaction.state.log.replication.factor" in said()[0]
+        assert not following.done()
+        stop.set()
+        assert await asyncio.wait_for(following, 60) is None  # no partition was ever built
+    finally:
+        broker.stop()
