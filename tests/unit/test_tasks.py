@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -24,15 +25,22 @@ async def _outer(future: asyncio.Future[None]) -> None:
     await _middle(future)
 
 
-async def test_a_waiting_task_is_described_through_every_await_to_its_future() -> None:
+async def _described(
+    waiter: Callable[[asyncio.Future[None]], Coroutine[Any, Any, None]],
+) -> list[str]:
+    """The lines describing a task ``waiter`` that is waiting on a future."""
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_outer(future), name="waiter")
+    task = asyncio.create_task(waiter(future), name="waiter")
     await asyncio.sleep(0)
     try:
-        lines = describe_tasks({task}).splitlines()
+        return describe_tasks({task}).splitlines()
     finally:
         future.set_result(None)
         await task
+
+
+async def test_a_waiting_task_is_described_through_every_await_to_its_future() -> None:
+    lines = await _described(_outer)
     assert lines[0] == "1 asyncio tasks:"
     assert lines[1] == "task waiter (pending):"
     assert [line.rsplit(" in ", 1)[-1] for line in lines[2:5]] == [
@@ -77,13 +85,6 @@ async def _follows(future: asyncio.Future[None]) -> None:
 
 
 async def test_a_task_in_an_async_for_is_described_into_the_generator() -> None:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_follows(future), name="follower")
-    await asyncio.sleep(0)
-    try:
-        lines = describe_tasks({task}).splitlines()
-    finally:
-        future.set_result(None)
-        await task
+    lines = await _described(_follows)
     functions = [line.rsplit(" in ", 1)[-1] for line in lines[2:-1]]
     assert functions == ["_follows", "_steps", "_innermost"]
