@@ -161,9 +161,9 @@ def run_until_signalled(
     """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit,
     and SIGUSR1 logs where each of its asyncio tasks waits (:mod:`ledger.tasks`).
 
-        With ``metrics_address`` its metrics are exposed there first
-        (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
-        found).
+    With ``metrics_address`` its metrics are exposed there first
+    (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
+    found).
     """
     if metrics_address:
         from ledger.metrics import serve_metrics
