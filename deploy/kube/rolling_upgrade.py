@@ -209,7 +209,11 @@ def while_disagreeing(records: Sequence[Any]) -> list[str]:
     when it lands; the worker does not run it and the migrator cancels it. A request
     that names no revision (the discovery-hash trigger knows none) was decided on no
     agreement. A success counts if it moved an active migration (not one cancelled
-    before).
+    before) and the fold took it as done. A success that lands after a report that
+    changed the StorageVersion, as the worker's append can (it decided on its fold as
+    far as it had read), is stale: the fold rejects it, keeps the persisted hashes and
+    the next agreement requests the migration again, so it claims nothing and is not
+    counted (as :mod:`simulation.checks` counts it apart).
     """
     state = State()
     common_at: dict[tuple[str, str], str | None] = {}  # (resource, revision) -> common
@@ -224,17 +228,20 @@ def while_disagreeing(records: Sequence[Any]) -> list[str]:
                     f" {record.position}: target {event.target_version}, decided at revision"
                     f" {event.storage_version_revision!r} on common {decided_on}"
                 )
-        elif isinstance(event, MigrationSucceeded):
+        succeeded = None
+        if isinstance(event, MigrationSucceeded):
             migration = state.migrations.get((CLUSTER, event.migration_id))
             if migration is not None and migration.active and migration.group == GROUP:
                 storage_version = state.storage_versions.get(migration.resource_key)
                 common = storage_version.common_encoding_version if storage_version else None
                 if common != migration.target_version:
-                    bad.append(
+                    succeeded = (
                         f"MigrationSucceeded {event.migration_id} of {migration.resource} at"
                         f" {record.position}: target {migration.target_version}, common {common}"
                     )
         changes = apply(state, event, record.position)
+        if succeeded is not None and not changes.rejections:
+            bad.append(succeeded)
         for key in changes.storage_versions:
             storage_version = state.storage_versions.get(key)
             if key[1] == GROUP and storage_version is not None:
