@@ -272,6 +272,18 @@ def test_a_schema_that_differs_from_its_class_is_refused(schema_root: pathlib.Pa
         Codec(schema_root)
 
 
+def test_a_time_declared_without_timestamp_micros_is_refused(schema_root: pathlib.Path) -> None:
+    # The codec converts times itself, so a time must be declared as one to be converted.
+    path = schema_root / "ApiserverLeaseExpired" / "v1.avsc"
+    schema = json.loads(path.read_text())
+    for field in schema["fields"]:
+        if field["name"] == "last_renew_time":
+            field["type"] = "long"
+    path.write_text(json.dumps(schema))
+    with pytest.raises(CodecError, match=r"ApiserverLeaseExpired\.last_renew_time is a datetime"):
+        Codec(schema_root)
+
+
 def test_a_tree_without_some_event_type_is_refused(schema_root: pathlib.Path) -> None:
     shutil.rmtree(schema_root / "MigrationFailed")
     with pytest.raises(CodecError, match=r"no schema for event type.*MigrationFailed"):
