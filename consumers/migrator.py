@@ -101,7 +101,8 @@ class Backoff:
     max_seconds: float = 3600.0
 
     def after(self, failures: int) -> timedelta:
-        return timedelta(seconds=min(self.seconds * 2 ** (failures - 1), self.max_seconds))
+        doublings = min(failures - 1, 64)  # past that the maximum holds anyway
+        return timedelta(seconds=min(self.seconds * 2**doublings, self.max_seconds))
 
 
 def migration_id(

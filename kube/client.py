@@ -65,29 +65,49 @@ class CertificateError(ConfigurationError):
 
 
 async def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
-    """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``."""
+    """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``.
+
+    As kubectl: ``--kubeconfig``, else the first file of ``KUBECONFIG`` that exists, else
+    ``~/.kube/config``, else (none of them) the in-cluster service account.
+    """
     configuration = client.Configuration()
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise ConfigurationError(
+            f"--kubeconfig {kubeconfig} is not a file; give the path of a kubeconfig file"
+        )
     path = kubeconfig or _default_kubeconfig()
-    try:
-        if path is not None:
+    if path is not None:
+        try:
             await config.load_kube_config(
                 config_file=path, context=context, client_configuration=configuration
             )
-        else:
-            if context is not None:
-                raise ConfigurationError(
-                    f"--context {context!r} needs a kubeconfig: none given (--kubeconfig),"
-                    " none in KUBECONFIG, none at ~/.kube/config"
-                )
-            config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-    except ConfigException as error:
-        where = f"kubeconfig {path}" if path else "the in-cluster service account"
+        # Not only ConfigException: YAML that does not parse, an exec plugin that is
+        # not installed, an unreadable certificate file all stop the load as well.
+        except Exception as error:
+            raise ConfigurationError(
+                f"cannot use kubeconfig {path}: {_reason(error)}; fix it, or give "
+                "--kubeconfig PATH (and --context NAME)"
+            ) from error
+        return Kube(configuration)
+    if context is not None:
         raise ConfigurationError(
-            f"cannot use {where}: {error}; give --kubeconfig PATH (and --context NAME)"
+            f"--context {context!r} needs a kubeconfig: none given (--kubeconfig),"
+            " none in KUBECONFIG, none at ~/.kube/config"
+        )
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except ConfigException as error:
+        listed = os.environ.get("KUBECONFIG", "")
+        raise ConfigurationError(
+            "no kubeconfig found ("
+            + (f"none of KUBECONFIG={listed!r} exists, " if listed else "")
+            + f"no ~/.kube/config) and not in a pod ({_reason(error)}); give --kubeconfig PATH"
         ) from error
     return Kube(configuration)
+
+
+def _reason(error: Exception) -> str:
+    return " ".join(str(error).split()).rstrip(".;") or type(error).__name__
 
 
 def _default_kubeconfig() -> str | None:

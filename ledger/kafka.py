@@ -110,7 +110,7 @@ from ledger.events import (
     micros,
     type_name,
 )
-from ledger.settings import KafkaSettings
+from ledger.settings import KafkaSettings, bootstrap_addresses
 
 log = logging.getLogger(__name__)
 
@@ -305,12 +305,12 @@ async def _turned_away(settings: KafkaSettings) -> NotAuthenticated | None:
     None when the broker is unreachable, or lets the client in now.
     """
     where = settings.bootstrap_servers.split(",")[0].strip()
-    host, _, port = where.rpartition(":")
+    host, port = bootstrap_addresses(settings.bootstrap_servers)[0]
     options = settings.client_kwargs()
     del options["bootstrap_servers"]
     for _ in range(_CLOSED_IN_A_ROW):
         try:
-            connection = await create_conn(host, int(port), request_timeout_ms=10_000, **options)
+            connection = await create_conn(host, port, request_timeout_ms=10_000, **options)
             try:
                 await connection.send(MetadataRequest([]))
             finally:

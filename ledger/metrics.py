@@ -219,7 +219,7 @@ KUBE_REQUESTS: Final = Counter(
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9090`` for IPv6); raises ValueError naming the value."""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"{text!r} is not HOST:PORT, e.g. 127.0.0.1:9090")
     return host.strip("[]"), int(port)
 

@@ -65,6 +65,7 @@ _INT_FIELDS: Final = frozenset({"partitions", "replication_factor"})
 _BOOL_FIELDS: Final = frozenset({"inbox"})
 _BOOLEANS: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 INBOX_INFIX: Final = ".inbox."
+KAFKA_PORT: Final = 9092
 
 
 class SettingsError(UsageError):
@@ -82,6 +83,33 @@ def _check_topic(name: str, value: str, topic: str) -> None:
         raise SettingsError(
             name, value, f"a Kafka topic name ({topic!r}) is 1-249 characters of [a-zA-Z0-9._-]"
         )
+
+
+def bootstrap_addresses(servers: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` of each entry of a comma-separated ``host[:port]`` list
+    (``[::1]:9092`` for IPv6; no port is Kafka's 9092, as Kafka clients take it); raises
+    ValueError naming the entry that is not one."""
+    addresses = []
+    for entry in (entry.strip() for entry in servers.split(",")):
+        host, colon, port = entry.rpartition(":")
+        if not colon:
+            host, port = entry, str(KAFKA_PORT)
+        host = host.strip("[]")
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+            raise ValueError(f"{entry!r} is not host:port (a port from 1 to 65535)")
+        addresses.append((host, int(port)))
+    return addresses
+
+
+def _check_bootstrap(servers: str) -> None:
+    if not servers.strip():
+        raise SettingsError("bootstrap_servers", servers, "give at least one host:port")
+    try:
+        bootstrap_addresses(servers)
+    except ValueError as error:
+        raise SettingsError(
+            "bootstrap_servers", servers, f"{error}; give host:port[,host:port...]"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,10 +132,7 @@ class KafkaSettings:
     def __post_init__(self) -> None:
         if not self.dlq_topic:
             object.__setattr__(self, "dlq_topic", f"{self.topic}.dlq")
-        if not self.bootstrap_servers.strip():
-            raise SettingsError(
-                "bootstrap_servers", self.bootstrap_servers, "give at least one host:port"
-            )
+        _check_bootstrap(self.bootstrap_servers)
         for name in ("topic", "dlq_topic"):
             _check_topic(name, getattr(self, name), getattr(self, name))
         if self.dlq_topic == self.topic:

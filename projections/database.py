@@ -9,7 +9,7 @@ the schema this code expects, with an error that says what to do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -43,6 +43,11 @@ class DatabaseNotMigrated(DatabaseNotReady, UsageError):
     pass
 
 
+# What SQLite says of a path that is no database file (a directory, a missing folder, a
+# text file); waiting will not change it, unlike a server that is down or a lock.
+_NOT_SQLITE_FILE: Final = ("unable to open database file", "file is not a database")
+
+
 def upgrade(url: str) -> None:
     """Apply every migration the database lacks (``svledger db upgrade --db URL``).
 
@@ -56,6 +61,7 @@ def upgrade(url: str) -> None:
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:id)"), {"id": _UPGRADE_LOCK_ID}
                 )
+            _refuse_newer(db.url, MigrationContext.configure(connection).get_current_heads())
             config = _alembic_config()
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
@@ -81,12 +87,27 @@ def engine(url: str) -> Engine:
     expected = set(ScriptDirectory.from_config(_alembic_config()).get_heads())
     if current != expected:
         db.dispose()
+        _refuse_newer(db.url, current)
         found = ", ".join(sorted(current)) or "no schema"
         raise DatabaseNotMigrated(
             f"database {_shown(db.url)} is at {found}, this svledger needs revision "
             f"{', '.join(sorted(expected))}; run `svledger db upgrade --db URL` first"
         )
     return db
+
+
+def _refuse_newer(url: URL, current: Iterable[str]) -> None:
+    """Refuse a schema at a revision this svledger does not know: a newer one wrote it,
+    and neither upgrading it nor reading it here can be right."""
+    scripts = ScriptDirectory.from_config(_alembic_config())
+    known = {script.revision for script in scripts.walk_revisions()}
+    unknown = sorted(set(current) - known)
+    if unknown:
+        raise DatabaseNotMigrated(
+            f"database {_shown(url)} is at revision {', '.join(unknown)}, which this "
+            f"svledger does not know (its newest is {', '.join(sorted(scripts.get_heads()))}): "
+            "a newer svledger wrote it; run that version, or upgrade this one"
+        )
 
 
 def _create_engine(url: str) -> Engine:
@@ -125,6 +146,12 @@ def _connect(db: Engine) -> Iterator[Connection]:
         connection = db.connect()
     except DBAPIError as error:
         reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        if db.url.get_backend_name() == "sqlite" and reason in _NOT_SQLITE_FILE:
+            raise DatabaseNotMigrated(
+                f"cannot open {_shown(db.url)}: {reason}; give the path of a database "
+                "file that `svledger db upgrade --db URL` created (it creates one where "
+                "the folder exists)"
+            ) from error
         raise DatabaseUnreachable(
             f"cannot connect to database {_shown(db.url)}: {reason}; check that it is "
             "running and the URL is right, then run `svledger db upgrade --db URL` if "

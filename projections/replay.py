@@ -175,7 +175,7 @@ async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, lis
 
 def parse_until(text: str) -> int | datetime:
     """``--until``: a log offset (``12345``) or an ISO 8601 time with a zone (``...Z``)."""
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     try:
         moment = datetime.fromisoformat(text)

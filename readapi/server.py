@@ -170,12 +170,19 @@ async def _no_cache(request: web.Request, response: web.StreamResponse) -> None:
 
 async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) -> None:
     """Fold the log and answer requests until ``stop`` is set (or the fold fails)."""
-    runner = web.AppRunner(app(views, options, stop), access_log=None, handle_signals=False)
-    await runner.setup()
     context = None
     if options.tls_cert_file and options.tls_key_file:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
+        try:
+            context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
+        except OSError as error:  # ssl.SSLError too: not PEM, or the key does not match
+            raise UsageError(
+                f"cannot serve TLS with --tls-cert-file {options.tls_cert_file} and "
+                f"--tls-private-key-file {options.tls_key_file}: {error.strerror or error}; "
+                "give a PEM certificate (chain) and its PEM private key"
+            ) from error
+    runner = web.AppRunner(app(views, options, stop), access_log=None, handle_signals=False)
+    await runner.setup()
     site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
     try:
         await site.start()
@@ -186,12 +193,13 @@ async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) 
             "choose another --address"
         ) from error
     scheme = "https" if context else "http"
+    port = runner.addresses[0][1]  # the bound one, when --address asked for any (0)
     log.info(
         "serving the ledger's views on %s://%s:%d/clusters/CLUSTER",
         scheme,
         options.host,
-        options.port,
-        extra={"address": f"{scheme}://{options.host}:{options.port}"},
+        port,
+        extra={"address": f"{scheme}://{options.host}:{port}"},
     )
     try:
         await views.follow(stop)
@@ -481,7 +489,7 @@ def _now() -> datetime:
 
 def parse_point(text: str) -> int | datetime:
     """An ``/at/`` point: an offset (the resourceVersion shown) or an RFC 3339 time."""
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     try:
         time = datetime.fromisoformat(text)
@@ -514,7 +522,7 @@ def _int_parameter(request: web.Request, name: str) -> int | None:
     text = request.query.get(name, "")
     if not text:
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ApiError(400, "BadRequest", f"{name}={text!r} is not a non-negative integer")
     return int(text)
 
@@ -587,7 +595,7 @@ async def _exact_resource_version(request: web.Request, limit: int | None = None
     text = request.query.get("resourceVersion", "")
     if text in ("", "0"):
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     value = int(text)
     match = request.query.get("resourceVersionMatch", "")
@@ -771,7 +779,7 @@ async def _watch(
     views = request.app[_VIEWS]
     fold = views.fold(request.match_info["cluster"])
     text = request.query.get("resourceVersion", "")
-    if text and not text.isdigit():
+    if text and not (text.isascii() and text.isdigit()):
         raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
     start = int(text) if text not in ("", "0") else None
     initial = _flag(request, "sendInitialEvents")

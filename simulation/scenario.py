@@ -298,9 +298,11 @@ class _Reader:
             )
         rate = root.data.get("requests_per_second")
         if rate is not None and (
-            not isinstance(rate, int | float) or isinstance(rate, bool) or rate <= 0
+            not isinstance(rate, int | float)
+            or isinstance(rate, bool)
+            or not 0 < rate < math.inf  # NaN too
         ):
-            root.fail("requests_per_second", f"expected a number > 0, got {rate!r}")
+            root.fail("requests_per_second", f"expected a finite number > 0, got {rate!r}")
         resources = tuple(self.resource(node) for node in root.children("resources"))
         names = [r.name for r in resources]
         for duplicate in {n for n in names if names.count(n) > 1}:

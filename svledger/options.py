@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shlex
 import signal
@@ -59,11 +60,36 @@ def add_kafka_options(parser: argparse.ArgumentParser, role: str | None) -> None
     group.add_argument(
         "--bootstrap",
         metavar="HOST:PORT[,...]",
+        type=bootstrap,
         help="Kafka bootstrap servers (default: $SVLEDGER_KAFKA_BOOTSTRAP or localhost:9092)",
     )
     group.add_argument(
-        "--topic", help="the events topic (default: $SVLEDGER_TOPIC or svledger.events)"
+        "--topic",
+        type=non_empty("topic name"),
+        help="the events topic (default: $SVLEDGER_TOPIC or svledger.events)",
     )
+
+
+def bootstrap(text: str) -> str:
+    """An argparse type: a comma-separated list of Kafka ``host:port``."""
+    from ledger.settings import bootstrap_addresses
+
+    try:
+        bootstrap_addresses(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error}; give host:port[,host:port...]") from None
+    return text
+
+
+def non_empty(what: str) -> Callable[[str], str]:
+    """An argparse type: any text but an empty one."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}: give one")
+        return text
+
+    return parse
 
 
 def acl_remedy(args: argparse.Namespace, refused: NotAuthorized) -> str:
@@ -124,9 +150,9 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     from ledger.settings import KafkaSettings
 
     overrides: dict[str, Any] = {}
-    if args.bootstrap:
+    if args.bootstrap is not None:
         overrides["bootstrap_servers"] = args.bootstrap
-    if args.topic:
+    if args.topic is not None:
         overrides["topic"] = args.topic
     return KafkaSettings.from_env(**overrides)
 
@@ -195,12 +221,19 @@ def run_until_signalled(
 
 
 def database_url(text: str) -> str:
+    """An argparse type: a PostgreSQL or SQLite database URL that names a database a
+    later command can open again (not SQLite's in-memory one)."""
     from projections.database import parse_url
 
     try:
-        parse_url(text)
+        url = parse_url(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise argparse.ArgumentTypeError(
+            f"database URL {text!r} names no file: its views would live in memory and be "
+            "gone when the command exits; give sqlite:///PATH.db"
+        )
     return text
 
 
@@ -215,8 +248,31 @@ def positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Num
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}") from None
-        if value <= 0:
+        if not 0 < value < math.inf:
             raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}")
+        return value
+
+    return parse
+
+
+YEAR_SECONDS: Final = 365 * 24 * 3600
+
+
+def seconds(*, zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number of seconds above zero (with ``zero``, or zero), at most
+    a year, so that every wait and back-off built from it stays a real, finite time."""
+    least = "0 or more" if zero else "above 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        least_ok = value >= 0 if zero else value > 0  # False for NaN
+        if not least_ok or not value <= YEAR_SECONDS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds ({least}, at most {YEAR_SECONDS:,})"
+            )
         return value
 
     return parse

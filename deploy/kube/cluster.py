@@ -118,7 +118,7 @@ def binaries(version: str = DEFAULT_VERSION) -> Path:
 def minor_version(version: str) -> int:
     """``v1.37.2`` -> ``37``."""
     parts = version.removeprefix("v").split(".")
-    if len(parts) < 2 or parts[0] != "1" or not parts[1].isdigit():
+    if len(parts) < 2 or parts[0] != "1" or not (parts[1].isascii() and parts[1].isdigit()):
         raise ClusterError(
             f"{version!r} is not a Kubernetes release version like {DEFAULT_VERSION}"
         )

@@ -14,6 +14,7 @@ from svledger.options import (
     add_db_option,
     add_kafka_options,
     add_metrics_option,
+    database_url,
     kafka_settings,
     positive,
     run_until_signalled,
@@ -131,7 +132,7 @@ def _project(args: argparse.Namespace) -> int:
 
 
 def _offsets(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of offsets (0 or more)")
     return int(text)
 
@@ -163,6 +164,7 @@ def add_replay(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--snapshots-from",
         metavar="URL",
+        type=database_url,
         help="a projection database (the projector's) to take fold snapshots from",
     )
     parser.add_argument(

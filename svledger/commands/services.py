@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from datetime import timedelta
 
+from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
     add_command,
@@ -15,6 +16,7 @@ from svledger.options import (
     kafka_settings,
     positive,
     run_until_signalled,
+    seconds,
     snapshot_source,
 )
 
@@ -65,7 +67,7 @@ def add_lease_gc(subparsers: Subparsers) -> None:
     add_snapshots_option(parser)
     parser.add_argument(
         "--check-period",
-        type=positive(float, "number of seconds"),
+        type=seconds(),
         default=3600.0,
         metavar="SECONDS",
         help="how often to look for expired leases (default: 3600, as upstream)",
@@ -109,14 +111,14 @@ def add_migrator(subparsers: Subparsers) -> None:
     add_snapshots_option(parser)
     parser.add_argument(
         "--retry-backoff",
-        type=positive(float, "number of seconds"),
+        type=seconds(),
         default=60.0,
         metavar="SECONDS",
         help="wait after a migration's first failure before requesting it again (default: 60)",
     )
     parser.add_argument(
         "--max-retry-backoff",
-        type=positive(float, "number of seconds"),
+        type=seconds(),
         default=3600.0,
         metavar="SECONDS",
         help="the longest wait, however often it failed (default: 3600)",
@@ -126,8 +128,13 @@ def add_migrator(subparsers: Subparsers) -> None:
 def _migrator(args: argparse.Namespace) -> int:
     from consumers.migrator import Backoff, run_migrator
 
+    if args.max_retry_backoff < args.retry_backoff:
+        raise UsageError(
+            f"--max-retry-backoff {args.max_retry_backoff:g} is shorter than --retry-backoff "
+            f"{args.retry_backoff:g}: give a longest wait at least as long as the first"
+        )
     settings = kafka_settings(args)
-    backoff = Backoff(args.retry_backoff, max(args.retry_backoff, args.max_retry_backoff))
+    backoff = Backoff(args.retry_backoff, args.max_retry_backoff)
     return run_until_signalled(
         lambda stop: run_migrator(
             settings, stop=stop, backoff=backoff, snapshots=snapshot_source(args)
@@ -264,23 +271,13 @@ def add_collect(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--renewal-interval",
-        type=_seconds,
+        type=seconds(zero=True),
         default=0.0,
         metavar="SECONDS",
         help="append a lease renewal only once it is this much newer than the ledger's\n"
         "(at most half the lease's duration): fewer heartbeats in the log, a renew time\n"
         "that lags by less than this (default 0: every renewal, every 10 s upstream)",
     )
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
-    return seconds
 
 
 def _apiserver(text: str) -> tuple[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from ledger.errors import UsageError
+from ledger.errors import Unavailable, UsageError
 from svledger.options import (
     Subparsers,
     add_command,
@@ -25,9 +25,10 @@ def add_simulate(subparsers: Subparsers) -> None:
             "Run SCENARIO.yaml (see docs/scenarios.md): simulated apiservers embedding the\n"
             "real reporter and write gate, clients writing through a load balancer, and the\n"
             "real projector, lease GC, migrator and worker, on Kafka and SQL, in virtual time.\n"
-            "Prints a timeline and a pollution check; exits 1 if objects were left in a\n"
-            "version outside the persisted hashes or a migration ran while apiservers\n"
-            "disagreed. Use a topic of its own: its lease GC runs on virtual time."
+            "Prints a timeline and a pollution check; with the agreement trigger, exits 1 if\n"
+            "objects were left in a version outside the persisted hashes or a migration ran\n"
+            "while apiservers disagreed (the discovery-hash trigger is expected to do both,\n"
+            "and exits 0). Use a topic of its own: its lease GC runs on virtual time."
         ),
     )
     parser.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
@@ -50,7 +51,9 @@ def _simulate(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     try:
         result = asyncio.run(simulate(args.scenario, settings, args.db, trigger=args.trigger))
-    except OSError as error:
+    except Unavailable:
+        raise  # Kafka or the database: exits 69, as every command does
+    except OSError as error:  # the scenario file
         raise UsageError(str(error)) from error
     if args.trigger == "agreement":
         return int(bool(result.polluted_objects or result.migrations_while_disagreeing))

@@ -32,7 +32,7 @@ def add_timeline(subparsers: Subparsers) -> None:
             "/clusters/CLUSTER/timeline/RESOURCE."
         ),
     )
-    parser.add_argument("resource", metavar="RESOURCE", help="e.g. deployments.apps or core.pods")
+    parser.add_argument("resource", metavar="RESOURCE", help="e.g. apps.deployments or core.pods")
     parser.add_argument("--cluster", required=True, help="the cluster whose history to draw")
     parser.add_argument(
         "--html", required=True, metavar="FILE", help="where to write the page; - for stdout"

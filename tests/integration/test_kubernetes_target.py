@@ -575,6 +575,47 @@ async def test_a_missing_kubeconfig_is_named() -> None:
         await connect("/nonexistent/kubeconfig")
 
 
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ("clusters: [unclosed\n", "while parsing a flow sequence"),
+        (
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+            "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+            "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1,"
+            " command: /nonexistent/credential-plugin}}}]\n",
+            "/nonexistent/credential-plugin",
+        ),
+    ],
+    ids=["not-yaml", "exec-plugin-missing"],
+)
+async def test_a_kubeconfig_that_cannot_be_used_is_named_with_why(
+    tmp_path: Path, content: str, named: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    with pytest.raises(ConfigurationError) as refused:
+        await connect(str(kubeconfig))
+    assert f"cannot use kubeconfig {kubeconfig}" in str(refused.value)
+    assert named in str(refused.value)
+
+
+async def test_a_kubeconfig_that_is_a_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=f"--kubeconfig {tmp_path} is not a file"):
+        await connect(str(tmp_path))
+
+
+async def test_a_kubeconfig_variable_naming_no_file_is_said_when_none_is_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/config")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    with pytest.raises(ConfigurationError, match="none of KUBECONFIG='/nonexistent/config'"):
+        await connect()
+
+
 async def test_outside_a_cluster_without_kubeconfig_it_asks_for_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

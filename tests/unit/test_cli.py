@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -129,6 +130,24 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         (["lease-gc", "--check-period", "-5"], "'-5'"),
         (["migrator", "--metrics-address", "9100"], "'9100' is not HOST:PORT"),
         (["storagestate", "reset", "apps", "deployments", "--cluster", "c"], "--reason"),
+        # Not a number a wait can be: NaN would sleep for ever, inf never come back.
+        (["lease-gc", "--check-period", "nan"], "'nan' is not a number of seconds"),
+        (["lease-gc", "--check-period", "1e400"], "'1e400' is not a number of seconds"),
+        (["migrator", "--retry-backoff", "inf"], "'inf' is not a number of seconds"),
+        (["collect", "--renewal-interval", "1e15"], "'1e15' is not a number of seconds"),
+        (
+            ["migrator", "--retry-backoff", "100", "--max-retry-backoff", "10"],
+            "--max-retry-backoff 10 is shorter than --retry-backoff 100",
+        ),
+        # Digits Python's isdigit() takes but int() does not.
+        (["replay", "--until", "\u00b2", "--db", "sqlite:///x.db"], "'\u00b2'"),
+        (["project", "--snapshot-every", "\u00b2"], "'\u00b2' is not a number of offsets"),
+        (["project", "--bootstrap", "kafka:port"], "'kafka:port' is not host:port"),
+        (["project", "--bootstrap", "h:1,127.0.0.1:99999"], "'127.0.0.1:99999' is not"),
+        (["project", "--bootstrap", ""], "'' is not host:port"),
+        (["project", "--topic", ""], "'' is not a topic name"),
+        (["project", "--db", "sqlite:///"], "names no file"),
+        (["replay", "--snapshots-from", "garbage"], "'garbage' is not a URL"),
     ],
 )
 def test_bad_arguments_name_the_value_and_exit_2(
@@ -165,3 +184,52 @@ def test_a_database_file_that_does_not_exist_is_a_usage_error(
     missing = tmp_path / "nowhere.db"
     assert main(["explain", "apps.deployments", "--db", f"sqlite:///{missing}"]) == 2
     assert "svledger db upgrade" in capsys.readouterr().err
+
+
+def test_a_bad_bootstrap_variable_is_named_before_anything_is_reached(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SVLEDGER_KAFKA_BOOTSTRAP", "garbage:")
+    assert main(["topics", "create"]) == 2
+    assert "SVLEDGER_KAFKA_BOOTSTRAP='garbage:'" in capsys.readouterr().err
+
+
+def test_a_database_a_newer_svledger_wrote_is_refused_not_upgraded(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'views.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    with sqlite3.connect(tmp_path / "views.db") as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '9999'")
+    capsys.readouterr()
+    for argv in (["db", "upgrade", "--db", url], ["history", "apps.deployments", "--db", url]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert "at revision 9999, which this svledger does not know" in error
+        assert "a newer svledger wrote it" in error
+
+
+def test_unusable_tls_files_are_named_before_serving(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_pem = tmp_path / "server.pem"
+    not_pem.write_text("not a certificate\n")
+    for cert, key in ((not_pem, not_pem), (tmp_path / "missing.crt", tmp_path / "missing.key")):
+        argv = ["serve", "--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
+        # Nothing listens on port 1: the files are checked before Kafka is asked.
+        assert main([*argv, "--bootstrap", "127.0.0.1:1", "--address", "127.0.0.1:0"]) == 2
+        error = capsys.readouterr().err
+        assert f"cannot serve TLS with --tls-cert-file {cert}" in error
+        assert "give a PEM certificate" in error
+
+
+def test_a_file_that_is_no_sqlite_database_is_a_usage_error_naming_it(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    assert main(["history", "apps.deployments", "--db", f"sqlite:///{text}"]) == 2
+    assert f"cannot open sqlite:///{text}: file is not a database" in capsys.readouterr().err
+    folder = tmp_path / "no-such-folder" / "views.db"
+    assert main(["db", "upgrade", "--db", f"sqlite:///{folder}"]) == 2
+    assert "unable to open database file" in capsys.readouterr().err

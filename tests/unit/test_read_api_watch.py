@@ -182,6 +182,22 @@ async def test_an_invalid_list_option_reads_as_upstreams_field_errors(
     )
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["limit=%C2%B2", "resourceVersion=%C2%B2", "watch=1&resourceVersion=%C2%B2"],
+    ids=["limit", "list-resource-version", "watch-resource-version"],
+)
+async def test_a_number_in_digits_int_does_not_read_is_a_bad_request(
+    served: tuple[TestClient[Any, Any], LedgerViews], query: str
+) -> None:
+    """A superscript two is a digit to Python's isdigit(), not a number to int()."""
+    client, _ = served
+    async with client.get(f"{LEASES}?{query}") as response:
+        status = await response.json()
+    assert (response.status, status["reason"]) == (400, "BadRequest")
+    assert "'\u00b2'" in status["message"]
+
+
 async def test_a_namespaced_object_is_found_under_its_namespace_only(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:

@@ -252,6 +252,16 @@ def test_timeline_errors_name_line_key_and_value(timeline: str, needle: str, exp
             "objects: -1",
             "resources[0].objects: expected a whole number >= 1, got -1",
         ),
+        (
+            HEAD + "requests_per_second: .nan\n",
+            "requests_per_second",
+            "requests_per_second: expected a finite number > 0, got nan",
+        ),
+        (
+            HEAD + "requests_per_second: .inf\n",
+            "requests_per_second",
+            "requests_per_second: expected a finite number > 0, got inf",
+        ),
     ],
 )
 def test_declaration_errors_name_line_key_and_value(head: str, needle: str, expected: str) -> None:

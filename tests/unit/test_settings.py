@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ledger.errors import UsageError
-from ledger.settings import KafkaSettings, SettingsError
+from ledger.settings import KafkaSettings, SettingsError, bootstrap_addresses
 
 
 def test_defaults_need_no_environment() -> None:
@@ -104,6 +104,31 @@ def test_a_bad_variable_is_named_with_its_value(
     assert raised.value.value == value
     assert str(raised.value).startswith(f"{variable}={value!r}: ")
     assert isinstance(raised.value, UsageError)
+
+
+@pytest.mark.parametrize(
+    ("servers", "addresses"),
+    [
+        ("kafka-0:9093", [("kafka-0", 9093)]),
+        ("a:1, b:65535", [("a", 1), ("b", 65535)]),
+        ("[::1]:9092", [("::1", 9092)]),
+        ("kafka", [("kafka", 9092)]),  # no port: Kafka's, as Kafka clients read it
+    ],
+)
+def test_bootstrap_servers_read_as_kafka_clients_read_them(
+    servers: str, addresses: list[tuple[str, int]]
+) -> None:
+    assert bootstrap_addresses(servers) == addresses
+    assert KafkaSettings(bootstrap_servers=servers).bootstrap_servers == servers
+
+
+@pytest.mark.parametrize(
+    ("servers", "entry"),
+    [("kafka:port", "kafka:port"), ("a:1,b:0", "b:0"), ("a:1,,b:2", ""), ("h:65536", "h:65536")],
+)
+def test_a_bootstrap_entry_that_is_no_address_is_named(servers: str, entry: str) -> None:
+    with pytest.raises(SettingsError, match=f"{entry!r} is not host:port"):
+        KafkaSettings.from_env({"SVLEDGER_KAFKA_BOOTSTRAP": servers})
 
 
 def test_a_client_certificate_needs_its_key(tmp_path: Path) -> None:
