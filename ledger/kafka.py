@@ -228,8 +228,9 @@ async def _shut(client: _Client) -> None:
 _C = TypeVar("_C", bound=_Client)
 
 _CHECK_REACHABLE: Final = (
-    "Check that the broker is running and listening there, that SVLEDGER_KAFKA_BOOTSTRAP"
-    " names its advertised address, and that the security settings match its listener."
+    "Check that the broker is running and listening there, that the bootstrap servers"
+    " (--bootstrap or SVLEDGER_KAFKA_BOOTSTRAP) name its advertised address, and that"
+    " the security settings match its listener."
 )
 
 

@@ -12,6 +12,7 @@ from svledger.options import (
     add_kafka_options,
     group,
     kafka_settings,
+    non_empty,
 )
 
 
@@ -57,7 +58,12 @@ def add_storagestate(subparsers: Subparsers) -> None:
     )
     parser.add_argument("action", choices=["reset"], help="reset: persisted hashes to Unknown")
     _add_operator_arguments(parser)
-    parser.add_argument("--reason", required=True, help="why, recorded in the event")
+    parser.add_argument(
+        "--reason",
+        required=True,
+        type=non_empty("reason"),
+        help="why, recorded in the event (e.g. 'etcd restored')",
+    )
 
 
 def _storagestate_reset(args: argparse.Namespace) -> int:
@@ -78,9 +84,15 @@ def _add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         "group", metavar="GROUP", type=group, help='API group; "" or core for the core group'
     )
     parser.add_argument("resource", metavar="RESOURCE", help="resource, e.g. deployments")
-    parser.add_argument("--cluster", required=True, help="the cluster the resource is in")
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        type=non_empty("cluster name"),
+        help="the cluster the resource is in",
+    )
     parser.add_argument(
         "--operator",
+        type=non_empty("name"),
         default=os.environ.get("USER", "operator"),
         help="who is acting, recorded as the event's source (default: $USER)",
     )

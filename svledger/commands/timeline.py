@@ -43,6 +43,9 @@ def add_timeline(subparsers: Subparsers) -> None:
 def _timeline(args: argparse.Namespace) -> int:
     from readapi.ledger import timeline_page
 
+    folder = Path(args.html).parent
+    if args.html != "-" and not folder.is_dir():  # said before the log is read, not after
+        raise UsageError(f"cannot write --html {args.html}: no folder {folder}")
     page = asyncio.run(timeline_page(kafka_settings(args), args.cluster, args.resource))
     if args.html == "-":
         sys.stdout.write(page)

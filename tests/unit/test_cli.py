@@ -130,6 +130,19 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         (["lease-gc", "--check-period", "-5"], "'-5'"),
         (["migrator", "--metrics-address", "9100"], "'9100' is not HOST:PORT"),
         (["storagestate", "reset", "apps", "deployments", "--cluster", "c"], "--reason"),
+        # Refused before the cluster's log is read (nothing listens on port 1).
+        (
+            ["storagestate", "reset", "apps", "deployments", "--cluster", "c", "--reason", " "],
+            "argument --reason: ' ' is not a reason",
+        ),
+        (
+            ["migrations", "request", "apps", "deployments", "--cluster", ""],
+            "argument --cluster: '' is not a cluster name",
+        ),
+        (
+            ["timeline", "apps.deployments", "--cluster", "c", "--html", "/nonexistent/t.html"],
+            "cannot write --html /nonexistent/t.html: no folder /nonexistent",
+        ),
         # Not a number a wait can be: NaN would sleep for ever, inf never come back.
         (["lease-gc", "--check-period", "nan"], "'nan' is not a number of seconds"),
         (["lease-gc", "--check-period", "1e400"], "'1e400' is not a number of seconds"),
