@@ -63,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import operator
@@ -70,6 +71,7 @@ import ssl
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
+    Awaitable,
     Callable,
     Iterable,
     Iterator,
@@ -234,6 +236,53 @@ _CHECK_REACHABLE: Final = (
 )
 
 
+class StoppedConnecting(asyncio.CancelledError):
+    """The service was told to stop while :func:`connect` waited for the broker.
+
+    A cancellation (so ``except Exception`` retry loops let it through, and code that
+    ends tasks treats it as one): a client that never connected has nothing to finish.
+    """
+
+
+_UNWIND_SECONDS: Final = 5.0
+_STOP: Final[contextvars.ContextVar[asyncio.Event | None]] = contextvars.ContextVar(
+    "svledger_stop", default=None
+)
+
+
+def stop_connecting_on(stop: asyncio.Event) -> None:
+    """Have :func:`connect`, in this task and the tasks it starts from now on, give up
+    with :class:`StoppedConnecting` once ``stop`` is set while it waits for the broker,
+    instead of waiting out its timeout (a service told to stop while the broker is down
+    then exits at once, well within Kubernetes' grace period)."""
+    _STOP.set(stop)
+
+
+async def _unless_stopped(work: Awaitable[object], stop: asyncio.Event | None) -> None:
+    if stop is None:
+        await work
+        return
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled, or the connect timeout
+        await _cancelled(task)
+        raise
+    finally:
+        stopped.cancel()
+    if not task.done():
+        await _cancelled(task)
+        raise StoppedConnecting("told to stop while waiting for Kafka")
+    task.result()
+
+
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and let it unwind (a client's start closes what it opened)."""
+    task.cancel()
+    await asyncio.wait((task,), timeout=_UNWIND_SECONDS)
+
+
 async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: float = 30.0) -> _C:
     """Start a fresh aiokafka client from ``make`` until it connects or ``timeout`` passes.
 
@@ -253,12 +302,15 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
     deadline = loop.time() + timeout
     delay = 0.25
     attempts = 0
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        stop = None  # stopping already: whatever connects now is part of a clean stop
     while True:
         attempts += 1
         client = make()
         try:
             async with asyncio.timeout_at(deadline):
-                await client.start()
+                await _unless_stopped(client.start(), stop)
             return client
         except TimeoutError as error:
             await _shut(client)
@@ -284,7 +336,7 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
                     f"({settings.security_protocol}) after {attempts} attempts in "
                     f"{timeout:g} s: {error}. {_CHECK_REACHABLE}"
                 ) from error
-            await asyncio.sleep(delay)
+            await _unless_stopped(asyncio.sleep(delay), stop)
             delay = min(delay * 2, 2.0)
         except BaseException:
             await _shut(client)

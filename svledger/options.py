@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import os
 import shlex
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from ledger.kafka import NotAuthorized
     from ledger.settings import KafkaSettings
     from projections.snapshots import SnapshotSource
+
+log = logging.getLogger(__name__)
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -185,7 +188,9 @@ def run_until_signalled(
     service: Callable[[asyncio.Event], Awaitable[object]], metrics_address: str | None = None
 ) -> int:
     """Run a long-lived ``service(stop)``; SIGTERM or SIGINT sets ``stop`` for a clean exit,
-    and SIGUSR1 logs where each of its asyncio tasks waits (:mod:`ledger.tasks`).
+    and SIGUSR1 logs where each of its asyncio tasks waits (:mod:`ledger.tasks`). A
+    service still waiting for Kafka to answer then stops at once (exit 0), not after
+    the connect timeout (:func:`ledger.kafka.stop_connecting_on`).
 
     With ``metrics_address`` its metrics are exposed there first
     (:func:`ledger.metrics.serve_metrics` logs the bound address, so a port 0 can be
@@ -210,8 +215,13 @@ def run_until_signalled(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         log_tasks_on_signal(loop)
-        await service(stop)
+        stop_connecting_on(stop)
+        try:
+            await service(stop)
+        except StoppedConnecting:
+            log.info("stopped while waiting for Kafka to answer")
 
+    from ledger.kafka import StoppedConnecting, stop_connecting_on
     from ledger.memory import fewer_collections
     from ledger.tasks import log_tasks_on_signal
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -246,3 +248,30 @@ def test_a_file_that_is_no_sqlite_database_is_a_usage_error_naming_it(
     folder = tmp_path / "no-such-folder" / "views.db"
     assert main(["db", "upgrade", "--db", f"sqlite:///{folder}"]) == 2
     assert "unable to open database file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["project", "--db", "sqlite:///{tmp}/views.db"], ["migrator"], ["serve"]],
+    ids=["project", "migrator", "serve"],
+)
+def test_sigterm_while_kafka_does_not_answer_stops_at_once_and_cleanly(
+    argv: list[str], tmp_path: pathlib.Path
+) -> None:
+    """Not after the 30 s connect timeout: Kubernetes' grace period is 30 s too."""
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    assert main(["db", "upgrade", "--db", f"sqlite:///{tmp_path}/views.db"]) == 0
+    command = [sys.executable, "-m", "svledger", "--log-format", "text", *argv]
+    # Nothing listens on port 1: the service keeps asking for the broker.
+    service = subprocess.Popen(
+        [*command, "--bootstrap", "127.0.0.1:1"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(3)  # started, and waiting for Kafka (its signal handlers are set)
+        assert service.poll() is None
+        service.send_signal(signal.SIGTERM)
+        _, errors = service.communicate(timeout=10)
+    finally:
+        service.kill()
+    assert service.returncode == 0, errors
+    assert "stopped while waiting for Kafka to answer" in errors
