@@ -218,10 +218,12 @@ def run_until_signalled(
         stop_connecting_on(stop)
         try:
             await service(stop)
-        except StoppedConnecting:
+        except asyncio.CancelledError:  # StoppedConnecting, or a task that awaited one
+            if not stop.is_set():
+                raise
             log.info("stopped while waiting for Kafka to answer")
 
-    from ledger.kafka import StoppedConnecting, stop_connecting_on
+    from ledger.kafka import stop_connecting_on
     from ledger.memory import fewer_collections
     from ledger.tasks import log_tasks_on_signal
 
