@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -266,12 +265,20 @@ def test_sigterm_while_kafka_does_not_answer_stops_at_once_and_cleanly(
     service = subprocess.Popen(
         [*command, "--bootstrap", "127.0.0.1:1"], stderr=subprocess.PIPE, text=True
     )
+    assert service.stderr is not None
+    seen = []
     try:
-        time.sleep(3)  # started, and waiting for Kafka (its signal handlers are set)
-        assert service.poll() is None
+        # Its first failed attempt: the service runs, and its signal handlers are set (a
+        # fixed sleep would send SIGTERM before them on a slow machine: killed, not stopped).
+        for line in service.stderr:
+            seen.append(line)
+            if 'Unable connect to "127.0.0.1:1"' in line:
+                break
+        assert service.poll() is None, "".join(seen)
         service.send_signal(signal.SIGTERM)
-        _, errors = service.communicate(timeout=10)
+        _, rest = service.communicate(timeout=10)
     finally:
         service.kill()
+    errors = "".join(seen) + rest
     assert service.returncode == 0, errors
     assert "stopped while waiting for Kafka to answer" in errors
