@@ -5,8 +5,11 @@ and the StorageVersion API (KEP-1965, KEP-2339), in the KEP's order:
 
 1. **membership**: ``start`` appends an ``ApiserverHeartbeat`` and waits for its
    acknowledgement, so the lease exists in the log before anything that needs it;
-2. **storage versions**: then a ``StorageVersionReported`` per served resource, and
-   waits for those acknowledgements;
+2. **storage versions**: then a ``StorageVersionReported`` per served resource, by
+   group then resource as upstream's manager updates them, and waits for those
+   acknowledgements (upstream also reports only the first of resources that share
+   their storage, e.g. ``ingresses`` of ``extensions`` and ``networking.k8s.io``; the
+   reporter cannot tell which do, so a server that serves both reports one);
 3. **serve writes**: only then does the :class:`~ledger.gate.WriteGate` open and the
    reporter become ``ready``.
 
@@ -248,8 +251,9 @@ class Reporter:
         return Meta.new(self.cluster, self.apiserver_id, self._clock.now())
 
     def _unacknowledged(self) -> list[ResourceReport]:
-        """The desired reports the log is not known to hold."""
-        return [r for k, r in self._desired.items() if self._acknowledged.get(k) != r]
+        """The desired reports the log is not known to hold, by group then resource (the
+        core group first): the order upstream's storage version manager updates them in."""
+        return [r for k, r in sorted(self._desired.items()) if self._acknowledged.get(k) != r]
 
     def _refresh_gate(self) -> None:
         stale = {r.key for r in self._unacknowledged()}
@@ -287,7 +291,7 @@ class Reporter:
     async def _sync(self) -> None:
         """Send the reports and withdrawals that the log does not hold yet."""
         reports = self._unacknowledged()
-        withdrawn = [k for k in self._acknowledged if k not in self._desired]
+        withdrawn = sorted(k for k in self._acknowledged if k not in self._desired)
         if not reports and not withdrawn:
             return
         events: list[Event] = [
