@@ -128,8 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # told by the subcommand, whose usage shows what it takes
+            command_parser: argparse.ArgumentParser = getattr(args, "command_parser", parser)
+            command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:  # --help, --version or an argument argparse rejected
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     configure_logging(args.log_level, args.log_format)

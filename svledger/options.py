@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -84,9 +85,52 @@ def bootstrap(text: str) -> str:
     return text
 
 
+class EnvironmentDefault(str):
+    """An option's default read from an environment variable (:func:`from_environment`)."""
+
+    variable: str
+
+
+def from_environment(variable: str, fallback: str | None = None) -> str | None:
+    """The default of an option: ``variable``'s value if it is set, else ``fallback``.
+
+    argparse checks a default with the option's type as if it were given, and reports a
+    refusal against the option; a type made with :func:`_naming_variable` then also
+    says that the value came from ``variable``, which the user may not know is set.
+    """
+    value = os.environ.get(variable)
+    if value is None:
+        return fallback
+    default = EnvironmentDefault(value)
+    default.variable = variable
+    return default
+
+
+_Parsed = TypeVar("_Parsed")
+
+
+def _naming_variable(parse: Callable[[str], _Parsed]) -> Callable[[str], _Parsed]:
+    """``parse``, an argparse type, refusing a :class:`EnvironmentDefault` by name."""
+
+    @functools.wraps(parse)
+    def checked(text: str) -> _Parsed:
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as error:
+            if not isinstance(text, EnvironmentDefault):
+                raise
+            raise argparse.ArgumentTypeError(
+                f"{error} (the value of ${text.variable}, which applies when the option is"
+                " not given)"
+            ) from None
+
+    return checked
+
+
 def non_empty(what: str) -> Callable[[str], str]:
     """An argparse type: any text but an empty one."""
 
+    @_naming_variable
     def parse(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError(f"{text!r} is not a {what}: give one")
@@ -114,7 +158,7 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
         "--db",
         metavar="URL",
         type=database_url,
-        default=os.environ.get("SVLEDGER_DATABASE_URL", DEFAULT_DB),
+        default=from_environment("SVLEDGER_DATABASE_URL", DEFAULT_DB),
         help=(
             "SQLAlchemy URL of the projection database, e.g. sqlite:///svledger.db or "
             "postgresql://user:pass@host/db (default: $SVLEDGER_DATABASE_URL or "
@@ -129,7 +173,7 @@ def add_snapshots_option(parser: argparse.ArgumentParser) -> None:
         "--snapshots-from",
         metavar="URL",
         type=database_url,
-        default=os.environ.get("SVLEDGER_SNAPSHOTS_FROM"),
+        default=from_environment("SVLEDGER_SNAPSHOTS_FROM"),
         help=(
             "the projector's database: rebuild each assigned partition's fold from its\n"
             "latest fold snapshot there, reading the log on from it instead of from its\n"
@@ -167,12 +211,13 @@ def add_metrics_option(parser: argparse.ArgumentParser) -> None:
         "--metrics-address",
         metavar="HOST:PORT",
         type=metrics_address,
-        default=os.environ.get("SVLEDGER_METRICS_ADDRESS"),
+        default=from_environment("SVLEDGER_METRICS_ADDRESS"),
         help="expose Prometheus metrics on http://HOST:PORT/metrics (port 0: any free one;\n"
         "default: $SVLEDGER_METRICS_ADDRESS, else none); see docs/metrics.md",
     )
 
 
+@_naming_variable
 def metrics_address(text: str) -> str:
     """An argparse type: ``HOST:PORT`` as :func:`ledger.metrics.serve_metrics` takes it."""
     from ledger.metrics import parse_address
@@ -232,6 +277,7 @@ def run_until_signalled(
     return 0
 
 
+@_naming_variable
 def database_url(text: str) -> str:
     """An argparse type: a PostgreSQL or SQLite database URL that names a database a
     later command can open again (not SQLite's in-memory one)."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 
 from svledger.options import (
     Subparsers,
     add_command,
     add_kafka_options,
+    from_environment,
     group,
     kafka_settings,
     non_empty,
@@ -93,7 +93,7 @@ def _add_operator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--operator",
         type=non_empty("name"),
-        default=os.environ.get("USER", "operator"),
+        default=from_environment("USER", "operator"),
         help="who is acting, recorded as the event's source (default: $USER)",
     )
     add_kafka_options(parser, "operator")

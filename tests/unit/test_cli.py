@@ -171,6 +171,42 @@ def test_bad_arguments_name_the_value_and_exit_2(
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "argv"),
+    [
+        ("SVLEDGER_DATABASE_URL", "nope", ["project"]),
+        ("SVLEDGER_METRICS_ADDRESS", "9100", ["migrator"]),
+        ("SVLEDGER_SNAPSHOTS_FROM", "garbage", ["lease-gc"]),
+        (
+            "USER",
+            " ",
+            ["storagestate", "reset", "apps", "deployments", "--cluster", "c", "--reason", "r"],
+        ),
+    ],
+)
+def test_a_bad_default_from_the_environment_names_its_variable(
+    variable: str,
+    value: str,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert f"{value!r}" in error
+    assert f"(the value of ${variable}, which applies when the option is not given)" in error
+
+
+def test_an_unknown_option_is_told_by_its_subcommand_with_its_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["hash", "apps", "v1", "Deployment", "--bogus"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("usage: svledger hash [-h] GROUP VERSION KIND")
+    assert error.endswith("svledger hash: error: unrecognized arguments: --bogus\n")
+
+
 UNREACHABLE_DB = "postgresql://svledger@127.0.0.1:1/svledger"  # nothing listens on port 1
 
 
