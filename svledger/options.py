@@ -110,12 +110,13 @@ _Parsed = TypeVar("_Parsed")
 
 
 def _naming_variable(parse: Callable[[str], _Parsed]) -> Callable[[str], _Parsed]:
-    """``parse``, an argparse type, refusing a :class:`EnvironmentDefault` by name."""
+    """``parse``, an argparse type, refusing a :class:`EnvironmentDefault` by name (and
+    given a plain string, so no value it returns carries the mark on)."""
 
     @functools.wraps(parse)
     def checked(text: str) -> _Parsed:
         try:
-            return parse(text)
+            return parse(str(text))
         except argparse.ArgumentTypeError as error:
             if not isinstance(text, EnvironmentDefault):
                 raise

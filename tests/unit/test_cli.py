@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from svledger.cli import configure_logging, main
+from svledger.cli import build_parser, configure_logging, main
 
 
 @pytest.fixture(autouse=True)
@@ -196,6 +196,16 @@ def test_a_bad_default_from_the_environment_names_its_variable(
     error = capsys.readouterr().err
     assert f"{value!r}" in error
     assert f"(the value of ${variable}, which applies when the option is not given)" in error
+
+
+def test_a_default_from_the_environment_is_parsed_into_a_plain_string(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SVLEDGER_DATABASE_URL", "sqlite:///from-the-environment.db")
+    args = build_parser().parse_args(["project"])
+    # A plain str: it is pickled to the writer process, which need not know the mark.
+    assert type(args.db) is str
+    assert args.db == "sqlite:///from-the-environment.db"
 
 
 def test_an_unknown_option_is_told_by_its_subcommand_with_its_usage(
