@@ -31,6 +31,10 @@ log is in: flat, or growing with the log, the rows it leaves, and the CPU second
 fold process, its writer process and the PostgreSQL server used (``cpu_seconds``; the
 server's only when the bench runs its own). Prints one JSON object.
 ``--stages fetch_only,project_postgresql`` runs only those (a long log, say).
+``--rounds 3`` runs the stages three times in turn on the same log: each stage is
+reported by its median round (by events/s), each ratio to ``fetch_only`` is taken
+within a round and reported as the median of the rounds', and ``rounds`` lists every
+round's, so a machine whose speed wanders from minute to minute shows it.
 
 Kafka: ``SVLEDGER_KAFKA_BOOTSTRAP`` or a local broker started by
 ``deploy/kafka/broker.py``. PostgreSQL: ``SVLEDGER_BENCH_DATABASE_URL`` (a server
@@ -86,6 +90,7 @@ from projections.replay import replay
 from projections.schema import lease_renewals, ledger_events
 from projections.snapshots import SnapshotSource
 from projections.store import STATE_VIEWS, load_checkpoints, views_snapshot
+from svledger.options import positive
 from tests.workloads import mixed_events
 
 # ---------------------------------------------------------------------- measuring
@@ -487,17 +492,57 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 settings, end, projected[-1] if projected else None
             ),
         }
-        for name in args.stages:
-            report[name] = await stages[name]()
-        if "fetch_only" in report:
-            limit = report["fetch_only"]["events_per_second"]
-            report["ratio_to_fetch_only"] = {
-                name: round(report[name]["events_per_second"] / limit, 3)
-                for name in RATIOS
-                if name in report
-            }
+        rounds: list[dict[str, Any]] = []
+        for _ in range(args.rounds):
+            rounds.append({name: await stages[name]() for name in args.stages})
+        report.update(_summary(rounds))
         report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
         return report
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each stage's result, and each rate's ratio to ``fetch_only`` in the same round.
+
+    One round: as measured. Several: a stage's result is its median round's (by
+    events/s), a ratio the median of the rounds' ratios, and ``rounds`` lists every
+    round's rates and ratios, so a machine whose speed wanders shows it.
+    """
+    ratios = [
+        {
+            name: round(measured[name]["events_per_second"] / limit, 3)
+            for name in RATIOS
+            if name in measured
+        }
+        for measured in rounds
+        if (limit := measured.get("fetch_only", {}).get("events_per_second"))
+    ]
+    summary: dict[str, Any] = {}
+    for name in rounds[0]:
+        results = [measured[name] for measured in rounds]
+        rated = all(isinstance(r, dict) and "events_per_second" in r for r in results)
+        summary[name] = _median(results, lambda r: r["events_per_second"]) if rated else results[-1]
+    if ratios:
+        summary["ratio_to_fetch_only"] = {
+            name: _median([r[name] for r in ratios], float) for name in ratios[0]
+        }
+    if len(rounds) > 1:
+        summary["rounds"] = {
+            "count": len(rounds),
+            "events_per_second": {
+                name: [measured[name]["events_per_second"] for measured in rounds]
+                for name in rounds[0]
+                if isinstance(rounds[0][name], dict) and "events_per_second" in rounds[0][name]
+            },
+            "ratio_to_fetch_only": {
+                name: [r[name] for r in ratios] for name in (ratios[0] if ratios else {})
+            },
+        }
+    return summary
+
+
+def _median(values: list[Any], key: Callable[[Any], float]) -> Any:
+    """The middle one of ``values`` by ``key`` (the lower middle of an even count)."""
+    return sorted(values, key=key)[(len(values) - 1) // 2]
 
 
 async def _processes(
@@ -547,6 +592,16 @@ def main() -> None:
         type=_stages,
         default=list(STAGES),
         help=f"comma-separated, in order (default: all): {','.join(STAGES)}",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive(int, "number of rounds"),
+        default=1,
+        help=(
+            "run the stages this many times in turn on the same log and report each"
+            " stage's median round, and each ratio to fetch_only as the median of the"
+            " rounds' (default: 1; 3 or more on a machine whose speed wanders)"
+        ),
     )
     with fewer_collections():  # as every reader of the log runs, fetch_only included
         report = asyncio.run(_main(parser.parse_args()))
