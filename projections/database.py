@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from ledger.errors import SvledgerError, Unavailable, UsageError
+from projections.schema import json_text
 
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
@@ -113,7 +114,7 @@ def _refuse_newer(url: URL, current: Iterable[str]) -> None:
 def _create_engine(url: str) -> Engine:
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
-        db = create_engine(parsed)
+        db = create_engine(parsed, json_serializer=json_text)
         event.listen(db, "connect", _configure_sqlite)
         event.listen(db, "begin", _begin_sqlite)
         return db

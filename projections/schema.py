@@ -20,6 +20,7 @@ Portability decisions, made once:
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -72,6 +73,10 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 JSONDocument: Final = JSON().with_variant(JSONB(), "postgresql")
+# JSON as it is stored: compact, without spaces. PostgreSQL's jsonb keeps its own form;
+# SQLite keeps the text, written by this whether the store encodes a value itself (for
+# speed) or the JSON type does (projections.database gives it to the SQLite engine).
+json_text: Final = json.JSONEncoder(separators=(",", ":")).encode
 
 PHASES: Final = ("Pending", "Running", "Succeeded", "Failed", "Cancelled")
 OUTCOMES: Final = ("applied", "rejected")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import operator
 import typing
 from collections import defaultdict
@@ -56,6 +55,7 @@ from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
     fold_snapshots,
+    json_text,
     lease_renewals,
     ledger_events,
     projection_checkpoints,
@@ -494,7 +494,7 @@ def logged(event: Event, position: Position) -> LoggedEvent:
         meta.source,
         meta.causation_id,
         meta.correlation_id,
-        _JSON.encode(payload),
+        json_text(payload),
     )
 
 
@@ -535,8 +535,8 @@ def _entry_row(
         storage_version.resource,
         entry.apiserver_id,
         entry.encoding_version,
-        _JSON.encode(entry.decodable_versions),
-        _JSON.encode(entry.served_versions),
+        json_text(entry.decodable_versions),
+        json_text(entry.served_versions),
         ordinal,
     )
 
@@ -656,7 +656,6 @@ def _insert_json_as_text(table: Table) -> Insert:
     )
 
 
-_JSON: Final = json.JSONEncoder(separators=(",", ":"))
 _TIME_FIELDS: Final = {cls: _time_fields(cls) for cls in EVENT_TYPES.values()}
 _PAYLOAD: Final = {
     cls: tuple(field.name for field in dataclasses.fields(cls) if field.name != "meta")

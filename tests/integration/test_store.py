@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TypeVar
@@ -196,6 +197,24 @@ def test_times_come_back_as_the_same_instant_in_utc(db: Engine) -> None:
     assert isinstance(payload, dict)
     assert datetime.fromisoformat(payload["renew_time"]) == at
     assert payload["lease_duration_seconds"] == 3600
+
+
+def test_json_is_stored_as_compact_text_on_sqlite(db: Engine) -> None:
+    """docs/sql.md: SQLite holds JSON compact, whichever way a column is written (the
+    store's own encoding for speed, or the JSON type for view upserts)."""
+    if db.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL's jsonb keeps its own form")
+    write(db, State(), [heartbeat("apiserver-a", 0, START), report("apiserver-a", 1, START, "v2")])
+    with db.connect() as connection:
+        texts = connection.exec_driver_sql(
+            "SELECT persisted_storage_version_hashes FROM storage_states"
+            " UNION ALL SELECT decodable_versions FROM server_storage_versions"
+            " UNION ALL SELECT payload FROM ledger_events"
+        ).scalars()
+        stored = list(texts)
+    assert len(stored) == 4
+    for text in stored:
+        assert text == json.dumps(json.loads(text), separators=(",", ":")), text
 
 
 def test_naive_times_are_refused(db: Engine) -> None:
