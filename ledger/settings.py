@@ -95,6 +95,8 @@ def bootstrap_addresses(servers: str) -> list[tuple[str, int]]:
         if not colon:
             host, port = entry, str(KAFKA_PORT)
         host = host.strip("[]")
+        if "/" in host:
+            raise ValueError(f"{entry!r} is not host:port: a broker address has no scheme or path")
         if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise ValueError(f"{entry!r} is not host:port (a port from 1 to 65535)")
         addresses.append((host, int(port)))

@@ -125,10 +125,11 @@ def parse_url(url: str) -> URL:
     """The SQLAlchemy URL of a PostgreSQL or SQLite database; ValueError saying what to give."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError) as error:  # ValueError: a port that is no number
+        reason = "" if isinstance(error, ArgumentError) else " (its port is not a number)"
         raise ValueError(
-            f"database URL {url!r} is not a URL; use postgresql://USER:PASSWORD@HOST/DB "
-            "or sqlite:///PATH.db"
+            f"database URL {_redacted(url)!r} is not a URL{reason}; use"
+            " postgresql://USER:PASSWORD@HOST[:PORT]/DB or sqlite:///PATH.db"
         ) from None
     backend = parsed.get_backend_name()
     if backend in ("postgresql", "postgres"):
@@ -176,6 +177,18 @@ def _alembic_config() -> Config:
 
 def _shown(url: URL) -> str:
     return url.render_as_string(hide_password=True)
+
+
+def _redacted(text: str) -> str:
+    """A database URL that does not parse, fit to print: whatever stands where a
+    password would (after the user's ``:``, before the last ``@``) masked, as
+    :func:`_shown` masks a parsed URL's."""
+    credentials, at, rest = text.rpartition("@")
+    if not at:
+        return text
+    scheme, separator, user_info = credentials.rpartition("://")
+    user, colon, _ = user_info.partition(":")
+    return f"{scheme}{separator}{user}{':***' if colon else ''}@{rest}"
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:

@@ -185,7 +185,9 @@ def parse_until(text: str) -> int | datetime:
             " such as 2024-05-01T12:00:00Z"
         ) from None
     if moment.tzinfo is None:
-        raise ReplayError(f"--until {text!r} has no time zone; add one, e.g. {text}Z for UTC")
+        raise ReplayError(
+            f"--until {text!r} has no time zone; add one, e.g. {moment.isoformat()}Z for UTC"
+        )
     return moment.astimezone(UTC)
 
 

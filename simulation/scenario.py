@@ -154,6 +154,11 @@ def load(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ScenarioError(f"cannot read scenario {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ScenarioError(
+            f"scenario {str(path)!r} is not UTF-8 text (byte {error.start}:"
+            f" {error.object[error.start : error.start + 1]!r}); a scenario is a YAML file"
+        ) from None
     return parse(text, source=str(path))
 
 

@@ -28,10 +28,8 @@ from typing import Any, Final
 
 from ledger.errors import AccessDenied, Unavailable, UsageError
 from svledger.commands import COMMANDS
-from svledger.options import Handler, acl_remedy
+from svledger.options import Handler, acl_remedy, add_logging_options
 
-LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_FORMATS: Final = ("json", "text")
 USAGE_ERROR: Final = 2
 UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be reached
 
@@ -107,19 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"svledger {importlib.metadata.version('svledger')}"
     )
-    parser.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        default="INFO",
-        help="lowest level of log records written to stderr (default: INFO)",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default="json",
-        help="json: one JSON object per line (default); text: for a terminal",
-    )
+    add_logging_options(parser)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(subparsers)

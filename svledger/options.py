@@ -37,6 +37,34 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 DEFAULT_DB: Final = "sqlite:///svledger.db"
 
 
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS: Final = ("json", "text")
+
+
+def add_logging_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """``--log-level`` and ``--log-format``: on ``svledger`` itself with their defaults, and
+    on every subcommand without (``defaults=False``), so that they may stand before or
+    after the subcommand: one given after it wins, one not given there leaves the value
+    given before it (or the default) as it is."""
+
+    def default(value: str) -> str:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=default("INFO"),
+        help="lowest level of log records written to stderr (default: INFO)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=default("json"),
+        help="json: one JSON object per line (default); text: for a terminal",
+    )
+
+
 def add_command(
     subparsers: Subparsers, name: str, handler: Handler, *, help: str, description: str
 ) -> argparse.ArgumentParser:
@@ -48,6 +76,7 @@ def add_command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(handler=handler, command_parser=parser)
+    add_logging_options(parser, defaults=False)
     return parser
 
 
@@ -92,14 +121,15 @@ class EnvironmentDefault(str):
 
 
 def from_environment(variable: str, fallback: str | None = None) -> str | None:
-    """The default of an option: ``variable``'s value if it is set, else ``fallback``.
+    """The default of an option: ``variable``'s value if it is set, else ``fallback``. An
+    empty variable counts as unset, as for the Kafka settings (:mod:`ledger.settings`).
 
     argparse checks a default with the option's type as if it were given, and reports a
     refusal against the option; a type made with :func:`_naming_variable` then also
     says that the value came from ``variable``, which the user may not know is set.
     """
     value = os.environ.get(variable)
-    if value is None:
+    if not value:
         return fallback
     default = EnvironmentDefault(value)
     default.variable = variable

@@ -16,6 +16,7 @@ from svledger.options import (
     add_metrics_option,
     database_url,
     kafka_settings,
+    non_empty,
     positive,
     run_until_signalled,
 )
@@ -160,7 +161,9 @@ def add_replay(subparsers: Subparsers) -> None:
         metavar="OFFSET|TIMESTAMP",
         help="stop after this log offset (e.g. 12345) or this time (e.g. 2026-01-02T03:04:05Z)",
     )
-    parser.add_argument("--cluster", help="replay only this cluster's events")
+    parser.add_argument(
+        "--cluster", type=non_empty("cluster name"), help="replay only this cluster's events"
+    )
     parser.add_argument(
         "--snapshots-from",
         metavar="URL",
@@ -251,8 +254,17 @@ def add_explain(subparsers: Subparsers) -> None:
 
 
 def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("resource", metavar="RESOURCE", help="e.g. apps.deployments or core.pods")
-    parser.add_argument("--cluster", help="the cluster, when the resource is in several")
+    parser.add_argument(
+        "resource",
+        metavar="RESOURCE",
+        type=non_empty("resource"),
+        help="e.g. apps.deployments or core.pods",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=non_empty("cluster name"),
+        help="the cluster, when the resource is in several",
+    )
     add_db_option(parser)
 
 

@@ -14,6 +14,7 @@ from svledger.options import (
     add_metrics_option,
     add_snapshots_option,
     kafka_settings,
+    non_empty,
     positive,
     run_until_signalled,
     seconds,
@@ -172,6 +173,7 @@ def add_worker(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--cluster",
         required=True,
+        type=non_empty("cluster name"),
         help="the cluster whose migrations to run (the name its apiservers report under)",
     )
     add_kafka_options(parser, "worker")
@@ -254,7 +256,10 @@ def add_collect(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument(
-        "--cluster", required=True, help="the cluster's name in the ledger (every event's key)"
+        "--cluster",
+        required=True,
+        type=non_empty("cluster name"),
+        help="the cluster's name in the ledger (every event's key)",
     )
     add_kafka_options(parser, "collector")
     add_metrics_option(parser)

@@ -13,6 +13,7 @@ from svledger.options import (
     add_command,
     add_kafka_options,
     kafka_settings,
+    non_empty,
 )
 
 
@@ -32,8 +33,18 @@ def add_timeline(subparsers: Subparsers) -> None:
             "/clusters/CLUSTER/timeline/RESOURCE."
         ),
     )
-    parser.add_argument("resource", metavar="RESOURCE", help="e.g. apps.deployments or core.pods")
-    parser.add_argument("--cluster", required=True, help="the cluster whose history to draw")
+    parser.add_argument(
+        "resource",
+        metavar="RESOURCE",
+        type=non_empty("resource"),
+        help="e.g. apps.deployments or core.pods",
+    )
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        type=non_empty("cluster name"),
+        help="the cluster whose history to draw",
+    )
     parser.add_argument(
         "--html", required=True, metavar="FILE", help="where to write the page; - for stdout"
     )

@@ -162,6 +162,14 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         (["project", "--topic", ""], "'' is not a topic name"),
         (["project", "--db", "sqlite:///"], "names no file"),
         (["replay", "--snapshots-from", "garbage"], "'garbage' is not a URL"),
+        (["project", "--bootstrap", "http://kafka:9092"], "a broker address has no scheme"),
+        (["project", "--db", "postgresql://u@h:port/x"], "its port is not a number"),
+        (["replay", "--until", "2026-01-02", "--db", "sqlite:///x.db"], "2026-01-02T00:00:00Z"),
+        (["worker", "--cluster", ""], "argument --cluster: '' is not a cluster name"),
+        (["collect", "--cluster", " "], "argument --cluster: ' ' is not a cluster name"),
+        (["replay", "--cluster", "", "--db", "sqlite:///x.db"], "'' is not a cluster name"),
+        (["history", "apps.deployments", "--cluster", ""], "'' is not a cluster name"),
+        (["timeline", "", "--cluster", "c", "--html", "-"], "'' is not a resource"),
     ],
 )
 def test_bad_arguments_name_the_value_and_exit_2(
@@ -213,8 +221,50 @@ def test_an_unknown_option_is_told_by_its_subcommand_with_its_usage(
 ) -> None:
     assert main(["hash", "apps", "v1", "Deployment", "--bogus"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("usage: svledger hash [-h] GROUP VERSION KIND")
+    assert error.startswith("usage: svledger hash [-h] [--log-level")
     assert error.endswith("svledger hash: error: unrecognized arguments: --bogus\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "log_format"),
+    [
+        (["hash", "apps", "v1", "Deployment"], "INFO", "json"),
+        (["--log-level", "debug", "hash", "apps", "v1", "Deployment"], "DEBUG", "json"),
+        (["hash", "apps", "v1", "Deployment", "--log-format", "text"], "INFO", "text"),
+        (
+            ["--log-level", "debug", "hash", "--log-format", "text", "apps", "v1", "Pod"],
+            "DEBUG",
+            "text",
+        ),
+        (
+            ["--log-level", "debug", "hash", "--log-level", "error", "", "v1", "Pod"],
+            "ERROR",
+            "json",
+        ),
+    ],
+)
+def test_the_logging_options_stand_before_or_after_the_command(
+    argv: list[str], level: str, log_format: str
+) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.log_level, args.log_format) == (level, log_format)
+
+
+def test_a_database_url_that_does_not_parse_is_shown_without_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["db", "upgrade", "--db", "admin:s3cret-pw@db.example.com/svledger"]) == 2
+    error = capsys.readouterr().err
+    assert "'admin:***@db.example.com/svledger' is not a URL" in error
+    assert "s3cret-pw" not in error
+
+
+def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As for the Kafka settings (SVLEDGER_KAFKA_BOOTSTRAP= means the default broker).
+    monkeypatch.setenv("SVLEDGER_SNAPSHOTS_FROM", "")
+    monkeypatch.setenv("SVLEDGER_DATABASE_URL", "")
+    assert build_parser().parse_args(["lease-gc"]).snapshots_from is None
+    assert build_parser().parse_args(["project"]).db == "sqlite:///svledger.db"
 
 
 UNREACHABLE_DB = "postgresql://svledger@127.0.0.1:1/svledger"  # nothing listens on port 1

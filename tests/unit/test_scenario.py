@@ -296,6 +296,13 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
         scenario.load(missing)
 
 
+def test_a_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    binary = tmp_path / "scenario.yaml"
+    binary.write_bytes(b"cluster: c\n\xff\xfe")
+    with pytest.raises(ScenarioError, match=f"scenario '{binary}' is not UTF-8 text .byte 11"):
+        scenario.load(binary)
+
+
 def test_the_documented_example_is_a_valid_scenario() -> None:
     docs = (EXAMPLES.parent / "docs" / "scenarios.md").read_text()
     block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
