@@ -84,8 +84,15 @@ async def connect(kubeconfig: str | None = None, context: str | None = None) -> 
         # Not only ConfigException: YAML that does not parse, an exec plugin that is
         # not installed, an unreadable certificate file all stop the load as well.
         except Exception as error:
+            # The loader indexes what it read as a kubeconfig's mappings; another YAML
+            # document (a list, a string, nothing) fails it with Python's own words.
+            reason = (
+                "it is not a kubeconfig (a YAML mapping of clusters, users and contexts)"
+                if isinstance(error, TypeError | AttributeError)
+                else _reason(error)
+            )
             raise ConfigurationError(
-                f"cannot use kubeconfig {path}: {_reason(error)}; fix it, or give "
+                f"cannot use kubeconfig {path}: {reason}; fix it, or give "
                 "--kubeconfig PATH (and --context NAME)"
             ) from error
         return Kube(configuration)

@@ -149,6 +149,12 @@ def _connect(db: Engine) -> Iterator[Connection]:
     except DBAPIError as error:
         reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
         if db.url.get_backend_name() == "sqlite" and reason in _NOT_SQLITE_FILE:
+            folder = Path(db.url.database or "").parent
+            if not folder.is_dir():
+                raise DatabaseNotMigrated(
+                    f"cannot open {_shown(db.url)}: there is no folder {folder}; create it,"
+                    " or give a path in a folder that exists"
+                ) from error
             raise DatabaseNotMigrated(
                 f"cannot open {_shown(db.url)}: {reason}; give the path of a database "
                 "file that `svledger db upgrade --db URL` created (it creates one where "

@@ -182,7 +182,7 @@ def add_replay(subparsers: Subparsers) -> None:
         metavar="N",
         help=(
             "fold the partitions in N processes at once, e.g. one per core (PostgreSQL"
-            " only; SQLite takes one writer at a time)"
+            " only; SQLite takes one writer at a time; default: 1)"
         ),
     )
     parser.add_argument(

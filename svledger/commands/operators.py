@@ -24,12 +24,32 @@ def add_migrations(subparsers: Subparsers) -> None:
         help="operator actions on migrations: request one",
         description=(
             "svledger migrations request GROUP RESOURCE: append MigrationRequested for the\n"
-            "resource's common encoding version (or --version), with the operator as source."
+            "resource's common encoding version, with the operator as source. A migration\n"
+            "only ever targets the version every apiserver writes: --version names it to\n"
+            "make sure, and the request is refused if it is not that one."
         ),
     )
     parser.add_argument("action", choices=["request"], help="request: start a migration")
     _add_operator_arguments(parser)
-    parser.add_argument("--version", help="target version (default: the common encoding version)")
+    parser.add_argument(
+        "--version",
+        type=_version,
+        help=(
+            "the version the migration must target, group-qualified (apps/v1; v1 for the core"
+            " group); refused unless it is the common encoding version (default: that one)"
+        ),
+    )
+
+
+def _version(text: str) -> str:
+    """An argparse type: a group-qualified version, checked before the log is read."""
+    from ledger.validation import InvalidReport, check_version
+
+    try:
+        check_version("version", text)
+    except InvalidReport as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _migrations_request(args: argparse.Namespace) -> int:

@@ -189,7 +189,6 @@ def add_worker(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--chunk-size",
         type=positive(int, "whole number"),
-        default=500,
         metavar="N",
         help="objects listed per request by the rewrite executor (default: 500, as upstream)",
     )
@@ -203,12 +202,17 @@ def add_worker(subparsers: Subparsers) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from consumers.worker import GROUP_ID, Executor, Rewriter, run_worker
+    from consumers.worker import CHUNK_SIZE, GROUP_ID, Executor, Rewriter, run_worker
     from kube.client import connect
     from kube.executor import StorageMigrationExecutor
     from kube.target import KubernetesTarget
     from ledger.clock import SystemClock
 
+    if args.chunk_size is not None and args.executor != "rewrite":
+        raise UsageError(
+            f"--chunk-size is for --executor rewrite; with --executor {args.executor}"
+            " kube-controller-manager lists the objects itself: drop --chunk-size"
+        )
     settings = kafka_settings(args)
     clock = SystemClock()
 
@@ -216,7 +220,9 @@ def _worker(args: argparse.Namespace) -> int:
         kube = await connect(args.kubeconfig, args.context)
         executor: Executor
         if args.executor == "rewrite":
-            executor = Rewriter(KubernetesTarget(kube), clock, chunk_size=args.chunk_size)
+            executor = Rewriter(
+                KubernetesTarget(kube), clock, chunk_size=args.chunk_size or CHUNK_SIZE
+            )
         else:
             executor = StorageMigrationExecutor(kube, clock)
         try:
@@ -287,7 +293,8 @@ def add_collect(subparsers: Subparsers) -> None:
 
 def _apiserver(text: str) -> tuple[str, str]:
     hostname, sep, url = text.partition("=")
-    if not sep or not hostname or not url.startswith(("https://", "http://")):
+    scheme, _, address = url.partition("://")
+    if not sep or not hostname or scheme not in ("https", "http") or not address.strip("/"):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not HOSTNAME=URL, e.g. master-1=https://10.0.0.11:6443"
         )
@@ -312,6 +319,13 @@ def _collect(args: argparse.Namespace) -> int:
     from ledger.clock import SystemClock
     from ledger.identity import apiserver_id
 
+    hostnames = [hostname for hostname, _ in args.apiserver]
+    repeated = sorted({hostname for hostname in hostnames if hostnames.count(hostname) > 1})
+    if repeated:
+        raise UsageError(
+            f"--apiserver {repeated[0]}=... is given more than once; give each apiserver's"
+            " address once"
+        )
     settings = kafka_settings(args)
 
     async def collect(stop: asyncio.Event) -> None:

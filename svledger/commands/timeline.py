@@ -57,6 +57,8 @@ def _timeline(args: argparse.Namespace) -> int:
     folder = Path(args.html).parent
     if args.html != "-" and not folder.is_dir():  # said before the log is read, not after
         raise UsageError(f"cannot write --html {args.html}: no folder {folder}")
+    if Path(args.html).is_dir():
+        raise UsageError(f"cannot write --html {args.html}: it is a folder; give a file's path")
     page = asyncio.run(timeline_page(kafka_settings(args), args.cluster, args.resource))
     if args.html == "-":
         sys.stdout.write(page)

@@ -587,8 +587,10 @@ async def test_a_missing_kubeconfig_is_named() -> None:
             " command: /nonexistent/credential-plugin}}}]\n",
             "/nonexistent/credential-plugin",
         ),
+        ("root:x:0:0:root:/root:/bin/bash\n", "it is not a kubeconfig (a YAML mapping"),
+        ("", "it is not a kubeconfig (a YAML mapping"),
     ],
-    ids=["not-yaml", "exec-plugin-missing"],
+    ids=["not-yaml", "exec-plugin-missing", "another-file", "empty"],
 )
 async def test_a_kubeconfig_that_cannot_be_used_is_named_with_why(
     tmp_path: Path, content: str, named: str

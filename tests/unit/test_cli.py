@@ -170,6 +170,29 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
         (["replay", "--cluster", "", "--db", "sqlite:///x.db"], "'' is not a cluster name"),
         (["history", "apps.deployments", "--cluster", ""], "'' is not a cluster name"),
         (["timeline", "", "--cluster", "c", "--html", "-"], "'' is not a resource"),
+        (["collect", "--cluster", "c", "--apiserver", "m1=https://"], "'m1=https://' is not"),
+        (["collect", "--cluster", "c", "--apiserver", "m1=10.0.0.1:6443"], "is not HOSTNAME=URL"),
+        (
+            [
+                "collect",
+                "--cluster",
+                "c",
+                "--apiserver",
+                "m1=https://a",
+                "--apiserver",
+                "m1=https://b",
+            ],
+            "--apiserver m1=... is given more than once",
+        ),
+        (["timeline", "apps.deployments", "--cluster", "c", "--html", "/tmp"], "it is a folder"),
+        (
+            ["worker", "--cluster", "c", "--executor", "storagemigration", "--chunk-size", "10"],
+            "--chunk-size is for --executor rewrite",
+        ),
+        (
+            ["migrations", "request", "apps", "deployments", "--cluster", "c", "--version", "V1"],
+            "argument --version: invalid version 'V1'",
+        ),
     ],
 )
 def test_bad_arguments_name_the_value_and_exit_2(
@@ -342,7 +365,7 @@ def test_a_file_that_is_no_sqlite_database_is_a_usage_error_naming_it(
     assert f"cannot open sqlite:///{text}: file is not a database" in capsys.readouterr().err
     folder = tmp_path / "no-such-folder" / "views.db"
     assert main(["db", "upgrade", "--db", f"sqlite:///{folder}"]) == 2
-    assert "unable to open database file" in capsys.readouterr().err
+    assert f"there is no folder {folder.parent}; create it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
