@@ -60,10 +60,12 @@ def render() -> str:
         "  from the event; the projector and replay read a heartbeat's time by it without",
         "  decoding the heartbeat.",
         "* **header** `svledger-lease`, on `ApiserverHeartbeat` only: 16 bytes, the BLAKE2b",
-        "  digest of what the heartbeat says of its lease besides the renew time (cluster,",
-        "  apiserver ID, holder identity, hostname, lease duration, binary version, joined by",
-        "  NUL bytes; see `ledger.events.lease_term`). Every writer sets it from the event;",
-        "  the projector tells plain renewals by it without decoding them.",
+        "  digest (16-byte digest size) of what the heartbeat says of its lease besides the",
+        "  renew time, as UTF-8 text joined by NUL bytes: cluster, apiserver ID, holder",
+        "  identity, hostname, lease duration in decimal, `+` and the binary version (`-`",
+        "  when there is none), then `+` and the peer advertise address only when there is",
+        "  one (`ledger.events.lease_term`). Every writer sets it from the event; the",
+        "  projector tells plain renewals by it without decoding them.",
         "",
         "Every writer sets the headers in this order: type, time, lease. The projector's fast path",
         "reads them where they are in that order; a record whose headers come otherwise (a tool",
@@ -118,7 +120,33 @@ def _shared_section(name: str, versions: Mapping[int, Any]) -> list[str]:
         _current_schema(name, newest),
         "",
         *_field_table(current["fields"]),
+        *_IN_PRACTICE.get(name, []),
     ]
+
+
+# What svledger's own writers put in a shared record's fields, beside the docs of its
+# shipped schema, which stay as they were shipped (schemas/README.md).
+_IN_PRACTICE: Final = {
+    "Meta": [
+        "",
+        "What svledger's own writers put there:",
+        "",
+        "* `source`: the apiserver ID for a reporter's events, `svledger-collector` for the",
+        "  events the collector makes of a real cluster, `svledger-lease-gc`,",
+        "  `svledger-migrator` and `svledger-worker` for the consumers', and the operator's",
+        "  name (`--operator`) for an operator's.",
+        "* `event_id`: a new UUID per event, except the lease GC's expiries and the",
+        "  migrator's requests, whose IDs derive from what caused them (UUIDv5), so a",
+        "  consumer that decides again after a restart appends the same ID. Nothing drops",
+        "  an event for its ID: the log keeps what was appended (rows are keyed by log",
+        "  position), and the fold refuses a second expiry, release or request of the same",
+        "  thing (`rejected_events`).",
+        "* `causation_id` and `correlation_id`: set by the migrator only, on a request: the",
+        "  ID of the event that made it request the migration, and that event's",
+        "  correlation ID (else its ID). A migration's later steps carry neither; its",
+        "  `migration_id` ties them to the request.",
+    ],
+}
 
 
 def _current_schema(name: str, version: int) -> str:
