@@ -40,7 +40,8 @@ def add_simulate(subparsers: Subparsers) -> None:
         default="agreement",
         help=(
             "agreement: the ledger's migrator (default); discovery-hash: the old way, "
-            "polling one apiserver every 10 minutes, for comparison"
+            "polling one apiserver's discovery every discovery_poll_seconds of the scenario"
+            " (default 600), for comparison"
         ),
     )
 
