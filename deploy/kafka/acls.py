@@ -67,7 +67,7 @@ ROLES: Final = {
     "collector": "svledger collect (--cluster: that cluster's collector only)",
     "operator": "svledger migrations request, storagestate reset",
     "reader": "svledger serve and timeline: read T",
-    "setup": "svledger topics create: creates T and T.dlq",
+    "setup": "svledger topics create: creates T, T.dlq and (--inbox C) T.inbox.C",
 }
 _PER_CLUSTER: Final = frozenset({"reporter", "worker", "collector"})
 
@@ -164,7 +164,10 @@ def grants(
         case "reader":
             return [Grant("topic", topic, LITERAL, read)]
         case _:  # setup
-            return [Grant("topic", name, LITERAL, ("Create", "Describe")) for name in (topic, dlq)]
+            return [
+                *(Grant("topic", name, LITERAL, ("Create", "Describe")) for name in (topic, dlq)),
+                Grant("topic", f"{topic}.inbox.", PREFIXED, ("Create", "Describe")),  # --inbox
+            ]
 
 
 def acl_commands(

@@ -506,7 +506,8 @@ def test_a_reporter_speaks_only_through_its_inbox_and_admission_refuses_forgerie
     """The reporter → inbox → admission path with each role under its own principal."""
     kafka.grant(TOPIC, {"admission": ("admission", None), "reporter-west": ("reporter", "west")})
     admin = kafka.settings("admin", TOPIC)
-    asyncio.run(create_topics(admin, ["east", "west"]))
+    created = svledger(kafka, "setup", "topics", "create", "--inbox", "east", "--inbox", "west")
+    assert created.returncode == 0, created.stderr
     east = kafka.settings("reporter-east", TOPIC, inbox=True)
     with processes(kafka, tmp_path) as running:
         running.start("admission", "-m", "svledger", "--log-format", "text", "admit")
