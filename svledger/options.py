@@ -170,6 +170,21 @@ def non_empty(what: str) -> Callable[[str], str]:
     return parse
 
 
+def add_cluster_option(parser: argparse.ArgumentParser, help: str, *, required: bool) -> None:
+    """``--cluster NAME``: a cluster's name in the ledger (its events' key), never empty."""
+    parser.add_argument("--cluster", required=required, type=non_empty("cluster name"), help=help)
+
+
+def add_resource_argument(parser: argparse.ArgumentParser) -> None:
+    """``RESOURCE`` as the commands that look one resource up take it."""
+    parser.add_argument(
+        "resource",
+        metavar="RESOURCE",
+        type=non_empty("resource"),
+        help="e.g. apps.deployments or core.pods",
+    )
+
+
 def acl_remedy(args: argparse.Namespace, refused: NotAuthorized) -> str:
     """How to grant what ``refused`` lacks: the ACL script for the command's role."""
     role: str = args.kafka_role

@@ -10,13 +10,14 @@ from typing import Any
 
 from svledger.options import (
     Subparsers,
+    add_cluster_option,
     add_command,
     add_db_option,
     add_kafka_options,
     add_metrics_option,
+    add_resource_argument,
     database_url,
     kafka_settings,
-    non_empty,
     positive,
     run_until_signalled,
 )
@@ -161,9 +162,7 @@ def add_replay(subparsers: Subparsers) -> None:
         metavar="OFFSET|TIMESTAMP",
         help="stop after this log offset (e.g. 12345) or this time (e.g. 2026-01-02T03:04:05Z)",
     )
-    parser.add_argument(
-        "--cluster", type=non_empty("cluster name"), help="replay only this cluster's events"
-    )
+    add_cluster_option(parser, "replay only this cluster's events", required=False)
     parser.add_argument(
         "--snapshots-from",
         metavar="URL",
@@ -254,17 +253,8 @@ def add_explain(subparsers: Subparsers) -> None:
 
 
 def _add_resource_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "resource",
-        metavar="RESOURCE",
-        type=non_empty("resource"),
-        help="e.g. apps.deployments or core.pods",
-    )
-    parser.add_argument(
-        "--cluster",
-        type=non_empty("cluster name"),
-        help="the cluster, when the resource is in several",
-    )
+    add_resource_argument(parser)
+    add_cluster_option(parser, "the cluster, when the resource is in several", required=False)
     add_db_option(parser)
 
 

@@ -7,6 +7,7 @@ import asyncio
 
 from svledger.options import (
     Subparsers,
+    add_cluster_option,
     add_command,
     add_kafka_options,
     from_environment,
@@ -104,12 +105,7 @@ def _add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         "group", metavar="GROUP", type=group, help='API group; "" or core for the core group'
     )
     parser.add_argument("resource", metavar="RESOURCE", help="resource, e.g. deployments")
-    parser.add_argument(
-        "--cluster",
-        required=True,
-        type=non_empty("cluster name"),
-        help="the cluster the resource is in",
-    )
+    add_cluster_option(parser, "the cluster the resource is in", required=True)
     parser.add_argument(
         "--operator",
         type=non_empty("name"),

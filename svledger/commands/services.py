@@ -9,12 +9,12 @@ from datetime import timedelta
 from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
+    add_cluster_option,
     add_command,
     add_kafka_options,
     add_metrics_option,
     add_snapshots_option,
     kafka_settings,
-    non_empty,
     positive,
     run_until_signalled,
     seconds,
@@ -170,11 +170,10 @@ def add_worker(subparsers: Subparsers) -> None:
             "cancelled."
         ),
     )
-    parser.add_argument(
-        "--cluster",
+    add_cluster_option(
+        parser,
+        "the cluster whose migrations to run (the name its apiservers report under)",
         required=True,
-        type=non_empty("cluster name"),
-        help="the cluster whose migrations to run (the name its apiservers report under)",
     )
     add_kafka_options(parser, "worker")
     add_metrics_option(parser)
@@ -261,11 +260,8 @@ def add_collect(subparsers: Subparsers) -> None:
             "~/.kube/config with --context, else the pod's service account."
         ),
     )
-    parser.add_argument(
-        "--cluster",
-        required=True,
-        type=non_empty("cluster name"),
-        help="the cluster's name in the ledger (every event's key)",
+    add_cluster_option(
+        parser, "the cluster's name in the ledger (every event's key)", required=True
     )
     add_kafka_options(parser, "collector")
     add_metrics_option(parser)

@@ -10,10 +10,11 @@ from pathlib import Path
 from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
+    add_cluster_option,
     add_command,
     add_kafka_options,
+    add_resource_argument,
     kafka_settings,
-    non_empty,
 )
 
 
@@ -33,18 +34,8 @@ def add_timeline(subparsers: Subparsers) -> None:
             "/clusters/CLUSTER/timeline/RESOURCE."
         ),
     )
-    parser.add_argument(
-        "resource",
-        metavar="RESOURCE",
-        type=non_empty("resource"),
-        help="e.g. apps.deployments or core.pods",
-    )
-    parser.add_argument(
-        "--cluster",
-        required=True,
-        type=non_empty("cluster name"),
-        help="the cluster whose history to draw",
-    )
+    add_resource_argument(parser)
+    add_cluster_option(parser, "the cluster whose history to draw", required=True)
     parser.add_argument(
         "--html", required=True, metavar="FILE", help="where to write the page; - for stdout"
     )
