@@ -303,14 +303,9 @@ def test_a_file_that_is_not_text_is_named(tmp_path: Path) -> None:
         scenario.load(binary)
 
 
-def test_the_documented_example_is_a_valid_scenario() -> None:
+def test_the_documented_example_is_the_example_file() -> None:
+    # docs/scenarios.md shows examples/kep-walkthrough.yaml as "the" walkthrough.
     docs = (EXAMPLES.parent / "docs" / "scenarios.md").read_text()
     block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
     documented = scenario.parse(block, "docs/scenarios.md")
-    restarts = [e for e in documented.timeline if isinstance(e.action, Restart)]
-    assert restarts[0].note == "The admin starts rolling upgrades."
-    assert [e.action for e in restarts] == [
-        e.action
-        for e in scenario.load(EXAMPLES / "kep-walkthrough.yaml").timeline
-        if isinstance(e.action, Restart)
-    ]
+    assert documented == scenario.load(EXAMPLES / "kep-walkthrough.yaml")
