@@ -516,11 +516,17 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for measured in rounds
         if (limit := measured.get("fetch_only", {}).get("events_per_second"))
     ]
-    summary: dict[str, Any] = {}
-    for name in rounds[0]:
-        results = [measured[name] for measured in rounds]
-        rated = all(isinstance(r, dict) and "events_per_second" in r for r in results)
-        summary[name] = _median(results, lambda r: r["events_per_second"]) if rated else results[-1]
+    rates = {  # the stages with a rate, each round's
+        name: [measured[name]["events_per_second"] for measured in rounds]
+        for name, result in rounds[0].items()
+        if isinstance(result, dict) and "events_per_second" in result
+    }
+    summary: dict[str, Any] = {
+        name: _median([measured[name] for measured in rounds], lambda r: r["events_per_second"])
+        if name in rates
+        else rounds[-1][name]
+        for name in rounds[0]
+    }
     if ratios:
         summary["ratio_to_fetch_only"] = {
             name: _median([r[name] for r in ratios], float) for name in ratios[0]
@@ -528,14 +534,10 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     if len(rounds) > 1:
         summary["rounds"] = {
             "count": len(rounds),
-            "events_per_second": {
-                name: [measured[name]["events_per_second"] for measured in rounds]
-                for name in rounds[0]
-                if isinstance(rounds[0][name], dict) and "events_per_second" in rounds[0][name]
-            },
-            "ratio_to_fetch_only": {
-                name: [r[name] for r in ratios] for name in (ratios[0] if ratios else {})
-            },
+            "events_per_second": rates,
+            "ratio_to_fetch_only": {name: [r[name] for r in ratios] for name in ratios[0]}
+            if ratios
+            else {},
         }
     return summary
 

@@ -45,11 +45,12 @@ def add_timeline(subparsers: Subparsers) -> None:
 def _timeline(args: argparse.Namespace) -> int:
     from readapi.ledger import timeline_page
 
-    folder = Path(args.html).parent
-    if args.html != "-" and not folder.is_dir():  # said before the log is read, not after
-        raise UsageError(f"cannot write --html {args.html}: no folder {folder}")
-    if Path(args.html).is_dir():
-        raise UsageError(f"cannot write --html {args.html}: it is a folder; give a file's path")
+    page_file = Path(args.html)
+    if args.html != "-":  # said before the log is read, not after
+        if not page_file.parent.is_dir():
+            raise UsageError(f"cannot write --html {args.html}: no folder {page_file.parent}")
+        if page_file.is_dir():
+            raise UsageError(f"cannot write --html {args.html}: it is a folder; give a file's path")
     page = asyncio.run(timeline_page(kafka_settings(args), args.cluster, args.resource))
     if args.html == "-":
         sys.stdout.write(page)
