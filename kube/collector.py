@@ -11,7 +11,10 @@ what that is; this module only moves data).
 ended; the server ends a watch every few minutes and it is resumed from the last
 version seen. ``410 Gone`` (the version is too old) means list again. Errors back off
 (doubling to 30 s) and are retried; nothing is appended until both have been listed
-once, so a collector never mistakes "not listed yet" for "deleted".
+once, so a collector never mistakes "not listed yet" for "deleted". A cluster that
+does not serve StorageVersions (``404``: the API is off by default upstream) counts as
+listed with none, with a warning that says how to enable them, and is asked again
+every 30 s: its leases (and custom resources) are collected meanwhile.
 
 **One writer per cluster.** The collector follows the log with
 :class:`~consumers.partitions.PartitionFollower` in a consumer group of its own per
@@ -71,6 +74,7 @@ CUSTOM_RESOURCES: Final = ("apiextensions.k8s.io", "v1", "customresourcedefiniti
 CUSTOM_POLL_SECONDS: Final = 5.0  # each apiserver's discovery is asked this often
 MAX_BACKOFF_SECONDS: Final = 30.0
 GONE: Final = 410
+NOT_FOUND: Final = 404
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
 _IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 
@@ -131,6 +135,7 @@ class ClusterWatch:
         self._apiservers = apiservers  # apiserver ID -> a client addressing it directly
         self._custom: dict[str, CustomResource] = {}
         self._listed: set[str] = set()
+        self._unserved: set[str] = set()  # told: the cluster does not serve it
 
     @property
     def synced(self) -> bool:
@@ -240,11 +245,36 @@ class ClusterWatch:
                     log.info("%s: watch expired (410 Gone); listing again", plural)
                     resource_version = None
                     continue
-                log.warning("%s: %s; retrying in %.1f s", plural, error, backoff)
+                if error.status == NOT_FOUND and what == STORAGE_VERSIONS:
+                    self._not_served(plural)
+                    backoff = MAX_BACKOFF_SECONDS
+                else:
+                    log.warning("%s: %s; retrying in %.1f s", plural, error, backoff)
             except Exception as error:  # a broken connection, an unreachable server
                 log.warning("%s: %s; retrying in %.1f s", plural, error, backoff)
             await _sleep_or_stop(stop, backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _not_served(self, plural: str) -> None:
+        """The cluster does not serve StorageVersions (upstream's default): count them as
+        listed, with none, so that leases (and custom resources) are collected meanwhile;
+        they are asked for again every ``MAX_BACKOFF_SECONDS``, in case they are enabled.
+        Entries are never dropped (:class:`~kube.upstream.Snapshot`), so an apiserver that
+        answers 404 for a while, during the rolling restart that enables them, loses none."""
+        if plural not in self._unserved:
+            self._unserved.add(plural)
+            log.warning(
+                "the cluster does not serve %s/%s %s (404), so no apiserver's storage versions"
+                " are collected, only its leases and, with --apiserver, custom resources; to"
+                " collect them, run every kube-apiserver with --feature-gates=StorageVersionAPI"
+                "=true and --runtime-config=%s/%s=true; asked again every %.0f s",
+                *STORAGE_VERSIONS[:3],
+                *STORAGE_VERSIONS[:2],
+                MAX_BACKOFF_SECONDS,
+            )
+        if plural not in self._listed:
+            self._listed.add(plural)
+            self.changed.set()
 
     async def _relist(
         self,
@@ -266,6 +296,9 @@ class ClusterWatch:
                 break
         if plural == LEASES[2]:
             self.snapshot.leases.clear()  # a lease missing from the list has ended
+        if plural in self._unserved:
+            self._unserved.discard(plural)
+            log.info("the cluster serves %s now: collecting storage versions", plural)
         for obj in items:
             apply("ADDED", obj)
         self._listed.add(plural)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from deploy.kube.cluster import LocalCluster
-from kube.client import Kube, connect
+from kube.client import ApiError, Kube, connect
 from kube.collector import run_collector
 from kube.upstream import SOURCE
 from ledger.clock import SystemClock
@@ -368,3 +368,55 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         await asyncio.wait_for(collector, 60)
         for client in direct.values():
             await client.close()
+
+
+@pytest.mark.kubernetes
+async def test_a_cluster_without_the_storage_version_api_still_gives_leases_and_custom_resources(
+    settings: KafkaSettings, tmp_path: Path
+) -> None:
+    # Upstream's default: the StorageVersionAPI gate and its API group are off.
+    off = [
+        "--feature-gates=StorageVersionAPI=false",
+        "--runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+    ]
+    with LocalCluster(
+        1,
+        identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
+        identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+        extra_apiserver_args=off,
+    ) as cluster:
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
+        direct = {apiserver_id(cluster.apiserver_hostnames[0]): kube.at(cluster.urls[0])}
+        with pytest.raises(ApiError) as refused:
+            await upstream_views(kube)
+        assert refused.value.status == 404
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        await kube.request("POST", path, widgets(storage="v1"))
+        stop = asyncio.Event()
+        collector = asyncio.create_task(
+            run_collector(
+                settings, CLUSTER, kube, stop=stop, clock=SystemClock(), apiservers=direct
+            )
+        )
+
+        async def collected() -> str | None:
+            state, _ = await cluster_log(settings, CLUSTER)
+            held = {a: lease[:3] for a, lease in ledger_leases(state, CLUSTER).items()}
+            upstream = {a: lease[:3] for a, lease in (await upstream_leases(kube)).items()}
+            if held != upstream:
+                return f"leases {held} != upstream {upstream}"
+            views = ledger_views(state, CLUSTER)
+            if list(views) != ["example.com.widgets"]:
+                return f"StorageVersions {sorted(views)}"
+            return None
+
+        try:
+            await eventually(collected, "the lease and the custom resource collected")
+            _, records = await cluster_log(settings, CLUSTER)
+            assert_nothing_twice(records)
+        finally:
+            stop.set()
+            await asyncio.wait_for(collector, 60)
+            for client in direct.values():
+                await client.close()
+            await kube.close()
