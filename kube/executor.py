@@ -10,7 +10,11 @@ svledger is the agreement-aware trigger that upstream lacks.
 
 ``svledger worker --executor storagemigration`` runs each requested migration as one
 such object, named ``svledger-<migration ID>``, in the version of the API the cluster
-prefers (``v1`` from 1.37; ``v1beta1`` before, where it must be enabled):
+prefers (``v1`` from 1.37; ``v1beta1`` in 1.35 and 1.36 and ``v1alpha1`` from 1.30 to
+1.34, where it must be enabled). ``v1alpha1`` names the version of the resource too, and
+its controller finds the resource only in the version discovery prefers (the garbage
+collector's cache holds no other), so that is the version it is given, as the
+``rewrite`` executor addresses it (:func:`kube.target.served_version`):
 
 * create it (an object that exists already is this migration's, from an earlier run
   of the worker: it is followed, not created again) and append ``MigrationStarted``;
@@ -39,8 +43,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from consumers.targets import TargetError, Transient
 from consumers.worker import Append
 from kube.client import ApiError, ClusterUnreachable, Kube
+from kube.target import served_version
 from ledger.clock import Clock
 from ledger.events import Meta, MigrationFailed, MigrationStarted, MigrationSucceeded
 from projections.state import Migration
@@ -49,6 +55,7 @@ log = logging.getLogger(__name__)
 
 SOURCE: Final = "svledger-worker"
 GROUP: Final = "storagemigration.k8s.io"
+ALPHA: Final = f"{GROUP}/v1alpha1"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
 
@@ -56,6 +63,30 @@ CONFLICT: Final = 409
 def object_name(migration: Migration) -> str:
     """The StorageVersionMigration of a ledger migration: its ID is a UUID, a valid name."""
     return f"svledger-{migration.migration_id}"
+
+
+def migration_object(
+    migration: Migration, group_version: str, version: str | None
+) -> dict[str, Any]:
+    """The StorageVersionMigration of ``migration`` in ``group_version``; ``version``, the
+    resource's version, for ``v1alpha1``, whose ``spec.resource`` requires one."""
+    resource = {"group": migration.group, "resource": migration.resource}
+    if version is not None:
+        resource["version"] = version
+    return {
+        "apiVersion": group_version,
+        "kind": "StorageVersionMigration",
+        "metadata": {
+            "name": object_name(migration),
+            "labels": {"app.kubernetes.io/managed-by": "svledger"},
+            "annotations": {
+                "svledger.io/target-version": migration.target_version,
+                "svledger.io/target-hash": migration.target_hash,
+                "svledger.io/storage-version-revision": migration.storage_version_revision,
+            },
+        },
+        "spec": {"resource": resource},
+    }
 
 
 def outcome(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -120,9 +151,9 @@ class StorageMigrationExecutor:
             await self.clock.sleep(self.poll_seconds)
 
     async def _served_version(self, cancelled: Callable[[], bool]) -> str | None:
-        """The group version of StorageVersionMigration the cluster prefers (v1 from 1.37,
-        v1beta1 before, where it must be enabled), asked until the cluster answers; None
-        if the migration is cancelled meanwhile."""
+        """The group version of StorageVersionMigration the cluster prefers (see the
+        module docstring), asked until the cluster answers; None if the migration is
+        cancelled meanwhile."""
         while not cancelled():
             try:
                 group = await self.kube.get(f"/apis/{GROUP}")
@@ -147,26 +178,22 @@ class StorageMigrationExecutor:
         that reached the cluster unanswered may have created it, and the in-tree
         migrator then rewrites the resource once more, which changes no object)."""
         path = f"/apis/{group_version}/storageversionmigrations"
-        body = {
-            "apiVersion": group_version,
-            "kind": "StorageVersionMigration",
-            "metadata": {
-                "name": name,
-                "labels": {"app.kubernetes.io/managed-by": "svledger"},
-                "annotations": {
-                    "svledger.io/target-version": migration.target_version,
-                    "svledger.io/target-hash": migration.target_hash,
-                    "svledger.io/storage-version-revision": migration.storage_version_revision,
-                },
-            },
-            "spec": {"resource": {"group": migration.group, "resource": migration.resource}},
-        }
         while True:
             if cancelled():
                 return False
             try:
+                version = None
+                if group_version == ALPHA:
+                    version = await served_version(self.kube, migration.group, migration.resource)
+                body = migration_object(migration, group_version, version)
                 await self.kube.request("POST", path, body)
                 break
+            except Transient as error:  # discovery, with an apiserver restarting
+                log.warning("creating %s: %s; retrying", name, error)
+                await self.clock.sleep(self.poll_seconds)
+            except TargetError as error:
+                await append([self._failed(migration, meta(), "CreateFailed", str(error))])
+                return False
             except ClusterUnreachable as error:  # an apiserver restarting: try again
                 log.warning("creating %s: %s; retrying", name, error)
                 await self.clock.sleep(self.poll_seconds)

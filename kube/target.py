@@ -78,7 +78,7 @@ class KubernetesTarget:
         self._versions: dict[tuple[str, str], str] = {}
 
     async def list(self, group: str, resource: str, continue_token: str | None, limit: int) -> Page:
-        version = self._versions[group, resource] = await self._discover(group, resource)
+        version = self._versions[group, resource] = await served_version(self.kube, group, resource)
         collection = f"{_group_path(group, version)}/{resource}"
         what = group_resource_string(group, resource)
         while True:
@@ -105,7 +105,8 @@ class KubernetesTarget:
     async def rewrite(self, group: str, resource: str, ref: ObjectRef) -> None:
         version = self._versions.get((group, resource))
         if version is None:
-            version = self._versions[group, resource] = await self._discover(group, resource)
+            version = await served_version(self.kube, group, resource)
+            self._versions[group, resource] = version
         path = _group_path(group, version)
         if ref.namespace is not None:
             path += f"/namespaces/{ref.namespace}"
@@ -150,37 +151,41 @@ class KubernetesTarget:
         except CertificateError as error:
             raise RequestFailed(f"{verb} {what}: {error}") from error
 
-    async def _discover(self, group: str, resource: str) -> str:
-        """The most preferred version in which the apiserver serves ``resource``."""
-        what = f"API group {group!r}" if group else "the core API group"
-        if group:
-            body = await self._get(f"/apis/{group}", what)
-            versions = [v["version"] for v in body.get("versions") or ()]
-            preferred = (body.get("preferredVersion") or {}).get("version")
-            if preferred in versions:
-                versions.remove(preferred)
-                versions.insert(0, preferred)
-        else:
-            versions = list((await self._get("/api", what)).get("versions") or ())
-        for version in versions:
-            listing = await self._get(_group_path(group, version), what)
-            if any(r.get("name") == resource for r in listing.get("resources") or ()):
-                return str(version)
-        raise NotFound(
-            f"the API server at {self.kube.host} serves no resource "
-            f"{group_resource_string(group, resource)!r} "
-            f"(versions asked: {', '.join(versions) or 'none'}); check the resource name"
-        )
 
-    async def _get(self, path: str, what: str) -> dict[str, Any]:
-        try:
-            return await self.kube.get(path)
-        except ApiError as error:
-            raise _target_error(error, "get", what) from error
-        except ClusterUnreachable as error:
-            raise Transient(f"get {what}: {error}") from error
-        except CertificateError as error:
-            raise RequestFailed(f"get {what}: {error}") from error
+async def served_version(kube: Kube, group: str, resource: str) -> str:
+    """The most preferred version in which the apiserver serves ``resource`` (discovery:
+    the group's versions in preference order, the first whose list has the resource);
+    raises the worker's errors (:func:`_target_error`), :class:`NotFound` if none has it."""
+    what = f"API group {group!r}" if group else "the core API group"
+    if group:
+        body = await _get(kube, f"/apis/{group}", what)
+        versions = [v["version"] for v in body.get("versions") or ()]
+        preferred = (body.get("preferredVersion") or {}).get("version")
+        if preferred in versions:
+            versions.remove(preferred)
+            versions.insert(0, preferred)
+    else:
+        versions = list((await _get(kube, "/api", what)).get("versions") or ())
+    for version in versions:
+        listing = await _get(kube, _group_path(group, version), what)
+        if any(r.get("name") == resource for r in listing.get("resources") or ()):
+            return str(version)
+    raise NotFound(
+        f"the API server at {kube.host} serves no resource "
+        f"{group_resource_string(group, resource)!r} "
+        f"(versions asked: {', '.join(versions) or 'none'}); check the resource name"
+    )
+
+
+async def _get(kube: Kube, path: str, what: str) -> dict[str, Any]:
+    try:
+        return await kube.get(path)
+    except ApiError as error:
+        raise _target_error(error, "get", what) from error
+    except ClusterUnreachable as error:
+        raise Transient(f"get {what}: {error}") from error
+    except CertificateError as error:
+        raise RequestFailed(f"get {what}: {error}") from error
 
 
 GONE = 410
