@@ -22,6 +22,11 @@ collector's cache holds no other), so that is the version it is given, as the
   ``Failed=True`` -> ``MigrationFailed`` with the condition's reason and message (the
   migrator then requests it again after its back-off, as a new object); an object
   deleted by someone else fails the migration;
+* an object no controller has taken (``status.resourceVersion``, which
+  kube-controller-manager sets as soon as it sees the object) after
+  ``controller_wait_seconds`` is deleted and its migration fails with reason
+  ``ControllerNotRunning``: before 1.37 the controller must be enabled, and a migration
+  waiting for ever would hold the worker's slot;
 * on ``MigrationCancelled`` (the apiservers stopped agreeing), delete the object, as
   upstream's trigger deletes a migration it no longer wants. kube-controller-manager's
   controller does not look again at an object it is already running: its pass over
@@ -33,7 +38,9 @@ collector's cache holds no other), so that is the version it is given, as the
 
 The controller's progress is not exposed object by object, so no
 ``MigrationProgressed`` is appended; a migration stays Running until the garbage
-collector's cache has caught up with the resource, measured at 40-80 s.
+collector's cache has caught up with the resource, measured at 40-80 s, and longer while
+another object for the same resource runs (the controller runs one at a time per
+resource, the oldest first).
 """
 
 from __future__ import annotations
@@ -104,6 +111,8 @@ class StorageMigrationExecutor:
     kube: Kube
     clock: Clock
     poll_seconds: float = 2.0
+    #: How long an object may wait for a controller to take it (see :meth:`run`).
+    controller_wait_seconds: float = 300.0
 
     async def run(
         self, migration: Migration, *, append: Append, cancelled: Callable[[], bool]
@@ -123,6 +132,12 @@ class StorageMigrationExecutor:
             if not await self._create(migration, group_version, name, append, meta, cancelled):
                 return
             await append([MigrationStarted(meta(), migration.migration_id)])
+        # kube-controller-manager's controllers set status.resourceVersion first, at once
+        # (queued behind another migration of the resource too). An object still without
+        # it after controller_wait_seconds has no controller: before 1.37 it must be
+        # enabled, and a migration that waited for ever would hold the worker's slot.
+        following = self.clock.now()
+        taken = False
         while True:
             if cancelled():
                 await self._delete(path, name)
@@ -147,6 +162,18 @@ class StorageMigrationExecutor:
                     await append([MigrationSucceeded(meta(), migration.migration_id)])
                 else:
                     await append([self._failed(migration, meta(), reason, message)])
+                return
+            taken = taken or bool((obj.get("status") or {}).get("resourceVersion"))
+            waited = (self.clock.now() - following).total_seconds()
+            if obj and not taken and waited >= self.controller_wait_seconds:
+                await self._delete(path, name)
+                message = (
+                    f"no controller took {name} in {waited:.0f} s (its status has no"
+                    " resourceVersion): run kube-controller-manager with its"
+                    " storage-version-migrator-controller and garbage collector (before 1.37"
+                    " also --feature-gates=StorageVersionMigrator=true)"
+                )
+                await append([self._failed(migration, meta(), "ControllerNotRunning", message)])
                 return
             await self.clock.sleep(self.poll_seconds)
 

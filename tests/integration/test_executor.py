@@ -1,20 +1,25 @@
-"""The in-tree executor while its cluster is away: a cancellation still ends the migration."""
+"""The in-tree executor while its cluster is away (a cancellation still ends the
+migration), and on a real cluster without and with kube-controller-manager."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
 from deploy.kafka.broker import free_port
-from kube.client import Kube
-from kube.executor import StorageMigrationExecutor
+from deploy.kube.cluster import LocalCluster
+from kube.client import ApiError, Kube, connect
+from kube.executor import GROUP, StorageMigrationExecutor, object_name
 from ledger.clock import SystemClock
-from ledger.events import Event
+from ledger.events import Event, MigrationFailed, MigrationStarted
 from projections.state import Migration, Phase
+from tests.kube import eventually
 
 START = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
@@ -57,3 +62,56 @@ async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
     )
     assert appended == []  # nothing was created, nothing started, nothing to report
     assert polls == 4
+
+
+@pytest.mark.kubernetes
+async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_does_not(
+    tmp_path: Path,
+) -> None:
+    appended: list[Event] = []
+
+    async def append(events: Sequence[Event]) -> None:
+        appended.extend(events)
+
+    with LocalCluster(1) as cluster:
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
+        executor = StorageMigrationExecutor(
+            kube, SystemClock(), poll_seconds=0.2, controller_wait_seconds=3
+        )
+        path = f"/apis/{GROUP}/v1/storageversionmigrations"
+        try:
+            # No kube-controller-manager: nothing takes the object.
+            alone = migration("Pending")
+            await asyncio.wait_for(
+                executor.run(alone, append=append, cancelled=lambda: False), timeout=60
+            )
+            assert [type(e) for e in appended] == [MigrationStarted, MigrationFailed]
+            failed = appended[1]
+            assert isinstance(failed, MigrationFailed)
+            assert failed.reason == "ControllerNotRunning"
+            assert "storage-version-migrator-controller" in failed.message
+            with pytest.raises(ApiError) as gone:
+                await kube.get(f"{path}/{object_name(alone)}")
+            assert gone.value.status == 404  # deleted, as a cancelled one is
+
+            # With the controller, the object is taken at once, however long it then runs.
+            cluster.start_controller_manager()
+            appended.clear()
+            taken = dataclasses.replace(migration("Pending"), migration_id="m-2")
+            stop = asyncio.Event()
+            running = asyncio.create_task(executor.run(taken, append=append, cancelled=stop.is_set))
+
+            async def has_resource_version() -> str | None:
+                try:
+                    obj = await kube.get(f"{path}/{object_name(taken)}")
+                except ApiError as error:
+                    return str(error)
+                return None if (obj.get("status") or {}).get("resourceVersion") else str(obj)
+
+            await eventually(has_resource_version, "the controller takes the object")
+            await asyncio.sleep(5)  # past controller_wait_seconds
+            assert not any(isinstance(e, MigrationFailed) for e in appended), appended
+            stop.set()
+            await asyncio.wait_for(running, 60)
+        finally:
+            await kube.close()
