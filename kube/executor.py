@@ -16,6 +16,8 @@ its controller finds the resource only in the version discovery prefers (the gar
 collector's cache holds no other), so that is the version it is given, as the
 ``rewrite`` executor addresses it (:func:`kube.target.served_version`):
 
+* a cluster that does not serve the API (``404``) fails the migration with reason
+  ``NotServed`` and a message that says how to enable it;
 * create it (an object that exists already is this migration's, from an earlier run
   of the worker: it is followed, not created again) and append ``MigrationStarted``;
 * follow its status conditions: ``Succeeded=True`` -> ``MigrationSucceeded``,
@@ -124,7 +126,17 @@ class StorageMigrationExecutor:
 
         # Waiting for the cluster, here and below, ends with the migration: a cancelled
         # one must not hold the worker's slot while its cluster is away.
-        group_version = await self._served_version(cancelled)
+        try:
+            group_version = await self._served_version(cancelled)
+        except ApiError as error:  # 404: the cluster does not serve the API
+            message = (
+                f"the cluster does not serve {GROUP} ({error}): from 1.37 it does by default;"
+                f" before, run every kube-apiserver with --runtime-config={GROUP}/v1beta1=true"
+                " (1.35, 1.36; v1alpha1 from 1.30 to 1.34) and"
+                " --feature-gates=StorageVersionMigrator=true, or use --executor rewrite"
+            )
+            await append([self._failed(migration, meta(), "NotServed", message)])
+            return
         if group_version is None:
             return
         path = f"/apis/{group_version}/storageversionmigrations"
@@ -180,13 +192,15 @@ class StorageMigrationExecutor:
     async def _served_version(self, cancelled: Callable[[], bool]) -> str | None:
         """The group version of StorageVersionMigration the cluster prefers (see the
         module docstring), asked until the cluster answers; None if the migration is
-        cancelled meanwhile."""
+        cancelled meanwhile. Raises the :class:`ApiError` of a 404: not served."""
         while not cancelled():
             try:
                 group = await self.kube.get(f"/apis/{GROUP}")
                 version: str = group["preferredVersion"]["groupVersion"]
                 return version
             except (ApiError, ClusterUnreachable) as error:
+                if isinstance(error, ApiError) and error.status == NOT_FOUND:
+                    raise
                 log.warning("%s is not served (%s); asking again", GROUP, error)
                 await self.clock.sleep(self.poll_seconds)
         return None

@@ -115,3 +115,30 @@ async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_
             await asyncio.wait_for(running, 60)
         finally:
             await kube.close()
+
+
+@pytest.mark.kubernetes
+async def test_a_migration_on_a_cluster_that_does_not_serve_the_api_fails_saying_so(
+    tmp_path: Path,
+) -> None:
+    appended: list[Event] = []
+
+    async def append(events: Sequence[Event]) -> None:
+        appended.extend(events)
+
+    off = [f"--runtime-config={GROUP}/v1=false"]
+    with LocalCluster(1, extra_apiserver_args=off) as cluster:
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
+        executor = StorageMigrationExecutor(kube, SystemClock(), poll_seconds=0.2)
+        try:
+            await asyncio.wait_for(
+                executor.run(migration("Pending"), append=append, cancelled=lambda: False),
+                timeout=60,
+            )
+        finally:
+            await kube.close()
+    assert len(appended) == 1
+    failed = appended[0]
+    assert isinstance(failed, MigrationFailed)
+    assert failed.reason == "NotServed"
+    assert f"--runtime-config={GROUP}/v1beta1=true" in failed.message
