@@ -183,7 +183,8 @@ class StorageMigrationExecutor:
                     f"no controller took {name} in {waited:.0f} s (its status has no"
                     " resourceVersion): run kube-controller-manager with its"
                     " storage-version-migrator-controller and garbage collector (before 1.37"
-                    " also --feature-gates=StorageVersionMigrator=true)"
+                    " also --feature-gates=StorageVersionMigrator=true), or use --executor"
+                    " rewrite"
                 )
                 await append([self._failed(migration, meta(), "ControllerNotRunning", message)])
                 return
