@@ -69,8 +69,13 @@ async def kube(kubeconfig: str) -> AsyncIterator[Kube]:
 
 @contextlib.asynccontextmanager
 async def collecting(
-    settings: KafkaSettings, kube: Kube, renewal_interval: timedelta = timedelta(0)
+    settings: KafkaSettings,
+    kube: Kube,
+    renewal_interval: timedelta = timedelta(0),
+    apiservers: dict[str, Kube] | None = None,
 ) -> AsyncIterator[None]:
+    """A collector of ``CLUSTER`` while the block runs; then it is stopped and the
+    ``apiservers``' clients are closed."""
     stop = asyncio.Event()
     task = asyncio.create_task(
         run_collector(
@@ -80,6 +85,7 @@ async def collecting(
             stop=stop,
             clock=SystemClock(),
             renewal_interval=renewal_interval,
+            apiservers=apiservers,
         )
     )
     try:
@@ -87,6 +93,8 @@ async def collecting(
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+        for client in (apiservers or {}).values():
+            await client.close()
 
 
 async def agree(
@@ -336,10 +344,6 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
     }
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     await kube.request("POST", path, widgets(storage="v1"))
-    stop = asyncio.Event()
-    collector = asyncio.create_task(
-        run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock(), apiservers=direct)
-    )
 
     async def stored_in(version: str) -> str | None:
         state, _ = await cluster_log(settings, CLUSTER)
@@ -351,7 +355,7 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         assert all(e[1] == ("example.com/v1", "example.com/v2") for e in view[0].values())
         return None
 
-    try:
+    async with collecting(settings, kube, apiservers=direct):
         await eventually(lambda: stored_in("example.com/v1"), "widgets stored in v1")
         current = await kube.get(f"{path}/widgets.example.com")
         changed = {**widgets(storage="v2"), "metadata": current["metadata"]}
@@ -363,11 +367,6 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
             "example.com", "v2", "Widget"
         )
         assert_nothing_twice(records)
-    finally:
-        stop.set()
-        await asyncio.wait_for(collector, 60)
-        for client in direct.values():
-            await client.close()
 
 
 @pytest.mark.kubernetes
@@ -392,12 +391,6 @@ async def test_a_cluster_without_the_storage_version_api_still_gives_leases_and_
         assert refused.value.status == 404
         path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
         await kube.request("POST", path, widgets(storage="v1"))
-        stop = asyncio.Event()
-        collector = asyncio.create_task(
-            run_collector(
-                settings, CLUSTER, kube, stop=stop, clock=SystemClock(), apiservers=direct
-            )
-        )
 
         async def collected() -> str | None:
             state, _ = await cluster_log(settings, CLUSTER)
@@ -411,12 +404,9 @@ async def test_a_cluster_without_the_storage_version_api_still_gives_leases_and_
             return None
 
         try:
-            await eventually(collected, "the lease and the custom resource collected")
+            async with collecting(settings, kube, apiservers=direct):
+                await eventually(collected, "the lease and the custom resource collected")
             _, records = await cluster_log(settings, CLUSTER)
             assert_nothing_twice(records)
         finally:
-            stop.set()
-            await asyncio.wait_for(collector, 60)
-            for client in direct.values():
-                await client.close()
             await kube.close()

@@ -34,6 +34,13 @@ async def away() -> AsyncIterator[Kube]:
     await kube.close()
 
 
+class Appended(list[Event]):
+    """What an executor appends, kept: an :data:`~consumers.worker.Append`."""
+
+    async def __call__(self, events: Sequence[Event]) -> None:
+        self.extend(events)
+
+
 def migration(phase: Phase) -> Migration:
     return Migration(
         "east", "m-1", "apps", "deployments", "apps/v1", "h", "0:1", phase, 0, None, None,
@@ -45,11 +52,8 @@ def migration(phase: Phase) -> Migration:
 async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
     away: Kube, phase: Phase
 ) -> None:
-    appended: list[Event] = []
+    appended = Appended()
     polls = 0
-
-    async def append(events: Sequence[Event]) -> None:
-        appended.extend(events)
 
     def cancelled() -> bool:
         nonlocal polls
@@ -58,7 +62,7 @@ async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
 
     executor = StorageMigrationExecutor(away, SystemClock(), poll_seconds=0.01)
     await asyncio.wait_for(
-        executor.run(migration(phase), append=append, cancelled=cancelled), timeout=30
+        executor.run(migration(phase), append=appended, cancelled=cancelled), timeout=30
     )
     assert appended == []  # nothing was created, nothing started, nothing to report
     assert polls == 4
@@ -68,11 +72,7 @@ async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
 async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_does_not(
     tmp_path: Path,
 ) -> None:
-    appended: list[Event] = []
-
-    async def append(events: Sequence[Event]) -> None:
-        appended.extend(events)
-
+    appended = Appended()
     with LocalCluster(1) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
         executor = StorageMigrationExecutor(
@@ -83,7 +83,7 @@ async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_
             # No kube-controller-manager: nothing takes the object.
             alone = migration("Pending")
             await asyncio.wait_for(
-                executor.run(alone, append=append, cancelled=lambda: False), timeout=60
+                executor.run(alone, append=appended, cancelled=lambda: False), timeout=60
             )
             assert [type(e) for e in appended] == [MigrationStarted, MigrationFailed]
             failed = appended[1]
@@ -99,7 +99,9 @@ async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_
             appended.clear()
             taken = dataclasses.replace(migration("Pending"), migration_id="m-2")
             stop = asyncio.Event()
-            running = asyncio.create_task(executor.run(taken, append=append, cancelled=stop.is_set))
+            running = asyncio.create_task(
+                executor.run(taken, append=appended, cancelled=stop.is_set)
+            )
 
             async def has_resource_version() -> str | None:
                 try:
@@ -121,18 +123,14 @@ async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_
 async def test_a_migration_on_a_cluster_that_does_not_serve_the_api_fails_saying_so(
     tmp_path: Path,
 ) -> None:
-    appended: list[Event] = []
-
-    async def append(events: Sequence[Event]) -> None:
-        appended.extend(events)
-
+    appended = Appended()
     off = [f"--runtime-config={GROUP}/v1=false"]
     with LocalCluster(1, extra_apiserver_args=off) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
         executor = StorageMigrationExecutor(kube, SystemClock(), poll_seconds=0.2)
         try:
             await asyncio.wait_for(
-                executor.run(migration("Pending"), append=append, cancelled=lambda: False),
+                executor.run(migration("Pending"), append=appended, cancelled=lambda: False),
                 timeout=60,
             )
         finally:
