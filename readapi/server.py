@@ -527,6 +527,22 @@ def _int_parameter(request: web.Request, name: str) -> int | None:
     return int(text)
 
 
+def _limit(request: web.Request) -> int | None:
+    """A list's page size, None for no limit: as upstream's watch cache, which serves
+    ``resourceVersion=0`` whole and takes a limit of 0 or less as none (client-go's
+    reflector relies on the first)."""
+    text = request.query.get("limit", "")
+    if not text:
+        return None
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ApiError(400, "BadRequest", f"limit={text!r} is not an integer")
+    limit = int(text)
+    if limit <= 0 or request.query.get("resourceVersion") == "0":
+        return None
+    return limit
+
+
 def _flag(request: web.Request, name: str) -> bool | None:
     """A boolean query parameter as upstream decodes one (``Convert_Slice_string_To_bool``):
     absent is None; ``0`` and ``false`` (any case) are false; anything else, ``True`` as
@@ -629,7 +645,7 @@ async def _fresh(request: web.Request, offset: int) -> None:
 
 def _check_list_options(request: web.Request, watch: bool) -> None:
     """Upstream's ``ValidateListOptions``: a 422 Invalid ``ListOptions`` for parameters
-    that cannot go together; with ``continue``, a resourceVersion is a 400."""
+    that cannot go together; then, with ``continue``, a resourceVersion is a 400."""
     query = request.query
     version, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
     initial = "sendInitialEvents" in query
@@ -645,10 +661,6 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
         message = f'Unsupported value: "{match}": supported values: {listed}'
         causes.append(("resourceVersionMatch", "NotSupported", message))
 
-    if query.get("continue") and version not in ("", "0") and not watch:
-        raise ApiError(
-            400, "BadRequest", "specifying resource version is not allowed when using continue"
-        )
     if watch:
         if initial and match != "NotOlderThan":
             forbid("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
@@ -658,6 +670,8 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
             )
         if match and match != "NotOlderThan":
             unsupported("NotOlderThan")
+        if match and query.get("continue"):
+            forbid("resourceVersionMatch is forbidden when continue is provided")
     else:
         if match and not version:
             forbid("resourceVersionMatch is forbidden unless resourceVersion is provided")
@@ -671,6 +685,11 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
             forbid("sendInitialEvents is forbidden for list", "sendInitialEvents")
     if causes:
         raise resources.invalid("ListOptions", "meta.k8s.io", causes)
+    # Then, as upstream's storage layer, after the handler's validation:
+    if query.get("continue") and version not in ("", "0") and not watch:
+        raise ApiError(
+            400, "BadRequest", "specifying resource version is not allowed when using continue"
+        )
 
 
 async def _collection(request: web.Request) -> web.StreamResponse:
@@ -681,7 +700,7 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     _check_list_options(request, watch)
     if watch:
         return await _watch(request, kind, selection, output)
-    limit = _int_parameter(request, "limit") or None
+    limit = _limit(request)
     token = request.query.get("continue", "")
     after = ""
     resource_version: int | None = None

@@ -184,8 +184,8 @@ async def test_an_invalid_list_option_reads_as_upstreams_field_errors(
 
 @pytest.mark.parametrize(
     "query",
-    ["limit=%C2%B2", "resourceVersion=%C2%B2", "watch=1&resourceVersion=%C2%B2"],
-    ids=["limit", "list-resource-version", "watch-resource-version"],
+    ["limit=%C2%B2", "limit=-%C2%B2", "resourceVersion=%C2%B2", "watch=1&resourceVersion=%C2%B2"],
+    ids=["limit", "negative-limit", "list-resource-version", "watch-resource-version"],
 )
 async def test_a_number_in_digits_int_does_not_read_is_a_bad_request(
     served: tuple[TestClient[Any, Any], LedgerViews], query: str
@@ -195,7 +195,7 @@ async def test_a_number_in_digits_int_does_not_read_is_a_bad_request(
     async with client.get(f"{LEASES}?{query}") as response:
         status = await response.json()
     assert (response.status, status["reason"]) == (400, "BadRequest")
-    assert "'\u00b2'" in status["message"]
+    assert "\u00b2'" in status["message"]  # the value, quoted
 
 
 async def test_a_namespaced_object_is_found_under_its_namespace_only(
@@ -311,6 +311,16 @@ async def test_a_continued_list_takes_no_resource_version(
         400,
         "specifying resource version is not allowed when using continue",
     )
+    # Upstream's handler validates the options before its storage refuses the version.
+    matched = f"{LEASES}?continue={token}&resourceVersion=100&resourceVersionMatch=NotOlderThan"
+    for query in (matched, f"{matched}&watch=1&sendInitialEvents=true"):
+        async with client.get(query) as refused:
+            status = await refused.json()
+        assert (refused.status, status["reason"]) == (422, "Invalid"), status
+        messages = [cause["message"] for cause in status["details"]["causes"]]
+        assert messages == [
+            "Forbidden: resourceVersionMatch is forbidden when continue is provided"
+        ]
 
 
 @pytest.mark.parametrize(
@@ -375,6 +385,22 @@ async def test_one_objects_table_carries_its_resource_version(
         table = await response.json()
     assert table["kind"] == "Table"
     assert table["metadata"]["resourceVersion"] == some["resourceVersion"]
+
+
+@pytest.mark.parametrize("query", ["limit=2&resourceVersion=0", "limit=0", "limit=-1"])
+async def test_a_list_at_resource_version_0_or_with_no_positive_limit_is_whole(
+    served: tuple[TestClient[Any, Any], LedgerViews], query: str
+) -> None:
+    """As upstream's watch cache serves them; client-go's reflector lists with
+    resourceVersion=0 and a limit first, and pages only if the answer is cut."""
+    client, views = served
+    total = len(views.clusters["cluster-000"].state.storage_versions)
+    assert total > 2
+    async with client.get(f"{STORAGE_VERSIONS}?{query}") as response:
+        listed = await response.json()
+    assert response.status == 200, listed
+    assert len(listed["items"]) == total
+    assert "continue" not in listed["metadata"]
 
 
 async def test_a_page_counts_the_items_after_it_unless_a_selector_is_given(
