@@ -567,6 +567,14 @@ async def _member(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     if _watching(request):
         selection = dataclasses.replace(_selection(request, kind), name=name)
+        # As upstream: a field selector on one object's watch must pin its name.
+        if selection.fields and not any(
+            r.key == "metadata.name" and r.operator == "=" and r.values == {name}
+            for r in selection.fields
+        ):
+            raise ApiError(
+                400, "BadRequest", "fieldSelector metadata.name doesn't match requested name"
+            )
         _check_list_options(request, watch=True)
         return await _watch(request, kind, selection, output)
     view = await _view(request, await _exact_resource_version(request))

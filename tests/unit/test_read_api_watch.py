@@ -212,6 +212,22 @@ async def test_a_namespaced_object_is_found_under_its_namespace_only(
         assert listed.status == 200
 
 
+async def test_a_field_selector_on_one_objects_watch_must_pin_its_name(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    client, views = served
+    [name, other, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    pinned = await watch(client, f"{LEASES}/{name}", f"fieldSelector=metadata.name%3D{name}")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in pinned] == [("ADDED", name)]
+    for selector in (f"metadata.name%3D{other}", "metadata.namespace%3Dkube-system"):
+        async with client.get(f"{LEASES}/{name}?watch=1&fieldSelector={selector}") as refused:
+            status = await refused.json()
+        assert (refused.status, status["message"]) == (
+            400,
+            "fieldSelector metadata.name doesn't match requested name",
+        )
+
+
 async def test_every_page_of_a_table_gives_the_ages_one_page_gives(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
