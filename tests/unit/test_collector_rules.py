@@ -359,6 +359,15 @@ def test_an_identity_lease_outside_kube_system_is_not_upstreams() -> None:
         parse_lease({**obj, "metadata": {**obj["metadata"], "namespace": "default"}})
 
 
+def test_another_components_lease_is_not_an_apiserver_identity_lease() -> None:
+    # Upstream's apiserverleasegc Test_Controller: a lease labelled for another
+    # component is never the apiserver lease GC's, however long expired.
+    obj = lease_object("apiserver-a", "a_1", T0 - timedelta(hours=2))
+    labels = {"apiserver.kubernetes.io/identity": "kube-controller-manager"}
+    with pytest.raises(NotUpstream, match="not a kube-apiserver identity lease"):
+        parse_lease({**obj, "metadata": {**obj["metadata"], "labels": labels}})
+
+
 def test_an_expired_lease_left_behind_is_not_brought_back_after_the_lease_gc() -> None:
     # An apiserver that crashed leaves its lease; upstream's GC deletes it within the
     # hour. The ledger's lease GC expires it first: the collector must not re-add it.

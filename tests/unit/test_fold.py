@@ -199,6 +199,17 @@ def joined(*apiservers: str) -> Log:
 # --- agreement: upstream's TestLocalUpdateStorageVersion, through the fold ---------------
 
 
+def test_first_entry_sets_the_common_version_and_the_condition() -> None:
+    log = joined("1")
+
+    log.report("1", "v1")
+
+    storage_version = log.storage_version()
+    assert storage_version.entries == (ServerStorageVersion("1", "v1", ("v1", "v2"), ("v1",)),)
+    assert storage_version.common_encoding_version == "v1"
+    assert storage_version.condition == condition(SET, log.now)
+
+
 def test_new_entry_with_another_encoding_version_clears_common_version() -> None:
     log = joined("1", "2", "3")
     log.report("1", "v1")
@@ -437,6 +448,24 @@ def test_entry_without_a_lease_is_rejected() -> None:
         "core.pods",
     )
     assert "'2'" in rejection.reason and "heartbeat" in rejection.reason
+
+
+def test_entry_without_a_lease_among_disagreeing_entries_changes_nothing() -> None:
+    # Upstream's storageversiongc Test_StorageVersionContainsInvalidLeaseID: the GC drops
+    # the entry of an apiserver without a lease; the fold never takes it in.
+    log = joined("1", "2", "3")
+    log.report("1", "v1")
+    log.report("2", "v2")
+    log.report("3", "v2")
+    before = log.storage_version()
+
+    changes = log.report("4", "v2")
+
+    assert log.storage_version() == before
+    assert encodings(before) == {"1": "v1", "2": "v2", "3": "v2"}
+    assert before.common_encoding_version is None and before.condition.status == "False"
+    [rejection] = changes.rejections
+    assert "'4'" in rejection.reason
 
 
 def test_encoding_version_not_decodable_is_rejected() -> None:
