@@ -13,7 +13,8 @@ the worker decides what each means (upstream semantics): :class:`Conflict` -> re
 again and retry, :class:`NotFound` -> the object is gone, which counts as migrated,
 :class:`TooManyRequests` and :class:`Transient` -> retry later with backoff,
 honouring ``retry_after`` when the target gives one. Any other exception is a bug
-in the target and fails the migration.
+in the target, or a failure its client raises outside these: the worker counts it as
+:class:`TargetFailed` (logged with its traceback), which fails the migration.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Transient(_MayRetryAfter):
     """A timeout or unavailable server (HTTP 5xx, 503): retry with backoff, or after
     the time the server asks for (``Retry-After``, a ``ServerTimeout``'s
     ``retryAfterSeconds``)."""
+
+
+class TargetFailed(TargetError):
+    """The target raised an exception it does not classify (see the module docstring)."""
 
 
 class Target(Protocol):

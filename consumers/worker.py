@@ -66,6 +66,7 @@ from consumers.targets import (
     ObjectRef,
     Target,
     TargetError,
+    TargetFailed,
     TooManyRequests,
     Transient,
 )
@@ -132,6 +133,11 @@ async def _retrying(
         except Transient as error:
             reason, delay = "Transient", policy.delay(attempt, error.retry_after)
             last = error
+        except TargetError:
+            raise
+        except Exception as error:
+            log.exception("%s: the target raised %s", what, type(error).__name__)
+            raise TargetFailed(f"{type(error).__name__}: {error}") from error
         if attempt >= policy.max_retries:
             raise RetriesExhausted(
                 reason, f"{what}: gave up after {attempt + 1} attempts: {last}"

@@ -31,6 +31,8 @@ version is no longer served: ``Transient``, and discovery runs again), 409 ->
 ``Transient``; both carry the wait the server asks for, if it does (the
 ``Retry-After`` header, else the ``Status``'s ``details.retryAfterSeconds``, as
 upstream's ``SuggestsClientDelay`` reads it).
+A resource no served version has (discovery, at a list or after such a 404) is
+:class:`NotServed`, which fails the migration: an object is ``NotFound`` only by name.
 401 and 403 are :class:`Unauthorized` and :class:`Forbidden`, and any other refusal
 (a TLS certificate that does not verify, an unexpected status) is
 :class:`RequestFailed`; the worker does not retry those and fails the migration with
@@ -68,6 +70,11 @@ class Forbidden(TargetError):
 
 class RequestFailed(TargetError):
     """Any other refusal that retrying will not cure (an unexpected status, a denial)."""
+
+
+class NotServed(TargetError):
+    """No version the apiserver serves has the resource (discovery): not a deleted
+    object, which would count as migrated, but a migration that cannot go on."""
 
 
 class KubernetesTarget:
@@ -155,7 +162,7 @@ class KubernetesTarget:
 async def served_version(kube: Kube, group: str, resource: str) -> str:
     """The most preferred version in which the apiserver serves ``resource`` (discovery:
     the group's versions in preference order, the first whose list has the resource);
-    raises the worker's errors (:func:`_target_error`), :class:`NotFound` if none has it."""
+    raises the worker's errors (:func:`_target_error`), :class:`NotServed` if none has it."""
     what = f"API group {group!r}" if group else "the core API group"
     if group:
         body = await _get(kube, f"/apis/{group}", what)
@@ -170,7 +177,7 @@ async def served_version(kube: Kube, group: str, resource: str) -> str:
         listing = await _get(kube, _group_path(group, version), what)
         if any(r.get("name") == resource for r in listing.get("resources") or ()):
             return str(version)
-    raise NotFound(
+    raise NotServed(
         f"the API server at {kube.host} serves no resource "
         f"{group_resource_string(group, resource)!r} "
         f"(versions asked: {', '.join(versions) or 'none'}); check the resource name"

@@ -37,7 +37,7 @@ from prometheus_client import REGISTRY
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
 from kube.client import ConfigurationError, Kube, connect
-from kube.target import Forbidden, KubernetesTarget, RequestFailed, Unauthorized
+from kube.target import Forbidden, KubernetesTarget, NotServed, RequestFailed, Unauthorized
 from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
 from svledger.cli import main
 from tests.unit.test_worker import StepClock, migration
@@ -497,6 +497,13 @@ async def test_a_version_no_longer_served_is_rediscovered_not_taken_for_a_deleti
     assert [r.path for r in apiserver.requests if r.method == "PUT"] == [
         "/apis/apps/v1beta1/namespaces/ns/deployments/d"
     ]
+    # No version left at all: not served, which fails the migration, not a deleted
+    # object, which the worker would count as migrated.
+    monkeypatch.setitem(API, "apps", {"v1": {"replicasets": True}})
+    with pytest.raises(Transient, match="no longer serves"):
+        await target.rewrite("apps", "deployments", page.objects[0])
+    with pytest.raises(NotServed, match=r"serves no resource 'deployments\.apps'"):
+        await target.rewrite("apps", "deployments", page.objects[0])
 
 
 def kube_requests() -> dict[tuple[str, str, str], float]:
@@ -538,8 +545,8 @@ async def test_every_request_is_counted_by_verb_resource_and_code(
     }
 
 
-async def test_an_unknown_resource_is_not_found_by_name(target: KubernetesTarget) -> None:
-    with pytest.raises(NotFound, match=r"'widgets\.apps'"):
+async def test_an_unknown_resource_is_not_served_by_name(target: KubernetesTarget) -> None:
+    with pytest.raises(NotServed, match=r"'widgets\.apps'"):
         await target.list("apps", "widgets", None, 500)
 
 

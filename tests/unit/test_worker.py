@@ -238,6 +238,22 @@ async def test_a_refused_object_does_not_stop_its_chunk_and_the_first_refusal_is
     assert failed.message == "default/obj-4: no update on deployments"
 
 
+async def test_an_exception_the_target_does_not_classify_fails_the_migration() -> None:
+    # A bug in the target, or its client failing outside the target's errors: not
+    # retried for ever with the migration left Running, but a failure the log records.
+    target = FakeTarget(4, {1: [KeyError("metadata")]})
+    result = await run(target, migration(), chunk_size=2)
+    assert [r.name for r in target.rewrites] == ["obj-0"]
+    failed = result.events[-1]
+    assert isinstance(failed, MigrationFailed)
+    assert (failed.reason, failed.objects_migrated, failed.continue_token) == (
+        "TargetFailed",
+        0,
+        None,
+    )
+    assert failed.message == "default/obj-1: KeyError: 'metadata'"
+
+
 async def test_every_object_of_a_chunk_gets_its_rewrite_despite_a_failure() -> None:
     target = FakeTarget(3, {0: [Forbidden("denied by webhook")]})
     result = await run(target, migration(), chunk_size=3)
