@@ -12,7 +12,10 @@ one migration, through :class:`kube.client.Kube`:
   (objects created meanwhile are written in the new version anyway).
 * ``rewrite`` GETs the object and PUTs the very bytes back. The body carries
   ``metadata.resourceVersion``, so the write is conditional: an object changed in
-  between is answered with 409 Conflict, and the worker reads it again.
+  between is answered with 409 Conflict, and the worker reads it again. Upstream's
+  migrator PUTs the item as listed, one request an object, and reads only after a
+  conflict; reading first costs a GET per object but keeps conflicts rare, as a
+  chunk's list is as old as the chunk's rewrites have taken.
 
 **Which version to address.** Any version the apiserver serves will do: whichever
 version a write comes in, the apiserver stores it in its own encoding version, which
