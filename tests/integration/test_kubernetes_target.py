@@ -38,7 +38,13 @@ from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Tr
 from consumers.worker import RetryPolicy, migrate
 from kube.client import ConfigurationError, Kube, connect
 from kube.target import Forbidden, KubernetesTarget, NotServed, RequestFailed, Unauthorized
-from ledger.events import Event, MigrationProgressed, MigrationStarted, MigrationSucceeded
+from ledger.events import (
+    Event,
+    MigrationFailed,
+    MigrationProgressed,
+    MigrationStarted,
+    MigrationSucceeded,
+)
 from svledger.cli import main
 from tests.unit.test_worker import StepClock, migration
 
@@ -86,8 +92,9 @@ class FakeApiserver:
         self.concurrent_write_on: set[str] = set()  # names changed right after their GET
         self.throttle: dict[str, int] = {}  # name -> Retry-After seconds of one 429
         self.timeout: dict[str, int] = {}  # name -> retryAfterSeconds of one 500 ServerTimeout
-        self.forbid_updates = False
+        self.refuse_updates: tuple[int, str] | None = None  # (code, reason) for every PUT
         self.expire_next_continue = False
+        self.offer_on_expiry = True  # a 410 for an expired token offers one to go on from
         self._revision = 0
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -222,7 +229,8 @@ class FakeApiserver:
             if self.expire_next_continue:
                 self.expire_next_continue = False
                 status = _status(410, "Expired")
-                status[1]["metadata"] = {"continue": _token(_position(token), fresh=True)}
+                if self.offer_on_expiry:
+                    status[1]["metadata"] = {"continue": _token(_position(token), fresh=True)}
                 return status
             after = _position(token)
             keys = [k for k in keys if (k[2] or "", k[3]) > after]
@@ -254,8 +262,8 @@ class FakeApiserver:
                 self.concurrent_write_on.discard(name)
                 self._bump(key)
             return 200, found, {}
-        if self.forbid_updates:
-            return _status(403, "Forbidden")
+        if self.refuse_updates is not None:
+            return _status(*self.refuse_updates)
         sent = json.loads(body)
         stored = self.objects[key]
         if sent["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
@@ -433,6 +441,37 @@ async def test_a_continue_token_that_expired_goes_on_from_the_offered_one(
     assert [r.status for r in apiserver.requests].count(410) == 1
 
 
+async def test_an_expired_continue_token_with_none_offered_is_a_failure_not_a_loop(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    # Upstream's migrator: a 410 without an inconsistent token to go on from ends it.
+    for name in ("d0", "d1", "d2"):
+        apiserver.create("apps", "deployments", "ns", name)
+    first = await target.list("apps", "deployments", None, 2)
+    assert first.continue_token is not None
+    apiserver.expire_next_continue, apiserver.offer_on_expiry = True, False
+    with pytest.raises(RequestFailed, match="410"):
+        await target.list("apps", "deployments", first.continue_token, 2)
+
+
+async def test_a_method_not_allowed_fails_the_migration_without_a_retry(
+    apiserver: FakeApiserver, target: KubernetesTarget
+) -> None:
+    # Upstream's migrator gives up at once on a 405 (TestMigrateList), and so does the worker.
+    apiserver.create("apps", "deployments", "ns", "d")
+    apiserver.refuse_updates = (405, "MethodNotAllowed")
+    appended: list[Event] = []
+
+    async def append(events: Sequence[Event]) -> None:
+        appended.extend(events)
+
+    await migrate(migration(), target, append=append, cancelled=lambda: False, clock=StepClock())
+    assert apiserver.puts("d") == [405]
+    failed = appended[-1]
+    assert isinstance(failed, MigrationFailed)
+    assert failed.reason == "RequestFailed" and "405" in failed.message
+
+
 async def _list_all_from(target: KubernetesTarget, token: str) -> list[ObjectRef]:
     refs: list[ObjectRef] = []
     next_token: str | None = token
@@ -523,7 +562,7 @@ async def test_every_request_is_counted_by_verb_resource_and_code(
     before = kube_requests()
     await target.list("apps", "deployments", None, 500)
     await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
-    apiserver.forbid_updates = True
+    apiserver.refuse_updates = (403, "Forbidden")
     with pytest.raises(Forbidden):
         await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
     with socket.socket() as probe:
@@ -554,7 +593,7 @@ async def test_a_forbidden_update_names_the_verb_and_the_resource(
     apiserver: FakeApiserver, target: KubernetesTarget
 ) -> None:
     apiserver.create("apps", "deployments", "ns", "d")
-    apiserver.forbid_updates = True
+    apiserver.refuse_updates = (403, "Forbidden")
     with pytest.raises(Forbidden, match=r"may not update deployments\.apps 'd' in namespace 'ns'"):
         await target.rewrite("apps", "deployments", ObjectRef("ns", "d"))
 

@@ -315,3 +315,32 @@ def test_a_change_of_the_resource_requests_at_once_after_a_failure() -> None:
     for apiserver in ("a1", "a2"):
         ledger.report(apiserver, "v2")
     assert kinds(ledger.report("a3", "v2")) == ["MigrationRequested"]
+
+
+def test_a_decision_on_one_resource_leaves_another_resources_migration_alone() -> None:
+    # Upstream's TestProcessDiscoveryResource: relaunching one resource's migration does
+    # not touch another's.
+    ledger = three_on_v1()
+    sets: ResourceKey = (CLUSTER, "apps", "statefulsets")
+    for apiserver in ("a1", "a2", "a3"):
+        event = StorageVersionReported(
+            ledger.meta(apiserver),
+            apiserver,
+            "apps",
+            "statefulsets",
+            "StatefulSet",
+            "apps/v1",
+            ("apps/v1",),
+            ("apps/v1",),
+        )
+        ledger.append(event)
+        for output in decide(ledger.state, sets, event.meta):
+            ledger.append(output)
+    [statefulsets] = active_migrations(ledger.state, sets)
+    assert statefulsets.target_version == "apps/v1"
+
+    for apiserver in ("a1", "a2", "a3"):
+        ledger.report(apiserver, "v2")
+
+    assert ledger.active() == [("v2", "Pending")]
+    assert active_migrations(ledger.state, sets) == [statefulsets]
