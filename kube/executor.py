@@ -202,7 +202,7 @@ class StorageMigrationExecutor:
             except (ApiError, ClusterUnreachable) as error:
                 if isinstance(error, ApiError) and error.status == NOT_FOUND:
                     raise
-                log.warning("%s is not served (%s); asking again", GROUP, error)
+                log.warning("asking for %s: %s; asking again", GROUP, error)
                 await self.clock.sleep(self.poll_seconds)
         return None
 
@@ -230,17 +230,11 @@ class StorageMigrationExecutor:
                 body = migration_object(migration, group_version, version)
                 await self.kube.request("POST", path, body)
                 break
-            except Transient as error:  # discovery, with an apiserver restarting
+            except (ClusterUnreachable, Transient) as error:  # an apiserver restarting
                 log.warning("creating %s: %s; retrying", name, error)
                 await self.clock.sleep(self.poll_seconds)
-            except TargetError as error:
-                await append([self._failed(migration, meta(), "CreateFailed", str(error))])
-                return False
-            except ClusterUnreachable as error:  # an apiserver restarting: try again
-                log.warning("creating %s: %s; retrying", name, error)
-                await self.clock.sleep(self.poll_seconds)
-            except ApiError as error:
-                if error.status == CONFLICT:
+            except (ApiError, TargetError) as error:  # TargetError: discovery's refusals
+                if isinstance(error, ApiError) and error.status == CONFLICT:
                     return True  # created by an earlier run of this worker: follow it
                 failed = self._failed(
                     migration, meta(), "CreateFailed", f"creating {name}: {error}"
