@@ -24,6 +24,9 @@ collector's cache holds no other), so that is the version it is given, as the
   ``Failed=True`` -> ``MigrationFailed`` with the condition's reason and message (the
   migrator then requests it again after its back-off, as a new object); an object
   deleted by someone else fails the migration;
+* an API server whose certificate the kubeconfig's CA does not verify fails the
+  migration with reason ``RequestFailed``, as the ``rewrite`` executor does: asking
+  again would be refused again until the kubeconfig is mended;
 * an object no controller has taken (``status.resourceVersion``, which
   kube-controller-manager sets as soon as it sees the object) after
   ``controller_wait_seconds`` is deleted and its migration fails with reason
@@ -54,7 +57,7 @@ from typing import Any, Final
 
 from consumers.targets import TargetError, Transient
 from consumers.worker import Append
-from kube.client import ApiError, ClusterUnreachable, Kube
+from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from kube.target import served_version
 from ledger.clock import Clock
 from ledger.events import Meta, MigrationFailed, MigrationStarted, MigrationSucceeded
@@ -119,11 +122,22 @@ class StorageMigrationExecutor:
     async def run(
         self, migration: Migration, *, append: Append, cancelled: Callable[[], bool]
     ) -> None:
-        name = object_name(migration)
-
         def meta() -> Meta:
             return Meta.new(migration.cluster, SOURCE, self.clock.now())
 
+        try:
+            await self._run(migration, append, meta, cancelled)
+        except CertificateError as error:  # as the rewrite target's RequestFailed
+            await append([self._failed(migration, meta(), "RequestFailed", str(error))])
+
+    async def _run(
+        self,
+        migration: Migration,
+        append: Append,
+        meta: Callable[[], Meta],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        name = object_name(migration)
         # Waiting for the cluster, here and below, ends with the migration: a cancelled
         # one must not hold the worker's slot while its cluster is away.
         try:
@@ -252,9 +266,9 @@ class StorageMigrationExecutor:
                 log.warning("deleting %s: %s; retrying", name, error)
                 await self.clock.sleep(self.poll_seconds)
                 continue
-            except ApiError as error:
-                if error.status != NOT_FOUND:
-                    log.warning("deleting %s after its cancellation: %s", name, error)
+            except (ApiError, CertificateError) as error:
+                if not isinstance(error, ApiError) or error.status != NOT_FOUND:
+                    log.warning("deleting %s: %s", name, error)
             else:
                 log.info("deleted StorageVersionMigration %s: cancelled", name)
             return

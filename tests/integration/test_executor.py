@@ -1,10 +1,12 @@
 """The in-tree executor while its cluster is away (a cancellation still ends the
-migration), and on a real cluster without and with kube-controller-manager."""
+migration), and on a real cluster it does not trust, without and with
+kube-controller-manager."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,8 +70,29 @@ async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
     assert polls == 4
 
 
+async def untrusted_fails(kubeconfig: Path, tmp_path: Path) -> None:
+    config = json.loads(kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        del cluster["cluster"]["certificate-authority-data"]
+    untrusted = tmp_path / "untrusted"
+    untrusted.write_text(json.dumps(config))
+    kube = await connect(str(untrusted))
+    appended = Appended()
+    try:
+        executor = StorageMigrationExecutor(kube, SystemClock(), poll_seconds=0.2)
+        run = executor.run(migration("Pending"), append=appended, cancelled=lambda: False)
+        await asyncio.wait_for(run, timeout=60)
+    finally:
+        await kube.close()
+    assert len(appended) == 1, appended
+    failed = appended[0]
+    assert isinstance(failed, MigrationFailed)
+    assert failed.reason == "RequestFailed"
+    assert "certificate-authority" in failed.message
+
+
 @pytest.mark.kubernetes
-async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_does_not(
+async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controller_takes_does_not(
     tmp_path: Path,
 ) -> None:
     appended = Appended()
@@ -80,6 +103,9 @@ async def test_a_migration_no_controller_takes_fails_and_one_a_controller_takes_
         )
         path = f"/apis/{GROUP}/v1/storageversionmigrations"
         try:
+            # An API server the kubeconfig's CA does not verify: asking again would not help.
+            await untrusted_fails(cluster.write_kubeconfig(tmp_path / "trusted"), tmp_path)
+
             # No kube-controller-manager: nothing takes the object.
             alone = migration("Pending")
             await asyncio.wait_for(
