@@ -8,8 +8,10 @@ is what the projector would have written, row for row, checkpoints included: a
 projector pointed at it afterwards carries on from where the replay stopped.
 
 * ``until``: an offset (replay each partition up to and including it) or a time
-  (each partition stops at its first event that occurred after it); the views then
-  show the ledger as it stood at that point.
+  (each partition stops at its first event, of any cluster, that occurred after it:
+  a cut of the log, so the database is a projection at a checkpoint; the read API's
+  ``/at/TIME`` cuts the same way); the views then show the ledger as it stood at that
+  point.
 * ``cluster``: only that cluster's events, read from the one partition its key
   hashes to.
 * ``from_snapshot``: the database already holds a projection (a copy of a live
@@ -336,12 +338,18 @@ def _starting_point(
             " from this one"
         )
     if isinstance(until, int):
-        past = {p: o for p, o in projection.next_offsets.items() if o > until + 1}
-        if past:
-            raise ReplayError(
-                f"snapshot {shown} is already past --until {until} in partitions"
-                f" {sorted(past)}; a replay cannot go back, replay into a fresh database"
-            )
+        past = sorted(p for p, o in projection.next_offsets.items() if o > until + 1)
+    elif isinstance(until, datetime):  # an event before the checkpoint occurred after it
+        limit = micros(until)
+        past = sorted(p for p, t in projection.log_times.items() if t is not None and t > limit)
+    else:
+        past = []
+    if past:
+        shown_until = until if isinstance(until, int) else until.isoformat()
+        raise ReplayError(
+            f"snapshot {shown} is already past --until {shown_until} in partitions {past};"
+            " a replay cannot go back, replay into a fresh database"
+        )
     return projection
 
 

@@ -26,7 +26,10 @@ again from Kafka: at most ``checkpoint_every`` for the recent past, and for an o
 point at most about its age in records divided by ``recent_checkpoints / 2``; built
 views are kept in a small LRU cache. A point is an offset in the cluster's partition (the
 resourceVersion the API shows) or a time: the view then holds every event of the
-cluster up to its first event that occurred after that time, as ``replay --until``.
+cluster before its partition's first event (of any cluster) that occurred after that
+time, the cut ``replay --until`` makes (:mod:`projections.replay`), so the two agree. A
+view of a time no event of the partition is after yet is built again when asked again
+(a later record may still belong before the cut), not kept.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ from ledger.kafka import (
     EventConsumer,
     Message,
     Record,
+    decode_message,
     decode_messages,
     first_at,
+    message_time,
     topic_partitions,
 )
 from ledger.names import resource_name
@@ -195,12 +200,15 @@ class ClusterFold:
 class Checkpoint:
     """The folds of a partition's clusters after every record before ``next_offset``.
 
-    ``number`` counts the partition's checkpoints from 1, in the order they were taken.
+    ``number`` counts the partition's checkpoints from 1, in the order they were taken;
+    ``log_time``: the latest time an event before ``next_offset`` occurred at
+    (microseconds since 1970), of any cluster.
     """
 
     number: int
     next_offset: int
     folds: dict[str, ClusterFold]
+    log_time: int
 
 
 def kept(number: int, taken: int, recent: int) -> bool:
@@ -242,6 +250,8 @@ class LedgerViews:
         self._positions: dict[int, int] = {}  # next offset to read, per partition
         self._since_checkpoint: dict[int, int] = {}
         self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
+        # per partition, the latest time an event folded occurred at (microseconds)
+        self._log_times: dict[int, int] = {}
         self._changed = asyncio.Event()
         self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
         self._cached_views = cached_views
@@ -294,6 +304,7 @@ class LedgerViews:
             fold.apply(record.event, position, self.watch_window)
             self.events_folded += 1
             partition = position.partition
+            self._log_times[partition] = max(self._log_times.get(partition, _NEVER), record.time)
             self._positions[partition] = position.offset + 1
             count = self._since_checkpoint.get(partition, 0) + 1
             if count >= self.checkpoint_every:
@@ -346,6 +357,7 @@ class LedgerViews:
             self.events_folded += len(records) - len(thinning.dead)
             if latest is not None:
                 fold._occurred(from_micros(latest))
+                self._log_times[partition] = max(self._log_times.get(partition, _NEVER), latest)
             fold.offset = max(fold.offset, records[-1].offset)
             fold.horizon = max(fold.horizon, records[-1].offset)
             for lease_key in changes.leases:  # renewed, as the renewals left them
@@ -361,7 +373,7 @@ class LedgerViews:
         taken = checkpoints[-1].number + 1 if checkpoints else 1  # the newest is always kept
         self._checkpoints[partition] = [
             *(c for c in checkpoints if kept(c.number, taken, self.recent_checkpoints)),
-            Checkpoint(taken, next_offset, folds),
+            Checkpoint(taken, next_offset, folds, self._log_times.get(partition, _NEVER)),
         ]
 
     async def _passed(
@@ -422,13 +434,16 @@ class LedgerViews:
             self._cache.move_to_end(key)
             return cached
         async with self._lock:
-            view = await self._build(live, point)
-        self._cache[key] = view
-        while len(self._cache) > self._cached_views:
-            self._cache.popitem(last=False)
+            view, final = await self._build(live, point)
+        if final:
+            self._cache[key] = view
+            while len(self._cache) > self._cached_views:
+                self._cache.popitem(last=False)
         return view
 
-    async def _build(self, live: ClusterFold, point: Point) -> View:
+    async def _build(self, live: ClusterFold, point: Point) -> tuple[View, bool]:
+        """The view at ``point``, and whether it is final: a later record cannot change
+        it (an offset the log has reached; a time the partition has an event after)."""
         checkpoint, stop = self._checkpoint_around(live, point)
         fold = ClusterFold(live.cluster, live.partition)
         begin = 0
@@ -436,19 +451,18 @@ class LedgerViews:
             begin = checkpoint.next_offset
             if (start := checkpoint.folds.get(live.cluster)) is not None:
                 fold = start.copy()
-        if begin < stop:
-            await self._refold(fold, point, begin, stop)
+        cut = begin < stop and await self._refold(fold, point, begin, stop)
         if isinstance(point, int):
             fold.offset = point
-            return fold.view()
-        return fold.view(time=point)
+            return fold.view(), True
+        return fold.view(time=point), cut
 
     def _checkpoint_around(self, live: ClusterFold, point: Point) -> tuple[Checkpoint | None, int]:
         """The latest checkpoint at or before ``point``, and the offset to read up to.
 
         For an offset that is the offset after it. For a time it is the first
-        checkpoint before which an event of the cluster occurred after that time (the
-        cluster's first event after it is before that checkpoint), else the live position.
+        checkpoint before which an event of the partition occurred after that time (the
+        cut is before that checkpoint), else the live position.
         """
         checkpoints = self._checkpoints.get(live.partition, [])
         if isinstance(point, int):
@@ -456,28 +470,41 @@ class LedgerViews:
             index = bisect.bisect_right(offsets, point + 1) - 1
             return (checkpoints[index] if index >= 0 else None), point + 1
         found = None
+        moment = micros(point)
         for checkpoint in checkpoints:
-            fold = checkpoint.folds.get(live.cluster)
-            if fold is not None and fold.time is not None and fold.time > point:
+            if checkpoint.log_time > moment:
                 return found, checkpoint.next_offset
             found = checkpoint
         return found, self._positions.get(live.partition, live.offset + 1)
 
-    async def _refold(self, fold: ClusterFold, point: Point, begin: int, stop: int) -> None:
+    async def _refold(self, fold: ClusterFold, point: Point, begin: int, stop: int) -> bool:
+        """Fold the cluster's records from ``begin`` to ``stop`` (or, for a time, to the
+        partition's first event after it, the other clusters' records passed over
+        undecoded); True if that cut was found."""
         partition = fold.partition
-        async with EventConsumer(
-            self.settings,
-            partitions=[partition],
-            start_offsets=lambda _: {partition: begin},
-            until={partition: stop},
-            dead_letters=False,
-        ) as consumer:
-            async for batch in consumer.batches(key=fold.cluster.encode()):
-                for record in batch:
-                    event = record.event
-                    if isinstance(point, datetime) and event.meta.occurred_at > point:
-                        return
-                    fold.apply(event, record.position, window=0)
+        key = fold.cluster.encode()
+        limit = micros(point) if isinstance(point, datetime) else None
+        async with (
+            EventConsumer(
+                self.settings,
+                partitions=[partition],
+                start_offsets=lambda _: {partition: begin},
+                until={partition: stop},
+                dead_letters=False,
+            ) as consumer,
+            contextlib.aclosing(consumer.batches_for_fold()) as batches,
+        ):
+            async for batch in batches:
+                for message in batch.get(partition, ()):
+                    if limit is not None:
+                        moment = message_time(message)
+                        if moment is not None and moment > limit:
+                            return True
+                    if message.key == key:
+                        record = decode_message(message)
+                        if isinstance(record, Record):
+                            fold.apply(record.event, record.position, window=0)
+        return False
 
 
 async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str:

@@ -8,7 +8,8 @@ prefix it names, a ``--cluster`` replay the fold of that cluster's events.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -194,7 +195,7 @@ async def test_the_helpers_send_their_dead_letters_and_log_through_the_parent(
 async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
     log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
 ) -> None:
-    settings, _ = log
+    settings, records = log
     await replay(settings, database_url, until=10, progress=False)
     before = snapshot(db)
     with pytest.raises(ReplayError, match="--from-snapshot"):
@@ -203,6 +204,10 @@ async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
         await replay(settings, database_url, progress=False, processes=2)
     with pytest.raises(ReplayError, match="past --until 5"):
         await replay(settings, database_url, until=5, from_snapshot=True, progress=False)
+    # A time before an event the database holds: the cut is before its checkpoint.
+    earlier = min(e.meta.occurred_at for e, p in records if p.offset <= 10) - timedelta(seconds=1)
+    with pytest.raises(ReplayError, match=re.escape(f"past --until {earlier.isoformat()}")):
+        await replay(settings, database_url, until=earlier, from_snapshot=True, progress=False)
     assert snapshot(db) == before
 
 

@@ -34,12 +34,14 @@ from kubernetes import client as kube_client
 
 from deploy.kafka.broker import free_port
 from deploy.kube import build
-from ledger.events import ApiserverHeartbeat, Meta, Position
-from ledger.kafka import EndOffsets, EventProducer
+from ledger.events import ApiserverHeartbeat, Meta, Position, StorageVersionReported
+from ledger.kafka import EndOffsets, EventProducer, create_topics
 from ledger.settings import KafkaSettings
+from projections.database import engine
 from projections.fold import fold
-from projections.replay import cluster_log
+from projections.replay import cluster_log, replay
 from projections.state import State
+from projections.store import load_state
 from readapi import WATCH_WINDOW
 from readapi.ledger import LedgerViews
 from simulation.run import simulate
@@ -712,6 +714,64 @@ async def test_a_past_view_equals_the_fold_of_the_log_up_to_it(
     finally:
         stop.set()
         await follower
+
+
+async def test_a_past_time_is_cut_as_replay_cuts_it_and_an_open_cut_is_built_again(
+    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+) -> None:
+    """Two clusters in one partition, and an event of one appended after an event of the
+    other that occurred after the time: ``/at/TIME`` leaves it out, as ``replay --until``
+    does. A time no event is after yet is answered anew once the log grows."""
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    await create_topics(settings)
+    start = datetime(2024, 1, 1, 10, 0, tzinfo=UTC)
+
+    def at(minutes: int) -> datetime:
+        return start + timedelta(minutes=minutes)
+
+    def heartbeat(cluster: str, minutes: int) -> ApiserverHeartbeat:
+        meta = Meta.new(cluster, "apiserver-a", at(minutes))
+        return ApiserverHeartbeat(meta, "apiserver-a", "apiserver-a_1", "a", 3600, at(minutes))
+
+    def report(version: str, minutes: int) -> StorageVersionReported:
+        meta = Meta.new("east", "apiserver-a", at(minutes))
+        both = ("apps/v1", "apps/v2")
+        return StorageVersionReported(
+            meta, "apiserver-a", "apps", "deployments", "Deployment", version, both, both
+        )
+
+    log = [heartbeat("east", 0), report("apps/v1", 1), heartbeat("west", 10), report("apps/v2", 5)]
+    async with EventProducer(settings) as producer:
+        await producer.send_many(log)
+    east = [(e, Position(0, i)) for i, e in enumerate(log) if e.meta.cluster == "east"]
+    views = LedgerViews(settings)
+    stop = asyncio.Event()
+    follower = asyncio.create_task(views.follow(stop))
+    try:
+        await asyncio.wait_for(views.ready.wait(), 60)
+        cut = await views.view_at("east", at(7))
+        assert _content(cut.state) == _content(fold(east[:2]))  # not the report at 0:3
+        replayed = f"sqlite:///{tmp_path}/at-7.db"
+        await replay(settings, replayed, until=at(7), cluster="east")
+        with engine(replayed).connect() as connection:
+            assert _content(load_state(connection)) == _content(cut.state)
+
+        open_cut = await views.view_at("east", at(30))
+        assert _content(open_cut.state) == _content(fold(east))
+        later = report("apps/v1", 20)
+        async with EventProducer(settings) as producer:
+            await producer.send_many([later])
+        await asyncio.wait_for(_folded(views, "east", 4), 60)
+        again = await views.view_at("east", at(30))
+        assert _content(again.state) == _content(fold([*east, (later, Position(0, 4))]))
+    finally:
+        stop.set()
+        await follower
+
+
+async def _folded(views: LedgerViews, cluster: str, offset: int) -> None:
+    while views.fold(cluster).offset < offset:
+        await views.changed(1.0)
 
 
 def _content(state: State) -> tuple[object, ...]:
