@@ -339,13 +339,14 @@ def _starting_point(
         )
     if isinstance(until, int):
         past = sorted(p for p, o in projection.next_offsets.items() if o > until + 1)
+        shown_until = str(until)
     elif isinstance(until, datetime):  # an event before the checkpoint occurred after it
         limit = micros(until)
         past = sorted(p for p, t in projection.log_times.items() if t is not None and t > limit)
+        shown_until = until.isoformat()
     else:
-        past = []
+        return projection
     if past:
-        shown_until = until if isinstance(until, int) else until.isoformat()
         raise ReplayError(
             f"snapshot {shown} is already past --until {shown_until} in partitions {past};"
             " a replay cannot go back, replay into a fresh database"
