@@ -550,7 +550,10 @@ def _migration_lines(facts: Facts) -> list[str]:
     latest = facts.migrations[-1]
     steps = [e for e in facts.history if e.payload.get("migration_id") == latest.migration_id]
     requested = next((e for e in steps if e.event_type == REQUESTED and e.applied), None)
-    last = next((e for e in reversed(steps) if e.applied), None)
+    # The row's revision names the event that last changed it: a stale success too,
+    # which moves the migration to Succeeded though its rejection keeps the hashes.
+    moved = Position.parse(latest.revision)
+    last = next((e for e in steps if e.position == moved), None)
     requests = len(_applied(facts, REQUESTED))  # ended ones leave the views on a new request
     lines = [
         f"Latest migration {latest.migration_id} (of {requests}): {latest.phase},"
@@ -561,7 +564,8 @@ def _migration_lines(facts: Facts) -> list[str]:
         + (f": {latest.message}" if latest.message else ""),
     ]
     lines += [
-        f"  not applied: {e.event_type} at {e.position}: {e.rejection}"
+        f"  {'applied in part' if e is last else 'not applied'}: {e.event_type} at"
+        f" {e.position}: {e.rejection}"
         for e in steps
         if not e.applied
     ]

@@ -228,6 +228,29 @@ def test_the_latest_migration_is_the_last_requested_when_requests_share_a_time()
     assert "Latest migration m1 (of 2)" in migration
 
 
+def test_a_stale_success_is_what_last_moved_its_migration() -> None:
+    # Succeeded after the StorageVersion moved on: the migration ends Succeeded, the
+    # persisted hashes are kept, and the success is recorded as a rejection.
+    s = Scenario()
+    s.heartbeat("a")
+    s.report("a", "v1")
+    h1 = storage_version_hash("apps", "v1", "Deployment")
+    revision = str(Position(0, len(s.entries) - 1))
+    s.add(
+        MigrationRequested(s.meta("migrator"), "m1", "apps", "deployments", "apps/v1", h1, revision)
+    )
+    s.add(MigrationStarted(s.meta("worker"), "m1"))
+    s.report("a", "v2")
+    succeeded = s.add(MigrationSucceeded(s.meta("worker"), "m1", 7))
+    assert s.entries[-1].rejection is not None
+    assert s.state.migrations["prod", "m1"].revision == str(succeeded)
+    text = explanation(s.facts())
+    migration = text[text.index("Latest migration") :]
+    assert migration.startswith("Latest migration m1 (of 1): Succeeded")
+    assert f"last moved by MigrationSucceeded at {succeeded} " in migration
+    assert f"applied in part: MigrationSucceeded at {succeeded}: stale success" in migration
+
+
 def test_a_reset_is_the_origin_of_unknown() -> None:
     s = Scenario()
     s.heartbeat("a")
