@@ -502,7 +502,9 @@ def parse_point(text: str) -> int | datetime:
         ) from None
     if time.tzinfo is None:
         raise ApiError(
-            400, "BadRequest", f"time {text!r} has no zone; add Z for UTC (e.g. {text}Z)"
+            400,
+            "BadRequest",
+            f"time {text!r} has no zone; add one, e.g. {time.isoformat()}Z for UTC",
         )
     return time
 

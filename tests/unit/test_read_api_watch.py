@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from readapi import server
 from readapi.ledger import LedgerViews
+from readapi.resources import ApiError
 from readapi.server import INITIAL_EVENTS_END
 from tests.served import EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, watch
 
@@ -436,3 +439,14 @@ async def test_a_page_counts_the_items_after_it_unless_a_selector_is_given(
         page = await response.json()
     assert len(page["items"]) == 1 and page["metadata"]["continue"]
     assert "remainingItemCount" not in page["metadata"]
+
+
+@pytest.mark.parametrize("text", ["2024-01-01", "2024-01-01T10:00:00", "2024-01-01 10:00"])
+def test_a_point_without_a_zone_is_refused_naming_a_form_that_is_taken(text: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        server.parse_point(text)
+    assert refused.value.code == 400
+    suggested = re.search(r"e\.g\. (\S+) for UTC", str(refused.value))
+    assert suggested is not None, refused.value
+    taken = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    assert server.parse_point(suggested.group(1)) == taken
