@@ -1680,6 +1680,18 @@ def message_time(message: Message) -> int | None:
     return None if isinstance(read, str) else read.time
 
 
+def max_time(messages: Iterable[Message], latest: int | None) -> int | None:
+    """``latest`` (microseconds; None: not kept) moved to the latest time an event of
+    ``messages`` occurred at (:func:`message_time`; a dead letter has none)."""
+    if latest is None:
+        return None
+    for message in messages:
+        moment = message_time(message)
+        if moment is not None and moment > latest:
+            latest = moment
+    return latest
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     """Seeks newly assigned partitions to where the caller wants to resume."""
 

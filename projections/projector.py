@@ -61,7 +61,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -71,7 +71,16 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
 from ledger.events import from_micros, micros
-from ledger.kafka import BROKER_ERRORS, EventConsumer, Messages, Record, drop_fetch, first_at
+from ledger.kafka import (
+    BROKER_ERRORS,
+    EventConsumer,
+    Message,
+    Messages,
+    Record,
+    drop_fetch,
+    first_at,
+    max_time,
+)
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
@@ -151,7 +160,7 @@ class FoldedBatch:
     dead: Sequence[tuple[Any, str]] = ()
 
 
-def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
+def fold_batch(projection: Projection, batch: Messages, only: bytes | None = None) -> FoldedBatch:
     """Fold the consumed records past ``projection``'s offsets into it, as a batch to commit.
 
     ``batch``: per partition, its records in log order, undecoded (as
@@ -159,7 +168,9 @@ def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
     what it must. Plain lease renewals are counted, not logged one by one
     (:mod:`projections.thinning`). ``projection`` moves past the batch at once, so the
     next batch can be folded while this one is written; if the write fails, reload it
-    (:meth:`Projection.load`).
+    (:meth:`Projection.load`). With ``only`` (a cluster's name, encoded), only that
+    cluster's records are folded; the checkpoints and log times still pass every record,
+    as a fold snapshot's do, so a replay of one cluster ends where one from a snapshot does.
     """
     next_offsets = projection.next_offsets
     times = projection.log_times
@@ -177,9 +188,13 @@ def fold_batch(projection: Projection, batch: Messages) -> FoldedBatch:
         if first == len(messages):
             continue
         next_offsets[partition] = moved[partition] = messages[-1].offset + 1
-        latest = thinning.fold(
-            itertools.islice(messages, first, None), logged, times.get(partition, _NEVER)
-        )
+        rest: Iterable[Message] = itertools.islice(messages, first, None)
+        latest = times.get(partition, _NEVER)
+        if only is not None:
+            rest = list(rest)
+            latest = max_time((m for m in rest if m.key != only), latest)
+            rest = [m for m in rest if m.key == only]
+        latest = thinning.fold(rest, logged, latest)
         if latest is not None:
             times[partition] = latest
     thinning.finish()

@@ -370,6 +370,8 @@ async def _replay(
     reached = dict(starts)
     open_partitions = {p for p in limits if reached[p] < limits[p]}
     until_time = micros(until) if isinstance(until, datetime) else None
+    only = None if cluster is None else cluster.encode()
+    seen: set[bytes | None] = set()  # with ``cluster``: the clusters read
     events = rejected = 0
     sweeper = Sweeper()
     writing: asyncio.Future[None] | None = None  # the batch being committed
@@ -388,10 +390,9 @@ async def _replay(
                 kept = batch  # up to the limits: nothing to sort out
                 if until_time is not None or cluster is not None:
                     kept = _sorted_out(batch, reached, limits, open_partitions, until_time)
-                    if cluster is not None:
-                        key = cluster.encode()
-                        kept = {p: [m for m in ms if m.key == key] for p, ms in kept.items()}
-                folded = fold_batch(projection, kept)
+                if only is not None:
+                    seen.update(m.key for ms in kept.values() for m in ms)
+                folded = fold_batch(projection, kept, only)
                 for partition, offset in folded.batch.next_offsets.items():
                     reached[partition] = max(reached[partition], offset)
                 sweeper.folded(sum(map(len, batch.values())))
@@ -407,8 +408,22 @@ async def _replay(
                     break
     if writing is not None:
         await writing
+    if only is not None and only not in seen and not _holds_rows(projection.state):
+        known = ", ".join(sorted(k.decode(errors="replace") for k in seen if k)[:10])
+        log.warning(
+            "cluster %r has no events in topic %s%s: check its name, as its reporters or"
+            " collector give it (clusters in its partition: %s)",
+            cluster,
+            settings.topic,
+            "" if until is None else " up to --until",
+            known or "none",
+        )
     bar.update(span.total, events)
     return ReplayResult(events, rejected, 0.0, dict(projection.next_offsets))
+
+
+def _holds_rows(state: State) -> bool:
+    return bool(state.leases or state.storage_versions or state.storage_states or state.migrations)
 
 
 def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:

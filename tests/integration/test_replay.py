@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 from sqlalchemy import Engine
 
 from ledger.events import Event, Position
-from ledger.kafka import create_topics
+from ledger.kafka import create_topics, partition_of
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections import store
@@ -119,6 +119,21 @@ async def test_one_cluster_replays_that_cluster_alone(
     own = [(event, position) for event, position in records if event.meta.cluster == cluster]
     assert result.events == len(own)
     assert snapshot(db) == reference_snapshot(db, own, settings.topic)
+
+
+async def test_a_cluster_without_events_is_named_with_those_its_partition_has(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]],
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings, records = log
+    result = await replay(settings, database_url, cluster="no-such-cluster", progress=False)
+    assert result.events == 0
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "cluster 'no-such-cluster' has no events" in warning
+    partition = partition_of("no-such-cluster", range(3))
+    there = {e.meta.cluster for e, p in records if p.partition == partition}
+    assert there and all(cluster in warning for cluster in there)
 
 
 async def test_a_snapshot_continues_from_its_checkpoint(

@@ -167,28 +167,44 @@ async def test_a_replay_from_snapshots_writes_the_views_of_a_replay_from_the_beg
     assert set(starts(db)) == {0, 1, 2}, "every partition started from a snapshot"
     # Each partition is read from its snapshot on: less than EVERY and a batch of 60.
     assert result.events < 3 * (EVERY + 60)
-    reference_db = database.engine(reference_url)
-    for engine in (db, reference_db):
+    assert checkpoints_of(database_url, settings) == checkpoints_of(reference_url, settings)
+
+
+def checkpoints_of(url: str, settings: KafkaSettings) -> tuple[object, ...]:
+    """A database's checkpoints and log times: where a projector would carry it on."""
+    engine = database.engine(url)
+    try:
         with engine.connect() as connection:
-            checkpoints = store.load_checkpoints(connection, settings.topic, "views")
-            times = store.load_log_times(connection, settings.topic, "views")
-        if engine is db:
-            replayed = (checkpoints, times)
-    reference_db.dispose()
-    assert replayed == (checkpoints, times)
+            return (
+                store.load_checkpoints(connection, settings.topic, "views"),
+                store.load_log_times(connection, settings.topic, "views"),
+            )
+    finally:
+        engine.dispose()
 
 
+@pytest.mark.parametrize("point", ["time", "end"])
 async def test_one_clusters_replay_from_snapshots_is_that_clusters_alone(
-    projected: Log, database_url: str, db: Engine, reference_url: str
+    projected: Log, database_url: str, db: Engine, reference_url: str, point: str
 ) -> None:
     settings, records, source_url = projected
     cluster = records[0][0].meta.cluster
-    reference = await reference_replay(settings, reference_url, cluster=cluster)
+    ordered = sorted(records, key=lambda record: record[1])
+    until = ordered[len(ordered) * 9 // 10][0].meta.occurred_at if point == "time" else None
+    reference = await reference_replay(settings, reference_url, cluster=cluster, until=until)
 
-    await replay(settings, database_url, cluster=cluster, snapshots_from=source_url, progress=False)
+    await replay(
+        settings,
+        database_url,
+        cluster=cluster,
+        until=until,
+        snapshots_from=source_url,
+        progress=False,
+    )
 
     assert_same_as_from_the_beginning(db, reference)
     assert {row[0] for row in snapshot(db)["apiserver_leases"]} == {cluster}
+    assert checkpoints_of(database_url, settings) == checkpoints_of(reference_url, settings)
 
 
 async def test_a_corrupt_snapshot_is_passed_over_and_without_any_the_log_is_read(
