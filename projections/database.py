@@ -76,8 +76,8 @@ def engine(url: str) -> Engine:
     if _missing_sqlite_file(db.url):
         # Connecting would create an empty file where the user mistyped a path.
         raise DatabaseNotMigrated(
-            f"database file {db.url.database} does not exist; create it with "
-            "`svledger db upgrade --db URL`"
+            f"database file {db.url.database} does not exist: check the path, or create"
+            " the database with `svledger db upgrade --db URL`"
         )
     try:
         with _connect(db) as connection:

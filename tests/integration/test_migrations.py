@@ -128,7 +128,7 @@ def test_engine_refuses_a_database_that_was_not_upgraded(database_url: str) -> N
 def test_engine_does_not_create_a_mistyped_sqlite_file(sqlite_url: str) -> None:
     path = make_url(sqlite_url).database
     assert path is not None
-    with pytest.raises(database.DatabaseNotMigrated, match="does not exist"):
+    with pytest.raises(database.DatabaseNotMigrated, match="does not exist: check the path"):
         database.engine(sqlite_url)
     assert not Path(path).exists()
 
