@@ -258,23 +258,26 @@ def stop_connecting_on(stop: asyncio.Event) -> None:
     _STOP.set(stop)
 
 
-async def _unless_stopped(work: Awaitable[object], stop: asyncio.Event | None) -> None:
+async def unless_stopped(work: Awaitable[object], stop: asyncio.Event | None) -> bool:
+    """Await ``work`` unless ``stop`` is set first: then cancel it and return False.
+    True once ``work`` has ended (its exception, if any, is raised)."""
     if stop is None:
         await work
-        return
+        return True
     task = asyncio.ensure_future(work)
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled, or the connect timeout
+    except BaseException:  # cancelled, or the caller's timeout
         await _cancelled(task)
         raise
     finally:
         stopped.cancel()
     if not task.done():
         await _cancelled(task)
-        raise StoppedConnecting("told to stop while waiting for Kafka")
+        return False
     task.result()
+    return True
 
 
 async def _cancelled(task: asyncio.Future[Any]) -> None:
@@ -310,7 +313,8 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
         client = make()
         try:
             async with asyncio.timeout_at(deadline):
-                await _unless_stopped(client.start(), stop)
+                if not await unless_stopped(client.start(), stop):
+                    raise StoppedConnecting("told to stop while waiting for Kafka")
             return client
         except TimeoutError as error:
             await _shut(client)
@@ -336,7 +340,8 @@ async def connect(make: Callable[[], _C], settings: KafkaSettings, *, timeout: f
                     f"({settings.security_protocol}) after {attempts} attempts in "
                     f"{timeout:g} s: {error}. {_CHECK_REACHABLE}"
                 ) from error
-            await _unless_stopped(asyncio.sleep(delay), stop)
+            if not await unless_stopped(asyncio.sleep(delay), stop):
+                raise StoppedConnecting("told to stop while waiting for Kafka") from error
             delay = min(delay * 2, 2.0)
         except BaseException:
             await _shut(client)
@@ -674,12 +679,18 @@ class EventProducer:
         )
 
     async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def start(self) -> None:
+        """Connect, unless connected already (:func:`connect`: for ``connect_timeout`` s)."""
+        if self._producer is not None:
+            return
         # An idempotent producer asks for its producer ID as it starts: Kafka grants one
         # to a principal that may write some topic (or IdempotentWrite the cluster).
         writes = f"{self.settings.inbox_prefix}<cluster>" if self.settings.inbox else None
         with self._refusals(writes or self.settings.topic):
             self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
-        return self
 
     async def __aexit__(
         self,

@@ -21,16 +21,24 @@ After ``start`` a heartbeat is sent every ``heartbeat_interval`` seconds plus up
 ``jitter`` of it (upstream's ``wait.Jitter``; 0.04 by default, the factor of upstream's
 lease controller), measured from the end of the previous one. A failed heartbeat is
 logged and tried again on the next tick; the loop never dies of it. If a heartbeat is
-acknowledged at least ``lease_duration_seconds`` after the previous acknowledged one,
-the lease may have been expired by the lease GC in between, which also dropped this
-server's storage versions: the reporter re-joins by reporting every resource again (the
-gate is closed until that is acknowledged).
+acknowledged at least half ``lease_duration_seconds`` (and two heartbeat intervals) after
+the previous acknowledged one, the lease may have been expired by the lease GC in
+between (which decides by its own clock: half a lease duration leaves room for the
+skew the long duration is there to tolerate), which also dropped this server's storage
+versions: the reporter re-joins by reporting every resource again (the gate is closed
+until that is acknowledged). Upstream re-reports every storage version every 10 minutes
+instead; here a report that changes nothing still moves its StorageVersion's revision,
+which cancels a pending migration, so only a gap that may have cost the lease does.
 
 The reporter keeps the resources it should report (*desired*) and the reports the
 log is known to hold (*acknowledged*); every change (start, ``update``, a re-join)
 sends the difference and opens the gate for what was acknowledged. A resource whose
-report failed stays closed and is retried after the next heartbeat. ``stop`` sends
-``ApiserverLeaseReleased`` and closes the gate.
+report failed stays closed and is retried after the next heartbeat. ``stop`` closes the
+gate and sends ``ApiserverLeaseReleased``, waiting at most ``shutdown_timeout`` seconds
+(10, upstream's bound on deleting its lease at shutdown) for the acknowledgement: a
+release that does not land in time is logged, and the lease GC expires the lease. A
+``stop`` while ``start`` is still trying to register ends that ``start`` (not ready, the
+gate closed), as upstream's ``Stop`` releases a sync stuck retrying.
 
 :class:`ThreadedReporter` runs the same reporter on an event loop of its own, in a
 daemon thread, behind a blocking API for servers that are not asyncio.
@@ -59,7 +67,7 @@ from ledger.events import (
 )
 from ledger.gate import GroupResource, WriteGate
 from ledger.identity import apiserver_id, check_hostname, holder_identity
-from ledger.kafka import BROKER_ERRORS, EventProducer
+from ledger.kafka import BROKER_ERRORS, EventProducer, unless_stopped
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from ledger.validation import InvalidReport, check_report
@@ -165,10 +173,16 @@ class Reporter:
         self._interval = heartbeat_interval
         self._jitter = jitter
         self._lease_duration = lease_duration_seconds
+        # Half a lease duration, and at least two heartbeats' time (see the module doc).
+        self._rejoin_after = timedelta(
+            seconds=max(lease_duration_seconds / 2, 2 * heartbeat_interval * (1 + jitter))
+        )
         self._rng = rng if rng is not None else random.Random()
         self._desired = _by_key(resources)
         self._acknowledged: dict[GroupResource, ResourceReport] = {}
         self._last_renewal: datetime | None = None  # renew time of the last acked heartbeat
+        self._joining = False  # a heartbeat of this holder was sent: stop releases the lease
+        self._stopping = asyncio.Event()
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
         self.gate = WriteGate(self._desired)
@@ -189,17 +203,19 @@ class Reporter:
         tries again every heartbeat interval, with the gate closed, and returns once the
         registration has landed: the API server serves no write of a resource whose
         storage version is not on record, and needs no restart when Kafka comes back.
+        A :meth:`stop` meanwhile ends it at once, not ready.
         """
         if self._loop_task is not None:
             raise RuntimeError(f"reporter {self.apiserver_id} ({self.hostname}) already started")
+        self._stopping.clear()
         self.holder_identity = holder_identity(self.apiserver_id)
         async with self._lock:
             self._acknowledged.clear()
             self._last_renewal = None
             while True:
                 try:
-                    await self._heartbeat()
-                    await self._sync()
+                    if not await unless_stopped(self._connected_register(), self._stopping):
+                        return
                     break
                 except BROKER_ERRORS as error:
                     log.warning(
@@ -210,30 +226,45 @@ class Reporter:
                         type(error).__name__,
                         error,
                     )
-                    await self._clock.sleep(self._interval)
+                if not await unless_stopped(self._clock.sleep(self._interval), self._stopping):
+                    return
         self._loop_task = asyncio.create_task(
             self._heartbeat_loop(), name=f"svledger-heartbeat-{self.apiserver_id}"
         )
 
-    async def stop(self) -> None:
-        """Stop heartbeating and release the lease (graceful shutdown)."""
+    async def stop(self, shutdown_timeout: float = 10.0) -> None:
+        """Stop heartbeating and release the lease (graceful shutdown), waiting at most
+        ``shutdown_timeout`` seconds for the release to be acknowledged."""
+        self._stopping.set()
         task, self._loop_task = self._loop_task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        async with self._lock:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._lock:  # a start still registering has returned
             self._acknowledged.clear()
             self._refresh_gate()
+            if not self._joining:
+                return
+            self._joining = False
             assert self.holder_identity is not None
-            await self._producer.send(
-                ApiserverLeaseReleased(
-                    meta=self._meta(),
-                    apiserver_id=self.apiserver_id,
-                    holder_identity=self.holder_identity,
-                )
+            release = ApiserverLeaseReleased(
+                meta=self._meta(),
+                apiserver_id=self.apiserver_id,
+                holder_identity=self.holder_identity,
             )
+            try:
+                await asyncio.wait_for(self._producer.send(release), shutdown_timeout)
+            except (TimeoutError, *BROKER_ERRORS) as error:
+                log.warning(
+                    "apiserver %s could not release its lease in %g s (%s: %s); the lease"
+                    " GC expires it %d s after its last renewal",
+                    self.apiserver_id,
+                    shutdown_timeout,
+                    type(error).__name__,
+                    error,
+                    self._lease_duration,
+                )
 
     async def update(self, resources: Iterable[ResourceReport]) -> None:
         """Report what changed and withdraw what is no longer served.
@@ -260,10 +291,19 @@ class Reporter:
         self.gate.close(stale)
         self.gate.open(self.gate.pending - stale)
 
+    async def _connected_register(self) -> None:
+        await self._producer.start()  # connected already, unless the caller left it to us
+        await self._register()
+
+    async def _register(self) -> None:
+        await self._heartbeat()
+        await self._sync()
+
     async def _heartbeat(self) -> None:
-        """Send a heartbeat; when it follows a gap of a lease duration, re-join."""
+        """Send a heartbeat; when it follows a gap of half a lease duration, re-join."""
         assert self.holder_identity is not None
         now = self._clock.now()
+        self._joining = True
         await self._producer.send(
             ApiserverHeartbeat(
                 meta=Meta.new(self.cluster, self.apiserver_id, now),
@@ -277,7 +317,7 @@ class Reporter:
             )
         )
         previous, self._last_renewal = self._last_renewal, now
-        if previous is not None and now - previous >= timedelta(seconds=self._lease_duration):
+        if previous is not None and now - previous >= self._rejoin_after:
             log.warning(
                 "apiserver %s renewed its lease %s after the previous renewal (lease "
                 "duration %d s); it may have expired: reporting every resource again",
@@ -332,8 +372,7 @@ class Reporter:
             await self._clock.sleep(self._next_interval())
             try:
                 async with self._lock:
-                    await self._heartbeat()
-                    await self._sync()
+                    await self._register()
             except Exception as error:
                 log.warning(
                     "apiserver %s: heartbeat or report failed, trying again next tick: %s: %s",
@@ -348,7 +387,10 @@ class ThreadedReporter:
 
     It owns its producer, built from ``settings``; every other argument is the
     reporter's. Use as a context manager or call ``start()`` / ``stop()``, once: ``stop``
-    ends the thread.
+    ends the thread. ``start()`` returns once registered, as the asyncio reporter's: while
+    Kafka is away it tries again every heartbeat interval (connecting its producer too),
+    but for at most ``timeout`` seconds (None: no bound), then raises ``TimeoutError``
+    and stops trying, the gate closed. ``timeout`` bounds every other call too.
     """
 
     def __init__(
@@ -359,7 +401,7 @@ class ThreadedReporter:
         settings: KafkaSettings,
         clock: Clock | None = None,
         *,
-        timeout: float = 60.0,
+        timeout: float | None = 60.0,
         **options: Unpack[ReporterOptions],
     ) -> None:
         self._timeout = timeout
@@ -376,8 +418,8 @@ class ThreadedReporter:
         try:
             return future.result(self._timeout)
         except TimeoutError:
-            # The work ends with the wait: a start the caller was told had failed must
-            # not go on and open the gate later.
+            # The work ends with the wait: a call the caller was told had failed must
+            # not go on and change the gate later.
             future.cancel()
             raise
 
@@ -397,9 +439,8 @@ class ThreadedReporter:
         self._run(self._start())
 
     async def _start(self) -> None:
-        await self._producer.__aenter__()
         try:
-            await self._reporter.start()
+            await self._reporter.start()  # it connects the producer
         except BaseException:
             await self._producer.__aexit__(None, None, None)
             raise

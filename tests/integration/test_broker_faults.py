@@ -275,14 +275,20 @@ async def settle(
         raise AssertionError(f"the pipeline did not settle in 240 s: {seen}") from None
 
 
+@pytest.mark.parametrize("connected", [True, False], ids=["producer-connected", "left-to-start"])
 async def test_a_reporter_whose_broker_is_down_opens_its_gate_once_registered(
-    broker: LocalKafka,
+    broker: LocalKafka, connected: bool
 ) -> None:
+    """Its producer connected before the broker went away, or left for ``start`` to
+    connect (which then tries for longer than one connection attempt's timeout)."""
     settings = KafkaSettings(
         bootstrap_servers=broker.bootstrap, topic="svledger-down", partitions=1
     )
     await create_topics(settings)
-    async with EventProducer(settings) as producer:
+    producer = EventProducer(settings, connect_timeout=1.0)
+    if connected:
+        await producer.start()
+    try:
         broker.kill()
         reporter = Reporter("east", "a1", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
         starting = asyncio.create_task(reporter.start())
@@ -293,8 +299,45 @@ async def test_a_reporter_whose_broker_is_down_opens_its_gate_once_registered(
         await asyncio.wait_for(starting, 120)
         assert reporter.ready and reporter.gate.allows("POST", "", "pods")
         await reporter.stop()
+    finally:
+        await producer.__aexit__(None, None, None)
     types = [type(event).__name__ for event, _ in await read_records(settings)]
     assert types[0] == "ApiserverHeartbeat" and "StorageVersionReported" in types
+
+
+async def test_a_reporter_stopped_while_its_broker_is_down_stops_in_its_shutdown_timeout(
+    broker: LocalKafka,
+) -> None:
+    """As upstream's lease controller: the release is given up after the shutdown
+    timeout, and a stop ends a start still retrying, which then never registers."""
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-stopped", partitions=1
+    )
+    await create_topics(settings)
+    async with EventProducer(settings) as producer:
+        started = Reporter("east", "a1", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
+        await started.start()
+        broker.kill()
+        await asyncio.wait_for(started.stop(shutdown_timeout=2.0), 60)
+        assert not started.ready and not started.gate.allows("POST", "", "pods")
+
+        starting = Reporter("east", "a2", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
+        registering = asyncio.create_task(starting.start())
+        await asyncio.sleep(3)
+        assert not registering.done()
+        await asyncio.wait_for(starting.stop(shutdown_timeout=2.0), 60)
+        await asyncio.wait_for(registering, 10)  # ended by the stop
+        assert not starting.ready and not starting.gate.allows("POST", "", "pods")
+        await asyncio.to_thread(broker.restart)
+        await asyncio.sleep(5)  # a start that went on would have registered by now
+        assert not starting.ready
+    second = [
+        type(event).__name__
+        for event, _ in await read_records(settings)
+        if getattr(event, "apiserver_id", None) == starting.apiserver_id
+    ]
+    assert "StorageVersionReported" not in second
+    assert not second or second[-1] == "ApiserverLeaseReleased", second
 
 
 def heartbeat(hostname: str) -> ApiserverHeartbeat:
