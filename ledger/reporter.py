@@ -54,7 +54,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -256,13 +256,14 @@ class Reporter:
             try:
                 await asyncio.wait_for(self._producer.send(release), shutdown_timeout)
             except (TimeoutError, *BROKER_ERRORS) as error:
+                why = "no acknowledgement" if isinstance(error, TimeoutError) else error
                 log.warning(
                     "apiserver %s could not release its lease in %g s (%s: %s); the lease"
                     " GC expires it %d s after its last renewal",
                     self.apiserver_id,
                     shutdown_timeout,
                     type(error).__name__,
-                    error,
+                    why,
                     self._lease_duration,
                 )
 
@@ -382,6 +383,18 @@ class Reporter:
                 )
 
 
+#: How long a :class:`ThreadedReporter`'s stop waits for its producer to close.
+CLOSE_SECONDS: Final = 5.0
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel the loop's other tasks (a producer's that did not close) and let them end."""
+    rest = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+
+
 class ThreadedReporter:
     """A :class:`Reporter` behind a blocking API, on its own event loop in a daemon thread.
 
@@ -446,10 +459,12 @@ class ThreadedReporter:
             raise
 
     def stop(self) -> None:
-        """Release the lease, close the producer and end the loop's thread."""
+        """Release the lease, close the producer and end the loop's thread: within the
+        reporter's shutdown timeout and :data:`CLOSE_SECONDS`, Kafka reachable or not."""
         try:
             self._run(self._stop())
         finally:
+            self._run(_cancel_the_rest())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(self._timeout)
             self._loop.close()
@@ -458,7 +473,16 @@ class ThreadedReporter:
         try:
             await self._reporter.stop()
         finally:
-            await self._producer.__aexit__(None, None, None)
+            try:
+                await asyncio.wait_for(self._producer.__aexit__(None, None, None), CLOSE_SECONDS)
+            except TimeoutError:
+                # aiokafka flushes what it holds first: the broker is away.
+                log.warning(
+                    "apiserver %s: the reporter's producer did not close in %g s; events"
+                    " Kafka did not acknowledge are dropped",
+                    self._reporter.apiserver_id,
+                    CLOSE_SECONDS,
+                )
 
     def update(self, resources: Iterable[ResourceReport]) -> None:
         self._run(self._reporter.update(list(resources)))

@@ -59,7 +59,7 @@ from ledger.kafka import (
     create_topics,
     ledger_consumer,
 )
-from ledger.reporter import Reporter, ResourceReport
+from ledger.reporter import Reporter, ResourceReport, ThreadedReporter
 from ledger.settings import KafkaSettings
 from projections.database import engine
 from projections.replay import cluster_log, replay
@@ -314,12 +314,17 @@ async def test_a_reporter_stopped_while_its_broker_is_down_stops_in_its_shutdown
         bootstrap_servers=broker.bootstrap, topic="svledger-stopped", partitions=1
     )
     await create_topics(settings)
+    threaded = ThreadedReporter("east", "a0", pods("v1"), settings)
+    await asyncio.to_thread(threaded.start)
     async with EventProducer(settings) as producer:
         started = Reporter("east", "a1", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
         await started.start()
         broker.kill()
         await asyncio.wait_for(started.stop(shutdown_timeout=2.0), 60)
         assert not started.ready and not started.gate.allows("POST", "", "pods")
+        # Its producer's close is given up too (aiokafka would flush first, for ever).
+        await asyncio.wait_for(asyncio.to_thread(threaded.stop), 40)
+        assert not threaded.ready
 
         starting = Reporter("east", "a2", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
         registering = asyncio.create_task(starting.start())
