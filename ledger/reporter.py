@@ -181,7 +181,7 @@ class Reporter:
         self._desired = _by_key(resources)
         self._acknowledged: dict[GroupResource, ResourceReport] = {}
         self._last_renewal: datetime | None = None  # renew time of the last acked heartbeat
-        self._joining = False  # a heartbeat of this holder was sent: stop releases the lease
+        self._may_hold_lease = False  # a heartbeat of this holder was sent: stop releases the lease
         self._stopping = asyncio.Event()
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
@@ -244,9 +244,9 @@ class Reporter:
         async with self._lock:  # a start still registering has returned
             self._acknowledged.clear()
             self._refresh_gate()
-            if not self._joining:
+            if not self._may_hold_lease:
                 return
-            self._joining = False
+            self._may_hold_lease = False
             assert self.holder_identity is not None
             release = ApiserverLeaseReleased(
                 meta=self._meta(),
@@ -304,7 +304,7 @@ class Reporter:
         """Send a heartbeat; when it follows a gap of half a lease duration, re-join."""
         assert self.holder_identity is not None
         now = self._clock.now()
-        self._joining = True
+        self._may_hold_lease = True
         await self._producer.send(
             ApiserverHeartbeat(
                 meta=Meta.new(self.cluster, self.apiserver_id, now),

@@ -201,14 +201,14 @@ class Checkpoint:
     """The folds of a partition's clusters after every record before ``next_offset``.
 
     ``number`` counts the partition's checkpoints from 1, in the order they were taken;
-    ``log_time``: the latest time an event before ``next_offset`` occurred at
-    (microseconds since 1970), of any cluster.
+    ``log_time``: the latest time an event before ``next_offset`` occurred at, of any
+    of its clusters (None: no event yet).
     """
 
     number: int
     next_offset: int
     folds: dict[str, ClusterFold]
-    log_time: int
+    log_time: datetime | None
 
 
 def kept(number: int, taken: int, recent: int) -> bool:
@@ -250,8 +250,6 @@ class LedgerViews:
         self._positions: dict[int, int] = {}  # next offset to read, per partition
         self._since_checkpoint: dict[int, int] = {}
         self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
-        # per partition, the latest time an event folded occurred at (microseconds)
-        self._log_times: dict[int, int] = {}
         self._changed = asyncio.Event()
         self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
         self._cached_views = cached_views
@@ -304,7 +302,6 @@ class LedgerViews:
             fold.apply(record.event, position, self.watch_window)
             self.events_folded += 1
             partition = position.partition
-            self._log_times[partition] = max(self._log_times.get(partition, _NEVER), record.time)
             self._positions[partition] = position.offset + 1
             count = self._since_checkpoint.get(partition, 0) + 1
             if count >= self.checkpoint_every:
@@ -357,7 +354,6 @@ class LedgerViews:
             self.events_folded += len(records) - len(thinning.dead)
             if latest is not None:
                 fold._occurred(from_micros(latest))
-                self._log_times[partition] = max(self._log_times.get(partition, _NEVER), latest)
             fold.offset = max(fold.offset, records[-1].offset)
             fold.horizon = max(fold.horizon, records[-1].offset)
             for lease_key in changes.leases:  # renewed, as the renewals left them
@@ -373,7 +369,12 @@ class LedgerViews:
         taken = checkpoints[-1].number + 1 if checkpoints else 1  # the newest is always kept
         self._checkpoints[partition] = [
             *(c for c in checkpoints if kept(c.number, taken, self.recent_checkpoints)),
-            Checkpoint(taken, next_offset, folds, self._log_times.get(partition, _NEVER)),
+            Checkpoint(
+                taken,
+                next_offset,
+                folds,
+                max((f.time for f in folds.values() if f.time is not None), default=None),
+            ),
         ]
 
     async def _passed(
@@ -470,9 +471,8 @@ class LedgerViews:
             index = bisect.bisect_right(offsets, point + 1) - 1
             return (checkpoints[index] if index >= 0 else None), point + 1
         found = None
-        moment = micros(point)
         for checkpoint in checkpoints:
-            if checkpoint.log_time > moment:
+            if checkpoint.log_time is not None and checkpoint.log_time > point:
                 return found, checkpoint.next_offset
             found = checkpoint
         return found, self._positions.get(live.partition, live.offset + 1)
