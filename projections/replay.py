@@ -232,6 +232,7 @@ async def replay(
                         if start is not None:
                             await writer.commit(start)
                     span = Span.of(ends, projection.next_offsets, until, cluster)
+                    _warn_past_the_end(until, ends, span)
                     bar = _ProgressBar(
                         total=span.total,
                         tty=sys.stderr.isatty() if progress is None else progress,
@@ -420,6 +421,21 @@ async def _replay(
         )
     bar.update(span.total, events)
     return ReplayResult(events, rejected, 0.0, dict(projection.next_offsets))
+
+
+def _warn_past_the_end(until: Until, ends: Mapping[int, int], span: Span) -> None:
+    """An offset ``until`` at or past the end of every partition read reaches no point
+    in the log: the replay goes to its end, which the user may not have meant (an
+    offset of another partition, or of a longer log)."""
+    if not isinstance(until, int) or any(until < ends[p] for p in span.limits):
+        return
+    log.warning(
+        "--until %d is past the end of every partition read (%s): the replay goes to the"
+        " end of the log; an offset counts within each partition (svledger history shows"
+        " events with their partition:offset)",
+        until,
+        ", ".join(f"{p} ends at {ends[p]}" for p in sorted(span.limits)),
+    )
 
 
 def _holds_rows(state: State) -> bool:

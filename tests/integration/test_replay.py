@@ -136,6 +136,32 @@ async def test_a_cluster_without_events_is_named_with_those_its_partition_has(
     assert there and all(cluster in warning for cluster in there)
 
 
+async def test_an_offset_past_every_partitions_end_is_warned_of_and_replays_to_the_end(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]],
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings, records = log
+    past = len(records)  # no partition holds every record
+    result = await replay(settings, database_url, until=past, progress=False)
+    assert result.events == len(records)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    ends = {p: max(q.offset for _, q in records if q.partition == p) + 1 for p in range(3)}
+    assert f"--until {past} is past the end of every partition" in warning
+    assert all(f"{p} ends at {end}" in warning for p, end in ends.items())
+
+
+async def test_an_offset_within_some_partition_is_not_warned_of(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]],
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings, records = log
+    longest = max(p.offset for _, p in records)  # the last record of the longest partition
+    await replay(settings, database_url, until=longest, progress=False)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 async def test_a_snapshot_continues_from_its_checkpoint(
     log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
 ) -> None:
