@@ -126,6 +126,8 @@ _STEPS: Final[dict[type[MigrationStatusEvent], tuple[frozenset[Phase], Phase]]] 
 }
 
 REASON_RESET: Final = "StorageStateReset"  # a migration cancelled by a reset
+# How the rejection of a stale success begins: it moved its migration, not the hashes.
+STALE_SUCCESS: Final = "stale success"
 
 _Key = TypeVar("_Key")
 _Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration)
@@ -600,7 +602,7 @@ def _refine_persisted_hashes(
         changes,
         event,
         revision,
-        f"stale success of migration {migration.migration_id!r}: {stale}; objects may have"
+        f"{STALE_SUCCESS} of migration {migration.migration_id!r}: {stale}; objects may have"
         " been written in another version meanwhile, so the persisted hashes are kept",
     )
 

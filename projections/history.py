@@ -48,6 +48,7 @@ from ledger.events import (
 )
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
+from projections.fold import STALE_SUCCESS
 from projections.schema import (
     ledger_events,
     rejected_events,
@@ -99,6 +100,19 @@ class HistoryEntry:
     @property
     def applied(self) -> bool:
         return self.rejection is None
+
+    @property
+    def applied_in_part(self) -> bool:
+        """A stale success: it moved its migration to Succeeded, but the fold kept the
+        persisted hashes (recorded as a rejection, with why)."""
+        return self.rejection is not None and self.rejection.startswith(STALE_SUCCESS)
+
+    @property
+    def outcome(self) -> str:
+        """What the fold did with it, unless it applied it whole: '' then."""
+        if self.applied:
+            return ""
+        return f"{'applied in part' if self.applied_in_part else 'rejected'}: {self.rejection}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -301,7 +315,7 @@ def format_history(entries: Sequence[HistoryEntry]) -> str:
             entry.occurred_at.isoformat(timespec="seconds"),
             entry.event_type,
             entry.source,
-            describe(entry) + ("" if entry.applied else f" -- rejected: {entry.rejection}"),
+            describe(entry) + (f" -- {entry.outcome}" if entry.outcome else ""),
         )
         for entry in entries
     ]
@@ -564,7 +578,7 @@ def _migration_lines(facts: Facts) -> list[str]:
         + (f": {latest.message}" if latest.message else ""),
     ]
     lines += [
-        f"  {'applied in part' if e is last else 'not applied'}: {e.event_type} at"
+        f"  {'applied in part' if e.applied_in_part else 'not applied'}: {e.event_type} at"
         f" {e.position}: {e.rejection}"
         for e in steps
         if not e.applied

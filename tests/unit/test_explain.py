@@ -249,6 +249,9 @@ def test_a_stale_success_is_what_last_moved_its_migration() -> None:
     assert migration.startswith("Latest migration m1 (of 1): Succeeded")
     assert f"last moved by MigrationSucceeded at {succeeded} " in migration
     assert f"applied in part: MigrationSucceeded at {succeeded}: stale success" in migration
+    [line] = [row for row in format_history(s.facts().history).splitlines() if "Succeeded" in row]
+    assert line.startswith(f"{succeeded} ")
+    assert "-- applied in part: stale success of migration 'm1'" in line
 
 
 def test_a_reset_is_the_origin_of_unknown() -> None:
