@@ -180,7 +180,14 @@ class Codec:
     def decode(self, data: bytes) -> Event:
         """The event in ``data``, upcast from its writer schema to the current class."""
         writer = self._writer_of(data)
-        return typing.cast(Event, writer.shape.from_avro(self._read(writer, data)))
+        read = self._read(writer, data)
+        try:
+            return typing.cast(Event, writer.shape.from_avro(read))
+        except (OverflowError, ValueError) as error:  # a time no datetime holds, say
+            raise CodecError(
+                f"{writer.type_name} record ({len(data)} bytes, schema v{writer.version}) "
+                f"is corrupt: {type(error).__name__}: {error}"
+            ) from error
 
     def _read(self, writer: _Writer, data: bytes) -> dict[str, Any]:
         stream = io.BytesIO(data)

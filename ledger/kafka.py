@@ -1655,7 +1655,38 @@ def decode_message(message: Message) -> Record | str:
     cluster = event.meta.cluster
     if message.key != cluster.encode():
         return f"record key {message.key!r} is not the event's meta.cluster {cluster!r}"
+    if (lie := _header_lie(message.headers, event)) is not None:
+        return lie
     return Record(Position(message.partition, message.offset), event, message.value)
+
+
+def _header_lie(headers: Headers, event: Event) -> str | None:
+    """Which of the headers readers trust without decoding (:func:`to_record`) says
+    other than ``event``, if one does.
+
+    The fold counts a plain lease renewal by its lease header and cuts the log by the
+    time header, undecoded, so a record whose headers disagree with its event would
+    be folded one way by a reader that decodes it and another by one that does not:
+    it is refused by both, as a dead letter.
+    """
+    for name, value in headers:
+        if name == TIME_HEADER and len(value) == 8:
+            moment = int.from_bytes(value, "big", signed=True)
+            if moment != micros(event.meta.occurred_at):
+                return (
+                    f"header {TIME_HEADER} says the event occurred at {moment} us, its"
+                    f" meta.occurred_at {event.meta.occurred_at.isoformat()}: a writer"
+                    " must build the headers from the event it encodes"
+                )
+        elif name == LEASE_HEADER and not (
+            isinstance(event, ApiserverHeartbeat) and value == heartbeat_term(event)
+        ):
+            return (
+                f"header {LEASE_HEADER} does not hold the lease term of the"
+                f" {type_name(event)} it comes with: a writer must build the headers"
+                " from the event it encodes"
+            )
+    return None
 
 
 def decode_messages(

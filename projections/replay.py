@@ -13,7 +13,8 @@ projector pointed at it afterwards carries on from where the replay stopped.
   ``/at/TIME`` cuts the same way); the views then show the ledger as it stood at that
   point.
 * ``cluster``: only that cluster's events, read from the one partition its key
-  hashes to.
+  hashes to. Its dead letters are logged, not sent: readers of whole partitions send
+  them (:class:`ledger.kafka.DeadLetters`).
 * ``from_snapshot``: the database already holds a projection (a copy of a live
   projection database, or an earlier replay): load it and continue from its
   checkpoint. Without it a database holding any event is refused, so a replay never
@@ -384,6 +385,9 @@ async def _replay(
                 partitions=sorted(open_partitions),
                 start_offsets=lambda partitions: {p: begin[p] for p in partitions},
                 until={p: limits[p] for p in open_partitions},  # where it stops reading each
+                # Dead letters are known sent by the highest source offset sent: one
+                # cluster's reader, passing over the others' records, sends none.
+                dead_letters=cluster is None,
             ) as consumer,
             contextlib.aclosing(consumer.batches_for_fold(max_batch)) as batches,
         ):

@@ -28,8 +28,13 @@ The views are exactly those of folding every event one by one
 Trust: the header is the record's word for its term. Every writer builds it from the
 event it encodes (:func:`ledger.kafka.to_record`) and admission builds it again from
 the decoded inbox record, so only a principal that may write the events topic
-directly could make the two differ. A pending renewal that does not decode is
-counted, logged and left out of the fold, as a dead letter would be.
+directly could make the two differ. A record that is read and found to differ from
+its headers is a dead letter wherever it is read (:func:`ledger.kafka.decode_message`),
+so it is folded by no reader. Of a run of pending renewals only the last ones are
+read (:meth:`Thinning._flush`): one of those that does not decode goes to the
+dead-letter topic and is not counted; the ones before are counted on their headers'
+word and never read, so a corrupt value among them is not found. Decoding them all
+to find one would cost the fold most of what thinning saves.
 """
 
 from __future__ import annotations
@@ -233,7 +238,7 @@ class Thinning:
         """Remove the pending renewals of lease ``key`` and count them for its holder
         (``holder``, else the lease's)."""
         pending = self._pending.pop(key, None)
-        if pending is None:
+        if not pending:
             return []
         if holder is None:
             holder = self.state.leases[key].holder_identity
@@ -249,38 +254,43 @@ class Thinning:
         return pending
 
     def _flush(self, key: LeaseKey) -> None:
-        """Fold the pending renewals of lease ``key`` as one-by-one folding would end."""
-        readable = self._readable(reversed(self._take(key)))
-        last = next(readable, None)
-        if last is None:
+        """Fold the pending renewals of lease ``key`` as one-by-one folding would end.
+
+        Only the last ones are read: the last readable one and the last before it with
+        another renew time. One that does not read on the way there is a dead letter,
+        neither counted nor folded; the ones before are counted by their headers alone.
+        """
+        pending = self._pending.get(key)
+        if pending is None:
             return
+        dead = len(self.dead)
+        readable = self._readable(reversed(pending))
+        last = next(readable, None)
         first, before = last, None
         for record in readable:
+            assert last is not None
             if _renewed(record) != _renewed(last):
                 before = record
                 break
             first = record
+        if len(self.dead) > dead:
+            unread = {message.offset for message, _ in self.dead[dead:]}
+            pending[:] = [p for p in pending if p.offset not in unread]
+        self._take(key)
+        if first is None:
+            return
         if before is not None:
             self._apply(before.event, before)
         self._apply(first.event, first)
-        self.terms.update(self.state, key)  # the same term, unless a header lied
+        self.terms.update(self.state, key)
 
-    @staticmethod
-    def _readable(pending: Iterable[_Pending]) -> Iterator[Record]:
+    def _readable(self, pending: Iterable[_Pending]) -> Iterator[Record]:
+        """The records of ``pending`` that decode; the others go to :attr:`dead`."""
         for record in pending:
             if isinstance(record, Record):
                 yield record
-                continue
-            decoded = decode_message(record)
-            if isinstance(decoded, Record):
+            elif isinstance(decoded := self._decoded(record), Record):
                 yield decoded
-            else:
-                log.warning(
-                    "lease renewal %d:%d is counted but unreadable, left out of the fold: %s",
-                    record.partition,
-                    record.offset,
-                    decoded,
-                )
 
 
 def _renewed(record: Record) -> object:

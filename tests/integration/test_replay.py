@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sqlalchemy import Engine
 
 from ledger.events import Event, Position
@@ -231,6 +231,51 @@ async def test_the_helpers_send_their_dead_letters_and_log_through_the_parent(
         assert snapshot(db) == reference_snapshot(db, records, settings.topic)
     finally:
         db.dispose()
+
+
+async def test_a_replay_of_one_cluster_leaves_the_dead_letters_to_whole_readers(
+    kafka_bootstrap: str, unique_topic: str, database_url: str, db: Engine
+) -> None:
+    # Dead letters are sent once per source offset by remembering the highest sent: a
+    # reader that passes over other clusters' records must send none, or the earlier
+    # dead letters of those clusters would count as sent and never be.
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=1)
+    await create_topics(settings)
+    events = list(mixed_events(300, clusters=2, seed=4))
+    clusters = sorted({event.meta.cluster for event in events})
+    records = await append(settings, events[:100])
+    garbage = []
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for cluster in clusters:
+            sent = await producer.send_and_wait(
+                settings.topic, b"\x00not avro", key=cluster.encode()
+            )
+            garbage.append(sent.offset)
+    finally:
+        await producer.stop()
+    records += await append(settings, events[100:])
+    await replay(settings, database_url, cluster=clusters[-1], progress=False)
+    clear(db)
+    await replay(settings, database_url, progress=False)
+    assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        partition = TopicPartition(settings.dlq_topic, 0)  # where partition 0's letters go
+        consumer.assign([partition])
+        end = (await consumer.end_offsets([partition]))[partition]
+        letters = []
+        while await consumer.position(partition) < end:
+            letters += (await consumer.getmany(timeout_ms=1000)).get(partition, [])
+    finally:
+        await consumer.stop()
+    assert sorted(int(dict(m.headers)["svledger-dlq-offset"]) for m in letters) == garbage
 
 
 async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(

@@ -27,6 +27,7 @@ from ledger.events import (
     Meta,
     StorageStateReset,
     heartbeat_term,
+    micros,
     type_name,
 )
 from tests import strategies
@@ -383,3 +384,21 @@ def test_a_value_out_of_its_avro_range_is_refused_with_the_event_shown() -> None
 def test_an_object_that_is_not_an_event_is_refused() -> None:
     with pytest.raises(CodecError, match="'Meta' is not an event type"):
         codec.encode(Meta.new("prod", "x", T0))  # type: ignore[arg-type]
+
+
+def test_a_time_out_of_a_datetimes_range_is_corrupt_with_the_type_named() -> None:
+    # A flipped bit in a timestamp reads as a long no datetime holds.
+    event = ApiserverHeartbeat(
+        Meta.new("prod", "apiserver-x", T0), "apiserver-x", "apiserver-x_1", "cp-1", 3600, T0
+    )
+    encoded = codec.encode(event)
+    body = encoded.replace(avro_long(micros(T0)), avro_long(2**62))
+    assert body != encoded
+    with pytest.raises(CodecError, match=r"ApiserverHeartbeat record .* is corrupt: OverflowError"):
+        codec.decode(body)
+
+
+def avro_long(value: int) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, "long", value)
+    return out.getvalue()

@@ -25,9 +25,10 @@ from ledger.events import (
     Event,
     Meta,
     Position,
+    StorageVersionReported,
     micros,
 )
-from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message
+from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message, Record, decode_message
 from projections import fold
 from projections.projector import Projection, fold_batch
 from projections.state import HolderKey, State
@@ -113,17 +114,60 @@ def test_an_expiry_between_renewals_reads_the_renew_time_before_it() -> None:
         assert logged == [Position(0, 0), Position(0, 2)] + [Position(0, 3)] * applied
 
 
-def test_an_unreadable_renewal_is_counted_and_left_out_of_the_fold() -> None:
+def test_an_unreadable_last_renewal_is_a_dead_letter_neither_counted_nor_folded() -> None:
     t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
     history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, t2)]
     records = [handed_over(event, position) for event, position in history]
     broken = consumed(*history[2], value=b"\xc3\x01garbage")
     assert any(name == LEASE_HEADER for name, _ in broken.headers)
     records[2] = broken
-    state, logged, counts, _ = in_batches(records, [])
-    assert state == fold.fold(history[:2])  # as if the broken one were a dead letter
-    assert counts == {("east", "a1", "a1_1"): (0, 1, 2, 2)}
-    assert logged == [Position(0, 0)]
+    projection = Projection("views", TOPIC, State(), {})
+    folded = fold_batch(projection, by_partition(records))
+    assert projection.state == fold.fold(history[:2])  # as if it were not in the log
+    [(dead, reason)] = folded.dead
+    assert dead is broken and "truncated record" in reason
+    [count] = folded.batch.renewals.values()
+    assert (count.first_offset, count.last_offset, count.renewals) == (1, 1, 1)
+
+
+def lying(event: Event, position: Position, headers_of: Event) -> Message:
+    """The record of ``event`` under the headers a writer would give ``headers_of``."""
+    return dataclasses.replace(
+        consumed(event, position), headers=consumed(headers_of, position).headers
+    )
+
+
+def test_a_record_under_another_events_headers_is_a_dead_letter_for_every_reader() -> None:
+    # A report, and a heartbeat of a new holder, each under a plain renewal's headers,
+    # then a plain renewal: the fold reads the lying ones when it folds the run, and
+    # a reader that decodes every record refuses them the same way.
+    t1, t2, t3 = (T0 + timedelta(seconds=s) for s in (10, 20, 30))
+    renewal = heartbeat(1, t1)[0]
+    report = StorageVersionReported(
+        Meta("r", "east", t1, "a1"), "a1", "apps", "deployments", "Deployment",
+        "apps/v1", ("apps/v1",), ("apps/v1",),
+    )  # fmt: skip
+    new_holder = heartbeat(3, t2, holder="a1_2")[0]
+    history = [heartbeat(0, T0), (renewal, Position(0, 1)), heartbeat(4, t3)]
+    liars = [lying(report, Position(0, 2), renewal), lying(new_holder, Position(0, 3), renewal)]
+    for liar in liars:
+        records = [handed_over(*history[0]), handed_over(*history[1]), liar]
+        records += [handed_over(*history[2])] * (liar is liars[0])
+        projection = Projection("views", TOPIC, State(), {})
+        folded = fold_batch(projection, by_partition(records))
+        [(dead, reason)] = folded.dead
+        assert dead is liar and "a writer must build the headers from the event" in reason
+        assert decode_message(liar) == reason
+        assert projection.state == fold.fold(history[: 2 + (liar is liars[0])])
+
+
+def test_a_record_whose_time_header_is_not_its_events_time_is_a_dead_letter() -> None:
+    event, position = heartbeat(0, T0)
+    other_time = consumed(heartbeat(0, T0 + timedelta(seconds=1))[0], position).headers
+    record = dataclasses.replace(consumed(event, position), headers=other_time)
+    reason = decode_message(record)
+    assert isinstance(reason, str) and "header svledger-time" in reason
+    assert isinstance(decode_message(consumed(event, position)), Record)
 
 
 def test_a_heartbeat_written_before_the_time_header_is_decoded_and_its_time_counts() -> None:
