@@ -457,10 +457,14 @@ def _reset(state: State, event: StorageStateReset, revision: str, changes: Chang
             f" {event.meta.cluster!r} to reset; check the group and resource names",
         )
         return
-    reset = dataclasses.replace(
+    # Stored even when the hashes are ["Unknown"] already: the reset cancels the
+    # resource's migrations below, and the trigger names its migrations by the
+    # StorageState's revision, so a revision left behind would have it take the
+    # migration just cancelled for its decision on this state and request none.
+    state.storage_states[key] = dataclasses.replace(
         storage_state, persisted_storage_version_hashes=(UNKNOWN_HASH,), revision=revision
     )
-    _store(state.storage_states, key, reset, changes.storage_states)
+    changes.storage_states.add(key)
     name = resource_name(event.group, event.resource)
     for migration_key in sorted(state.active_migrations_by_resource.get(key, ())):
         cancelled = dataclasses.replace(

@@ -182,6 +182,25 @@ def test_a_reset_under_a_running_migration_cancels_it_and_a_new_one_is_requested
     assert ledger.state.storage_states[PODS].persisted_storage_version_hashes == ("Unknown",)
 
 
+def test_a_reset_of_a_state_reset_already_cancels_and_a_new_migration_is_requested() -> None:
+    # The second reset finds the hashes ["Unknown"] already; it still cancels the
+    # migration the first one led to, and the trigger must not take that cancelled
+    # migration for its decision on the state: it requests a new one.
+    ledger = three_on_v1()
+    requested = []
+    for reason in ("etcd restored", "etcd restored again"):
+        reset = StorageStateReset(ledger.meta("ops"), "", "pods", reason)
+        ledger.append(reset)
+        assert ledger.state.storage_states[PODS].persisted_storage_version_hashes == ("Unknown",)
+        decided = decide(ledger.state, PODS, reset.meta)
+        for output in decided:
+            ledger.append(output)
+        assert kinds(decided) == ["MigrationRequested"]
+        requested.append(decided[0].migration_id)  # type: ignore[union-attr]
+    assert len(set(requested)) == 2
+    assert ledger.active() == [("v1", "Pending")]
+
+
 def test_a_forced_migration_the_storage_version_moved_under_is_cancelled() -> None:
     """Everything is stored in v1 and an operator forces a migration anyway; an apiserver
     leaving moves the StorageVersion. That migration can no longer count (the worker
