@@ -347,8 +347,8 @@ class PartitionFollower:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for partition_log in self.logs.values():
-            await partition_log.close()
+        # At once: each close may wait out a producer's stop timeout (a hung broker).
+        await asyncio.gather(*(partition_log.close() for partition_log in self.logs.values()))
         self.logs.clear()
         self._lag.clear()
         if self.snapshots is not None:

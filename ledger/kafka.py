@@ -220,6 +220,16 @@ class _Client(Protocol):
     async def start(self) -> None: ...
 
 
+async def stop_within(client: _Client, what: str) -> None:
+    """Stop ``client``, or abandon it with a warning if it has not stopped within
+    :data:`STOP_TIMEOUT_SECONDS`: a broker that does not answer (hung, not gone) holds
+    a producer's flush and a group member's leave request for the whole request
+    timeout (40 s), past Kubernetes' grace period. A member that does not leave is
+    dropped by the group coordinator after its session timeout."""
+    if not await _finish_within(asyncio.create_task(_shut(client)), STOP_TIMEOUT_SECONDS):
+        log.warning("%s did not stop within %.0f s; abandoned", what, STOP_TIMEOUT_SECONDS)
+
+
 async def _shut(client: _Client) -> None:
     """Stop a client: consumers and producers ``stop()``, the admin client ``close()``s."""
     shut = getattr(client, "stop", None) or getattr(client, "close", None)
@@ -788,15 +798,10 @@ class TransactionalProducer:
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        if not await _finish_within(asyncio.create_task(producer.stop()), STOP_TIMEOUT_SECONDS):
-            # Stopping flushes what is pending, which waits for the broker: for ever if a
-            # transaction can no longer complete. The next producer of the ID fences this
-            # one, and the broker aborts what it has open.
-            log.warning(
-                "transactional producer %s did not stop within %.0f s; abandoned",
-                self.transactional_id,
-                STOP_TIMEOUT_SECONDS,
-            )
+        # Stopping flushes what is pending, which waits for the broker: for ever if a
+        # transaction can no longer complete. The next producer of the ID fences this
+        # one, and the broker aborts what it has open.
+        await stop_within(producer, f"transactional producer {self.transactional_id}")
 
     async def commit(
         self,
@@ -858,7 +863,7 @@ class TransactionalProducer:
 
         task = asyncio.create_task(transact())
         try:
-            if not await _finish_within(task, TRANSACTION_TIMEOUT_SECONDS):
+            if not await _transaction_within(task, TRANSACTION_TIMEOUT_SECONDS):
                 # An idempotent producer retries a refused batch for ever (a coordinator
                 # that keeps answering "not enough replicas", a broker that is gone), and
                 # the abort a cancellation starts waits for the same broker: give up on
@@ -961,6 +966,38 @@ class PartitionProducer(TransactionalProducer):
 _abandoned: set[asyncio.Task[Any]] = set()
 
 
+async def _transaction_within(task: asyncio.Task[Any], seconds: float) -> bool:
+    """:func:`_finish_within`, for a transaction of a service that may be told to stop
+    (:func:`stop_connecting_on`): once it is, the transaction gets
+    :data:`_UNWIND_SECONDS` more, then it is abandoned with :class:`StoppedConnecting`.
+    A broker that does not answer would otherwise hold the shutdown for the whole
+    transaction timeout, past Kubernetes' grace period; an abandoned transaction is
+    invisible to every reader, and the next producer of its ID aborts it."""
+    stop = _STOP.get()
+    if stop is None:
+        return await _finish_within(task, seconds)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    if not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                {task, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:
+            _abandon(task)
+            raise
+        finally:
+            stopped.cancel()
+    if stop.is_set():
+        deadline = min(deadline, loop.time() + _UNWIND_SECONDS)
+    if await _finish_within(task, max(0.0, deadline - loop.time())):
+        return True
+    if stop.is_set():
+        raise StoppedConnecting("told to stop while a transaction waited for Kafka")
+    return False
+
+
 async def _finish_within(task: asyncio.Task[Any], seconds: float) -> bool:
     """Wait up to ``seconds`` for ``task``; if it has not finished, cancel it and leave it.
 
@@ -1051,7 +1088,7 @@ class _Member:
     async def __aexit__(self, *exc_info: object) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await stop_within(consumer, "group member")
 
     @property
     def _kafka(self) -> AIOKafkaConsumer:
@@ -1329,7 +1366,7 @@ class EventConsumer:
         dead_letters, self._dead_letters = self._dead_letters, None
         try:
             if consumer is not None:
-                await consumer.stop()
+                await stop_within(consumer, "consumer")
         finally:
             if dead_letters is not None:
                 await dead_letters.__aexit__(None, None, None)

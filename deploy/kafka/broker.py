@@ -243,6 +243,18 @@ class LocalKafka:
         process.kill()
         process.wait()
 
+    def hang(self) -> None:
+        """Freeze the broker (SIGSTOP): its connections stay open and nothing is answered,
+        as when its machine stalls; :meth:`resume` lets it go on."""
+        if self._process is None:
+            raise BrokerError("the broker is not running: call start() first")
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a broker frozen by :meth:`hang` go on (SIGCONT)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Start the broker again on its data and ports after :meth:`kill`; return once ready."""
         if self._process is not None or self._workdir is None:

@@ -53,6 +53,7 @@ from ledger.identity import apiserver_id
 from ledger.kafka import (
     BROKER_ERRORS,
     EndOffsets,
+    EventConsumer,
     EventProducer,
     GroupMember,
     PartitionProducer,
@@ -483,6 +484,47 @@ async def test_a_commit_gives_up_in_time_while_the_broker_is_down(
     assert logged == ["h1", "h3"]
     stable, high = await stable_and_high(settings)
     assert stable == high
+
+
+async def test_a_service_told_to_stop_while_its_broker_hangs_stops_within_the_grace_period(
+    broker: LocalKafka,
+) -> None:
+    # A hung broker answers nothing: a commit waits out its transaction timeout (60 s)
+    # and a group member's leave request aiokafka's request timeout (40 s), unless
+    # stopping cuts them short. Kubernetes kills a pod 30 s after SIGTERM.
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-hang", partitions=1
+    )
+    await create_topics(settings)
+    async with EventProducer(settings) as producer:
+        await producer.send(heartbeat("h0"))
+    stop = asyncio.Event()
+    kafka.stop_connecting_on(stop)  # as every service does (svledger.options)
+    follower = PartitionFollower(settings, group_id="hang", transactional_prefix="hang")
+    committing = asyncio.Event()
+
+    async def service() -> None:
+        async with follower:
+            async for folded in follower.batches(stop):
+                broker.hang()
+                committing.set()
+                await folded.log.commit([heartbeat("h1")])
+
+    running = asyncio.create_task(service())
+    try:
+        await asyncio.wait_for(committing.wait(), 60)
+        await asyncio.sleep(1)  # the transaction is under way
+        stop.set()
+        started = time.monotonic()
+        done, _ = await asyncio.wait({running}, timeout=60)
+        stopped_in = time.monotonic() - started
+    finally:
+        broker.resume()
+    assert done and running.cancelled()  # StoppedConnecting: the commit was given up
+    assert stopped_in < 30, f"stopped {stopped_in:.0f} s after it was told to"
+    async with EventConsumer(settings, until="end", dead_letters=False) as consumer:
+        logged = [record.event async for record in consumer]
+    assert [e.hostname for e in logged if isinstance(e, ApiserverHeartbeat)] == ["h0"]
 
 
 async def first_partition(follower: PartitionFollower, stop: asyncio.Event) -> int | None:
