@@ -73,13 +73,45 @@ class JsonLinesFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class LibraryRepeats(logging.Filter):
+    """Lets each message of a client library through once per ``window`` seconds.
+
+    While a broker cannot be reached, aiokafka logs an error at every retry of every
+    connection, hundreds a second; svledger's own warning already says what is wrong
+    and what to check. A message is told by its logger and its format string (so the
+    node or error in it may vary); the first one after a quiet window says how many
+    like it were held back.
+    """
+
+    def __init__(self, prefixes: tuple[str, ...] = ("aiokafka",), window: float = 10.0) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.window = window
+        self._shown: dict[tuple[str, object], tuple[float, int]] = {}  # when, held back since
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, record.msg)
+        shown = self._shown.get(key)
+        if shown is not None and record.created - shown[0] < self.window:
+            self._shown[key] = (shown[0], shown[1] + 1)
+            return False
+        self._shown[key] = (record.created, 0)
+        if shown is not None and shown[1]:
+            record.msg = f"{record.msg} ({shown[1]} more like it held back)"
+        return True
+
+
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler :func:`configure_logging` installs; a marker so it replaces only its own."""
 
 
 def configure_logging(level: str = "INFO", log_format: str = "json") -> None:
-    """Send log records at ``level`` and above to stderr as JSON lines or plain text."""
+    """Send log records at ``level`` and above to stderr as JSON lines or plain text,
+    a client library's repeated messages thinned (:class:`LibraryRepeats`)."""
     handler = _StderrHandler(sys.stderr)
+    handler.addFilter(LibraryRepeats())
     handler.setFormatter(
         JsonLinesFormatter()
         if log_format == "json"

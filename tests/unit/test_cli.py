@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from svledger.cli import build_parser, configure_logging, main
+from svledger.cli import LibraryRepeats, build_parser, configure_logging, main
 
 
 @pytest.fixture(autouse=True)
@@ -105,6 +105,27 @@ def test_configuring_twice_keeps_one_handler(capsys: pytest.CaptureFixture[str])
     configure_logging("INFO", "text")
     logging.getLogger("svledger.test").warning("once")
     assert capsys.readouterr().err.count("once") == 1
+
+
+def test_a_librarys_repeated_message_is_shown_once_a_window_with_the_count_held_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("INFO", "text")
+    client = logging.getLogger("aiokafka.client")
+    for node in range(300):  # a broker away: an error at every retry
+        client.error("Unable connect to node with id %s: %s", node % 3, "refused")
+    logging.getLogger("svledger.test").warning("own %s", 1)
+    logging.getLogger("svledger.test").warning("own %s", 2)
+    lines = capsys.readouterr().err.splitlines()
+    assert len([line for line in lines if "Unable connect" in line]) == 1
+    assert len([line for line in lines if "own" in line]) == 2  # svledger's own: all
+    repeats = LibraryRepeats(window=10.0)
+    records = [
+        logging.makeLogRecord({"name": "aiokafka", "msg": "down %s", "created": t})
+        for t in (0.0, 1.0, 2.0, 12.0, 13.0)
+    ]
+    assert [repeats.filter(r) for r in records] == [True, False, False, True, False]
+    assert records[3].getMessage() == "down %s (2 more like it held back)"
 
 
 def test_python_dash_m_svledger_runs_the_command() -> None:
