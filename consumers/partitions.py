@@ -92,7 +92,7 @@ from ledger.kafka import (
 )
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
-from projections.fold import apply
+from projections.fold import apply, subject
 from projections.snapshots import SnapshotSource
 from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Pending, Thinning
@@ -266,6 +266,7 @@ class PartitionLog:
         if positions:
             self.barrier = max(self.barrier, max(p.offset for p in positions) + 1)
             self._unread.append(min(p.offset for p in positions))
+            _log_appended(self._follower.group_id, events, positions)
         for event_type, count in collections.Counter(map(type_name, events)).items():
             metrics.EVENTS_APPENDED.labels(self._follower.group_id, event_type).inc(count)
         return positions
@@ -277,6 +278,25 @@ class PartitionLog:
     async def close(self) -> None:
         self.lose()
         await self._producer.stop()
+
+
+_NAMED_APPENDS: Final = 5  # events named one by one in an append's log line
+
+
+def _log_appended(group_id: str, events: Sequence[Event], positions: Sequence[Position]) -> None:
+    """One line per commit, naming what a consumer decided (an expiry, a migration step)."""
+    named = [
+        f"{type_name(event)} {subject(event)} ({event.meta.cluster}) at {position}"
+        for event, position in zip(events[:_NAMED_APPENDS], positions, strict=False)
+    ]
+    if len(events) > _NAMED_APPENDS:
+        named.append(f"{len(events) - _NAMED_APPENDS} more")
+    log.info(
+        "%s appended %s",
+        group_id,
+        ", ".join(named),
+        extra={"events": len(events), "first": str(positions[0]), "last": str(positions[-1])},
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -366,16 +366,10 @@ async def run_collector(
                 if not events:
                     continue
                 try:
-                    positions = await partition_log.commit(events)
+                    await partition_log.commit(events)  # which logs what it appended
                 except PartitionLost:
                     watcher.changed.set()
                     continue
-                log.info(
-                    "appended %d events for cluster %s",
-                    len(events),
-                    cluster,
-                    extra={"cluster": cluster, "events": len(events), "last": str(positions[-1])},
-                )
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
@@ -104,8 +105,9 @@ def requested(events: list[Event], resource: str = "pods") -> list[MigrationRequ
 
 
 async def test_agreement_requests_once_disagreement_cancels_and_change_requests_again(
-    settings: KafkaSettings, unique_topic: str
+    settings: KafkaSettings, unique_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "consumers.partitions")
     group = f"{unique_topic}.migrator"
     async with EventProducer(settings) as producer:
         reporters = [
@@ -122,6 +124,12 @@ async def test_agreement_requests_once_disagreement_cancels_and_change_requests_
                 events = await wait_for(settings, lambda es: len(requested(es)) == 1)
                 (first,) = requested(events)
                 assert first.target_version == "v1"
+                # Its decision is logged, naming the migration and where it went.
+                assert any(
+                    f"appended MigrationRequested {first.migration_id} (east) at " in r.getMessage()
+                    for r in caplog.records
+                    if r.name == "consumers.partitions"
+                )
                 await producer.send(
                     MigrationStarted(
                         Meta.new("east", "worker", datetime.now(UTC)), first.migration_id
