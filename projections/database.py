@@ -160,6 +160,12 @@ def _connect(db: Engine) -> Iterator[Connection]:
                 "file that `svledger db upgrade --db URL` created (it creates one where "
                 "the folder exists)"
             ) from error
+        if db.url.get_backend_name() == "postgresql" and "does not exist" in reason:
+            raise DatabaseUnreachable(
+                f"cannot connect to database {_shown(db.url)}: {reason}; create it (`CREATE"
+                f" DATABASE {db.url.database}` as a user who may, or `createdb`), then run"
+                " `svledger db upgrade --db URL`"
+            ) from error
         raise DatabaseUnreachable(
             f"cannot connect to database {_shown(db.url)}: {reason}; check that it is "
             "running and the URL is right, then run `svledger db upgrade --db URL` if "

@@ -183,7 +183,10 @@ def add_worker(subparsers: Subparsers) -> None:
         "--executor",
         choices=EXECUTORS,
         default="rewrite",
-        help="who rewrites the objects: this worker, or kube-controller-manager",
+        help=(
+            "who rewrites the objects: this worker (rewrite), or kube-controller-manager"
+            " through StorageVersionMigration objects (storagemigration) (default: rewrite)"
+        ),
     )
     parser.add_argument(
         "--chunk-size",
