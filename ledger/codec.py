@@ -260,6 +260,14 @@ def type_of(data: bytes) -> str:
     return default_codec().type_of(data)
 
 
+def headers_of(type_name: str) -> tuple[bytes, ...]:
+    """The single-object headers (``c3 01`` and the fingerprint) of every packaged
+    schema version of the event type ``type_name``: a record of that type starts with
+    one of them (``bytes.startswith`` takes the tuple)."""
+    fingerprints = default_codec().fingerprints().items()
+    return tuple(MAGIC + key for key, (name, _) in fingerprints if name == type_name)
+
+
 def schema_tree(root: Traversable | None = None) -> dict[str, dict[int, Any]]:
     """``{type name: {version: schema JSON}}`` of every shipped schema (default: the packaged)."""
     return _load_tree(root if root is not None else _packaged_schemas())

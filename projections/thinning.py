@@ -30,19 +30,23 @@ event it encodes (:func:`ledger.kafka.to_record`) and admission builds it again 
 the decoded inbox record, so only a principal that may write the events topic
 directly could make the two differ. A record that is read and found to differ from
 its headers is a dead letter wherever it is read (:func:`ledger.kafka.decode_message`),
-so it is folded by no reader. Of a run of pending renewals only the last ones are
-read (:meth:`Thinning._flush`): one of those that does not decode goes to the
-dead-letter topic and is not counted; the ones before are counted on their headers'
-word and never read, so a corrupt value among them is not found. Decoding them all
-to find one would cost the fold most of what thinning saves.
+so it is folded by no reader. A renewal is held pending only if its value starts as
+a heartbeat's (``c3 01`` and a heartbeat schema's fingerprint); any other is decoded
+at once, and dead-lettered. Of a run of pending renewals only the last ones are read
+(:meth:`Thinning._flush`): one of those that does not decode goes to the dead-letter
+topic and is not counted; the ones before are counted on their headers' word and
+never read, so a heartbeat's value cut short or garbled after its first ten bytes is
+not found among them. Decoding them all to find one would cost the fold most of what
+thinning saves.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
+from ledger.codec import headers_of
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
@@ -93,6 +97,10 @@ class LeaseTerms:
             term = self._by_key[key] = _term(lease)
             self.by_term[term] = (key, key[0].encode())
 
+
+# A plain renewal's value starts as a heartbeat's: one that does not is decoded (and
+# found a dead letter) at once, at the cost of a prefix compare per renewal.
+_HEARTBEAT_HEADERS: Final = headers_of(ApiserverHeartbeat.__name__)
 
 _Pending: TypeAlias = Message | Record  # undecoded, or decoded for want of the header
 # Each lease's plain renewals not folded yet, in log order.
@@ -154,7 +162,13 @@ class Thinning:
                 if time_name == TIME_HEADER and lease_name == LEASE_HEADER and len(time) == 8:
                     moment = int.from_bytes(time, "big", signed=True)
                     found = by_term.get(term)
-                    if found is not None and found[1] == message.key and message.value is not None:
+                    value = message.value
+                    if (
+                        found is not None
+                        and found[1] == message.key
+                        and value is not None
+                        and value.startswith(_HEARTBEAT_HEADERS)
+                    ):
                         waiting = pending.get(found[0])
                         if waiting is None:
                             pending[found[0]] = [message]

@@ -130,6 +130,22 @@ def test_an_unreadable_last_renewal_is_a_dead_letter_neither_counted_nor_folded(
     assert (count.first_offset, count.last_offset, count.renewals) == (1, 1, 1)
 
 
+def test_a_renewal_whose_value_is_no_heartbeat_is_a_dead_letter_wherever_it_stands() -> None:
+    # Early in a run, where only its headers would be read: folding the run reads the
+    # last renewal and the one before it.
+    history = [heartbeat(i, T0 + timedelta(seconds=10 * i)) for i in range(5)]
+    records = [handed_over(event, position) for event, position in history]
+    for value in (b"", b"\x00not avro", b"\xc3\x01" + bytes(8) + b"body"):
+        records[1] = consumed(*history[1], value=value)
+        projection = Projection("views", TOPIC, State(), {})
+        folded = fold_batch(projection, by_partition(records))
+        [(dead, _)] = folded.dead
+        assert dead is records[1]
+        assert projection.state == fold.fold([history[0], *history[2:]])
+        [count] = folded.batch.renewals.values()
+        assert (count.first_offset, count.renewals) == (2, 3)
+
+
 def lying(event: Event, position: Position, headers_of: Event) -> Message:
     """The record of ``event`` under the headers a writer would give ``headers_of``."""
     return dataclasses.replace(
