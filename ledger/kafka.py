@@ -65,6 +65,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 import logging
 import operator
 import ssl
@@ -235,6 +236,26 @@ async def _shut(client: _Client) -> None:
     shut = getattr(client, "stop", None) or getattr(client, "close", None)
     assert shut is not None, f"{type(client).__name__} has neither stop() nor close()"
     await shut()
+    _see_undelivered(client)
+
+
+def _see_undelivered(client: _Client) -> None:
+    """Mark the failures of the batches a stopped producer could not deliver as seen.
+
+    A producer that failed (fenced by a newer producer of its transactional ID, say)
+    fails each batch it still holds with the error its last send or transaction
+    raised, also the batch's drain waiter, which aiokafka itself reads only when a
+    send waits for room in the batch. Left unread, asyncio logs each one as "Future
+    exception was never retrieved" when it is collected: an error the caller was
+    already given, told again as if it were a bug. A client without such batches
+    (a consumer, another aiokafka) has nothing to mark.
+    """
+    accumulator = getattr(client, "_message_accumulator", None)
+    queued = itertools.chain(*getattr(accumulator, "_batches", {}).values())
+    for batch in [*queued, *getattr(accumulator, "_pending_batches", ())]:
+        waiter = getattr(batch, "_drain_waiter", None)
+        if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
+            waiter.exception()
 
 
 _C = TypeVar("_C", bound=_Client)

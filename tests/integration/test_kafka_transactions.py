@@ -3,18 +3,31 @@
 The migrator's exactly-once consume-transform-produce rests on two broker guarantees,
 checked here on the real broker: a committed transaction publishes its records and the
 consumer group's offsets together, and an aborted transaction leaves neither a record a
-``read_committed`` consumer can see nor an offset commit.
+``read_committed`` consumer can see nor an offset commit. And a producer fenced by a
+newer one of its transactional ID fails once, and stops without a word more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from ledger.kafka import (
+    Addressed,
+    OutgoingRecord,
+    TransactionalProducer,
+    TransactionFailed,
+    create_topics,
+)
+from ledger.settings import KafkaSettings
 
 # A guard against a hung broker, not a measurement: reads normally finish in milliseconds.
 _READ_DEADLINE_SECONDS = 60.0
@@ -134,3 +147,31 @@ async def test_aborted_transaction_is_invisible_and_commits_no_offsets(
     ) as reader:
         assert await _read_values(reader, sink_partition, until=b"committed") == [b"committed"]
         assert await reader.committed(source_partition) is None
+
+
+async def test_a_fenced_producer_stops_with_its_failure_told_once(
+    kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A dead-letter sender fenced by a concurrent replay's is stopped and replaced: the
+    # failure reaches the caller once, as TransactionFailed, and nothing is left to
+    # make asyncio log it again ("Future exception was never retrieved") later.
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    await create_topics(settings)
+    record = [Addressed(unique_topic, 0, OutgoingRecord(b"key", b"value", []))]
+    fenced = TransactionalProducer(settings, f"{unique_topic}.txn")
+    await fenced.start()
+    await fenced.commit(record)
+    successor = TransactionalProducer(settings, f"{unique_topic}.txn")
+    await successor.start()
+    try:
+        with pytest.raises(TransactionFailed, match="ProducerFenced"):
+            await fenced.commit(record)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            await fenced.stop()
+            del fenced
+            gc.collect()
+            await asyncio.sleep(0)
+        assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+        await successor.commit(record)  # the successor writes on
+    finally:
+        await successor.stop()
