@@ -93,22 +93,25 @@ def check_resource(resource: str) -> None:
 
 
 def check_version(field: str, version: str) -> None:
-    group, _, bare = version.rpartition("/")
-    if (group or "/" in version) and not is_dns1123_subdomain(group):
-        raise InvalidReport(
-            field,
-            version,
-            "must be <group>/<version> or <version> for the core group (e.g. 'apps/v1', "
-            "'v1'), the group a DNS-1123 subdomain",
+    """Refuse a version that is not ``<group>/<version>`` or ``<version>``, naming each
+    part that breaks its rule, as upstream's ``isValidAPIVersion`` lists both."""
+    form = "must be <group>/<version> or <version> for the core group (e.g. 'apps/v1', 'v1')"
+    if version.count("/") > 1:
+        raise InvalidReport(field, version, f"{form}, with one '/' at most")
+    group, slash, bare = version.rpartition("/")
+    broken = []
+    if slash and not is_dns1123_subdomain(group):
+        broken.append(
+            "the group a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
+            f"starting and ending alphanumeric, at most {SUBDOMAIN_MAX} characters"
         )
     if not is_dns1035_label(bare):
-        raise InvalidReport(
-            field,
-            version,
-            "must be <group>/<version> or <version> for the core group, the version a "
-            "DNS-1035 label: a lowercase letter, then lowercase letters, digits and '-', "
-            f"at most {LABEL_MAX} characters (e.g. 'apps/v1', 'v1', 'v1beta2')",
+        broken.append(
+            "the version a DNS-1035 label: a lowercase letter, then lowercase letters, "
+            f"digits and '-', at most {LABEL_MAX} characters (e.g. 'v1beta2')"
         )
+    if broken:
+        raise InvalidReport(field, version, f"{form}; {' and '.join(broken)}")
 
 
 def check_apiserver_id(apiserver_id: str) -> None:

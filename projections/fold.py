@@ -22,6 +22,10 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 * Liveness is membership in ``State.leases``: only heartbeats add a lease and only
   applied releases and expiries remove one; the fold never compares renew times
   with its own notion of now (it has none).
+* A heartbeat whose apiserver ID is not a DNS-1123 subdomain is rejected: the ID is
+  its Lease's name, and upstream refuses a Lease so named (``ValidateLease``), as it
+  refuses such an ID in a StorageVersion. svledger's reporter and collector never
+  write one; a hand-made event could.
 * A release names the holder identity (``<apiserver ID>_<uuid>``, new on every
   start) that is shutting down. The apiserver ID is stable across restarts, so a
   release sent by an old process after its successor's first heartbeat would drop
@@ -94,7 +98,7 @@ from ledger.events import (
 )
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
-from ledger.validation import InvalidReport, check_report
+from ledger.validation import InvalidReport, check_report, is_dns1123_subdomain
 from projections.state import (
     CONDITION_TYPE,
     MESSAGE_SET,
@@ -145,6 +149,7 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
 # Every report is checked; reports repeat (each apiserver, each start): a valid one is
 # remembered (an invalid one raises, and is not).
 _check_report = functools.lru_cache(maxsize=4096)(check_report)
+_valid_apiserver_id = functools.lru_cache(maxsize=4096)(is_dns1123_subdomain)
 
 
 def apply(
@@ -237,6 +242,15 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
 
 
 def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: Changes) -> None:
+    if not _valid_apiserver_id(event.apiserver_id):
+        _reject(
+            changes,
+            event,
+            revision,
+            f"apiserver ID {event.apiserver_id!r} is not a DNS-1123 subdomain, so it names"
+            " no Lease (upstream's IDs are 'apiserver-<base32>'); it holds no lease",
+        )
+        return
     cluster = event.meta.cluster
     lease = Lease(
         cluster=cluster,

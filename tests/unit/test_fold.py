@@ -431,6 +431,20 @@ def test_renewal_moves_only_the_lease_revision() -> None:
     assert changes == Changes(leases={("east", "1")})
 
 
+@pytest.mark.parametrize("apiserver_id", ["Bad_ID", "-fea", "", "a..b", "x" * 254])
+def test_a_heartbeat_under_an_id_no_lease_may_be_named_is_rejected(apiserver_id: str) -> None:
+    # Upstream's ValidateLease: a Lease's name is a DNS-1123 subdomain.
+    log = joined("1")
+
+    changes = log.heartbeat(apiserver_id)
+
+    assert ("east", apiserver_id) not in log.state.leases
+    assert changes.leases == set()
+    [rejection] = changes.rejections
+    assert (rejection.event_type, rejection.revision) == ("ApiserverHeartbeat", log.revision)
+    assert repr(apiserver_id) in rejection.reason and "DNS-1123 subdomain" in rejection.reason
+
+
 # --- reports ---------------------------------------------------------------------------------
 
 

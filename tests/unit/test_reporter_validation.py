@@ -181,12 +181,38 @@ def test_versions_are_group_qualified_as_upstream_writes_them() -> None:
     )
 
 
-@pytest.mark.parametrize("bad", ["Apps/v1", "apps/", "/v1", "apps/v1/x", "apps/V1", "a_b/v1"])
-def test_a_malformed_group_version_is_refused(bad: str) -> None:
+@pytest.mark.parametrize(
+    ("bad", "blamed"),
+    [
+        ("Apps/v1", ["group"]),
+        ("apps/", ["version"]),
+        ("/v1", ["group"]),
+        ("apps/V1", ["version"]),
+        ("a_b/v1", ["group"]),
+        # Upstream's isValidAPIVersion lists both parts' errors, and refuses a third part.
+        ("Bad_Group/V1", ["group", "version"]),
+        ("/", ["group", "version"]),
+        ("apps/v1/x", ["'/' at most"]),
+        ("mygroup.com/v2/myresource", ["'/' at most"]),
+    ],
+)
+def test_a_malformed_group_version_is_refused_naming_each_part_that_breaks(
+    bad: str, blamed: list[str]
+) -> None:
     with pytest.raises(InvalidReport) as raised:
         _report(encoding_version=bad, decodable_versions=(bad,), served_versions=())
     assert raised.value.field == "encoding_version"
     assert raised.value.value == bad
+    named = [
+        part
+        for part, words in [
+            ("group", "the group a DNS-1123"),
+            ("version", "the version a DNS-1035"),
+            ("'/' at most", "one '/' at most"),
+        ]
+        if words in raised.value.rule
+    ]
+    assert named == blamed
 
 
 def test_a_served_version_must_be_decodable() -> None:
