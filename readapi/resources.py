@@ -647,11 +647,9 @@ def aggregated_discovery(api_version: str, *, core: bool) -> JSON:
                             "resources": [
                                 {
                                     "resource": kind.resource,
-                                    "responseKind": {
-                                        "group": kind.group,
-                                        "version": kind.version,
-                                        "kind": kind.kind,
-                                    },
+                                    # Empty group and version: the resource's own, as
+                                    # kube-apiserver writes them for its built-in kinds.
+                                    "responseKind": {"group": "", "version": "", "kind": kind.kind},
                                     "scope": "Namespaced" if kind.namespaced else "Cluster",
                                     "singularResource": kind.singular,
                                     "verbs": _VERBS,

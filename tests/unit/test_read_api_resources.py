@@ -387,6 +387,18 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
         ("migration.k8s.io", "v1alpha1", "storageversionmigrations", "Cluster"),
     }
     assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == []
+    # As a real kube-apiserver's: the kind is in the resource's own group and version.
+    assert {
+        (r["responseKind"]["group"], r["responseKind"]["version"], r["responseKind"]["kind"])
+        for group in body["items"]
+        for version in group["versions"]
+        for r in version["resources"]
+    } == {
+        ("", "", "StorageVersion"),
+        ("", "", "Lease"),
+        ("", "", "StorageState"),
+        ("", "", "StorageVersionMigration"),
+    }
 
 
 def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -> None:
