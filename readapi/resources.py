@@ -583,12 +583,19 @@ def core_resources() -> JSON:
 
 
 def group_list() -> JSON:
-    """``/apis`` in the legacy (unaggregated) format."""
+    """``/apis`` in the legacy (unaggregated) format: each group as ``/apis/GROUP`` has
+    it, without the type a list's items do not carry (as kube-apiserver's)."""
     return {
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": [group_of(name) for name in groups()],
+        "groups": [
+            {key: value for key, value in group_of(name).items() if key not in _TYPE_KEYS}
+            for name in groups()
+        ],
     }
+
+
+_TYPE_KEYS: Final = frozenset({"kind", "apiVersion"})
 
 
 def group_of(name: str) -> JSON:

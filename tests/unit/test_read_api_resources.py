@@ -428,3 +428,13 @@ def test_a_lease_shows_its_peer_advertise_address_as_upstream_annotates_it() -> 
     ]:
         ((_, obj),) = LEASES.selected(view(State(leases={row.key: row})))
         assert obj["metadata"].get("annotations") == shown
+
+
+def test_the_group_list_holds_each_group_as_served_alone_without_its_type() -> None:
+    # kube-apiserver's /apis: the items of an APIGroupList carry no kind or apiVersion.
+    listed = resources.group_list()
+    assert (listed["kind"], listed["apiVersion"]) == ("APIGroupList", "v1")
+    for group in listed["groups"]:
+        alone = resources.group_of(group["name"])
+        assert (alone["kind"], alone["apiVersion"]) == ("APIGroup", "v1")
+        assert group == {k: v for k, v in alone.items() if k not in ("kind", "apiVersion")}
