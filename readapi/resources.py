@@ -583,32 +583,20 @@ def core_resources() -> JSON:
 
 
 def group_list() -> JSON:
-    """``/apis`` in the legacy (unaggregated) format: each group as ``/apis/GROUP`` has
-    it, without the type a list's items do not carry (as kube-apiserver's)."""
-    return {
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [
-            {key: value for key, value in group_of(name).items() if key not in _TYPE_KEYS}
-            for name in groups()
-        ],
-    }
-
-
-_TYPE_KEYS: Final = frozenset({"kind", "apiVersion"})
+    """``/apis`` in the legacy (unaggregated) format: its items carry no type, as
+    kube-apiserver's do not."""
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(map(_group, groups()))}
 
 
 def group_of(name: str) -> JSON:
-    """``/apis/GROUP``, or None for a group not served."""
+    """``/apis/GROUP``."""
+    return {"kind": "APIGroup", "apiVersion": "v1", **_group(name)}
+
+
+def _group(name: str) -> JSON:
     version = groups()[name][0].version
     gv = {"groupVersion": f"{name}/{version}", "version": version}
-    return {
-        "kind": "APIGroup",
-        "apiVersion": "v1",
-        "name": name,
-        "versions": [gv],
-        "preferredVersion": gv,
-    }
+    return {"name": name, "versions": [gv], "preferredVersion": gv}
 
 
 def resource_list(group: str, version: str) -> JSON | None:
