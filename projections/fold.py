@@ -22,10 +22,11 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 * Liveness is membership in ``State.leases``: only heartbeats add a lease and only
   applied releases and expiries remove one; the fold never compares renew times
   with its own notion of now (it has none).
-* A heartbeat whose apiserver ID is not a DNS-1123 subdomain is rejected: the ID is
-  its Lease's name, and upstream refuses a Lease so named (``ValidateLease``), as it
-  refuses such an ID in a StorageVersion. svledger's reporter and collector never
-  write one; a hand-made event could.
+* A heartbeat is rejected (:func:`heartbeat_refusal`) for what upstream's
+  ``ValidateLease`` refuses in a Lease: an apiserver ID (the Lease's name) that is not
+  a DNS-1123 subdomain, as upstream refuses it in a StorageVersion too, and a lease
+  duration that is not positive. svledger's reporter and collector never write one; a
+  hand-made event could.
 * A release names the holder identity (``<apiserver ID>_<uuid>``, new on every
   start) that is shutting down. The apiserver ID is stable across restarts, so a
   release sent by an old process after its successor's first heartbeat would drop
@@ -241,15 +242,25 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
     return sorted(migrations, key=lambda m: (m.requested_at, m.migration_id))
 
 
-def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: Changes) -> None:
+def heartbeat_refusal(event: ApiserverHeartbeat) -> str | None:
+    """Why the fold rejects ``event``, if it does: what upstream refuses in a Lease."""
     if not _valid_apiserver_id(event.apiserver_id):
-        _reject(
-            changes,
-            event,
-            revision,
+        return (
             f"apiserver ID {event.apiserver_id!r} is not a DNS-1123 subdomain, so it names"
-            " no Lease (upstream's IDs are 'apiserver-<base32>'); it holds no lease",
+            " no Lease (upstream's IDs are 'apiserver-<base32>')"
         )
+    if event.lease_duration_seconds <= 0:
+        return (
+            f"lease_duration_seconds {event.lease_duration_seconds} is not positive; a"
+            " Lease's duration must be greater than 0"
+        )
+    return None
+
+
+def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: Changes) -> None:
+    refusal = heartbeat_refusal(event)
+    if refusal is not None:
+        _reject(changes, event, revision, f"{refusal}; the lease stays as it was")
         return
     cluster = event.meta.cluster
     lease = Lease(

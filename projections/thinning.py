@@ -19,7 +19,8 @@ the last one with another renew time (so a row whose time went back and forth ge
 the position one-by-one folding gives it). A heartbeat that is not a plain renewal
 (the first of a holder, one after the lease ended, one that changes more) drops the
 pending ones of its lease, which it overwrites, and is folded as any event; so is a
-release that ends the lease.
+release that ends the lease. One the fold rejects overwrites nothing: the pending
+ones are folded before it, as before an expiry.
 
 The views are exactly those of folding every event one by one
 (``tests/unit/test_thinning.py``); what differs is that plain renewals have no
@@ -56,7 +57,7 @@ from ledger.events import (
     lease_term,
 )
 from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message, Record, decode_message
-from projections.fold import apply
+from projections.fold import apply, heartbeat_refusal
 from projections.state import Changes, HolderKey, Lease, LeaseKey, RenewalCount, State
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,10 @@ class Thinning:
                 self._renewed(key, record)
                 return False
             key = (event.meta.cluster, event.apiserver_id)
-            self._take(key)  # overwritten by this heartbeat
+            if heartbeat_refusal(event) is None:
+                self._take(key)  # overwritten by this heartbeat
+            else:
+                self._flush(key)  # rejected: the lease stays, renewed as they say
             self._fold_own(event, record)
             self.terms.update(self.state, key)
         elif isinstance(event, ApiserverLeaseExpired):

@@ -8,11 +8,11 @@ resources (core and named groups), stop gracefully or are expired by the lease G
 Around them, operators reset storage states and migrations are requested and move.
 
 The mix is chosen so every rule of the fold gets exercised, the rejections too:
-reports from apiservers without a lease or with an undecodable encoding version,
-releases from an earlier start of the apiserver, expiries citing an old renewal
-(stale), migrations requested for the current StorageVersion revision or an older
-one, for the agreed version or another, and steps of migrations in a phase that does
-not allow them or of unknown migrations.
+heartbeats with a lease duration no Lease may have, reports from apiservers without a
+lease or with an undecodable encoding version, releases from an earlier start of the
+apiserver, expiries citing an old renewal (stale), migrations requested for the
+current StorageVersion revision or an older one, for the agreed version or another,
+and steps of migrations in a phase that does not allow them or of unknown migrations.
 
 The generator keeps its own small model of each cluster only to pick plausible
 arguments; it never consults the fold, so what the fold makes of a history is for
@@ -63,6 +63,7 @@ RESOURCES = (
 VERSIONS = ("v1beta1", "v1", "v2")
 START = datetime(2024, 1, 1, tzinfo=UTC)
 LEASE_DURATION_SECONDS = 3600
+_DURATIONS = st.sampled_from([LEASE_DURATION_SECONDS, 0])  # 0: no Lease may have it
 
 _Entry: TypeAlias = tuple[str, tuple[str, ...], tuple[str, ...]]  # encoding, decodable, served
 
@@ -185,7 +186,8 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
                 apiserver,
                 holder,
                 host,
-                LEASE_DURATION_SECONDS,
+                # Now and then one the fold rejects, as upstream refuses such a Lease.
+                LEASE_DURATION_SECONDS if sensible else draw(_DURATIONS),
                 now,
                 "1.31.0",
                 # Mostly the same, now and then another: a heartbeat that says more.

@@ -445,6 +445,25 @@ def test_a_heartbeat_under_an_id_no_lease_may_be_named_is_rejected(apiserver_id:
     assert repr(apiserver_id) in rejection.reason and "DNS-1123 subdomain" in rejection.reason
 
 
+@pytest.mark.parametrize("duration", [0, -60])
+def test_a_heartbeat_with_a_duration_no_lease_may_have_leaves_the_lease_as_it_was(
+    duration: int,
+) -> None:
+    # Upstream's ValidateLeaseSpec: leaseDurationSeconds must be greater than 0.
+    log = joined("1")
+    lease = log.state.leases[("east", "1")]
+    meta = log.meta("1")
+    refused = ApiserverHeartbeat(
+        meta, "1", lease.holder_identity, lease.hostname, duration, meta.occurred_at
+    )
+
+    changes = log.append(refused)
+
+    assert log.state.leases[("east", "1")] == lease
+    [rejection] = changes.rejections
+    assert f"lease_duration_seconds {duration} is not positive" in rejection.reason
+
+
 # --- reports ---------------------------------------------------------------------------------
 
 

@@ -114,6 +114,27 @@ def test_an_expiry_between_renewals_reads_the_renew_time_before_it() -> None:
         assert logged == [Position(0, 0), Position(0, 2)] + [Position(0, 3)] * applied
 
 
+def test_a_rejected_heartbeat_leaves_the_lease_as_its_renewals_left_it() -> None:
+    # A lease duration of 0 is refused (upstream's ValidateLease): unlike an accepted
+    # heartbeat, which overwrites the lease, it leaves the renewals before it in force.
+    t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
+    refused, _ = heartbeat(3, t2 + timedelta(seconds=10))
+    assert isinstance(refused, ApiserverHeartbeat)
+    history = [
+        heartbeat(0, T0),
+        heartbeat(1, t1),
+        heartbeat(2, t2),
+        (dataclasses.replace(refused, lease_duration_seconds=0), Position(0, 3)),
+    ]
+    records = [handed_over(event, position) for event, position in history]
+    state, logged, counts, _ = in_batches(records, [])
+    assert state == fold.fold(history)
+    lease = state.leases["east", "a1"]
+    assert (lease.renew_time, lease.revision, lease.lease_duration_seconds) == (t2, "0:2", 60)
+    assert logged == [Position(0, 0), Position(0, 3)]
+    assert counts == {("east", "a1", "a1_1"): (0, 1, 2, 2)}
+
+
 def test_an_unreadable_last_renewal_is_a_dead_letter_neither_counted_nor_folded() -> None:
     t1, t2 = T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)
     history = [heartbeat(0, T0), heartbeat(1, t1), heartbeat(2, t2)]
