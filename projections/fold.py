@@ -99,7 +99,7 @@ from ledger.events import (
 )
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
-from ledger.validation import InvalidReport, check_report, is_dns1123_subdomain
+from ledger.validation import InvalidReport, check_apiserver_id, check_report
 from projections.state import (
     CONDITION_TYPE,
     MESSAGE_SET,
@@ -150,7 +150,7 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
 # Every report is checked; reports repeat (each apiserver, each start): a valid one is
 # remembered (an invalid one raises, and is not).
 _check_report = functools.lru_cache(maxsize=4096)(check_report)
-_valid_apiserver_id = functools.lru_cache(maxsize=4096)(is_dns1123_subdomain)
+_check_apiserver_id = functools.lru_cache(maxsize=4096)(check_apiserver_id)
 
 
 def apply(
@@ -244,11 +244,10 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
 
 def heartbeat_refusal(event: ApiserverHeartbeat) -> str | None:
     """Why the fold rejects ``event``, if it does: what upstream refuses in a Lease."""
-    if not _valid_apiserver_id(event.apiserver_id):
-        return (
-            f"apiserver ID {event.apiserver_id!r} is not a DNS-1123 subdomain, so it names"
-            " no Lease (upstream's IDs are 'apiserver-<base32>')"
-        )
+    try:
+        _check_apiserver_id(event.apiserver_id)  # the Lease's name, as in a report
+    except InvalidReport as error:
+        return str(error)
     if event.lease_duration_seconds <= 0:
         return (
             f"lease_duration_seconds {event.lease_duration_seconds} is not positive; a"
