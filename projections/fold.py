@@ -22,6 +22,10 @@ Decisions taken here, beyond DESIGN.md's fold rules:
 * Liveness is membership in ``State.leases``: only heartbeats add a lease and only
   applied releases and expiries remove one; the fold never compares renew times
   with its own notion of now (it has none).
+* An event other than a heartbeat whose ``event_id`` (its idempotency key) the fold has
+  seen in its cluster within the last hour of that cluster's event time is rejected as
+  a repeat, citing the earlier one; :class:`~projections.state.SeenEvents` says why the
+  window and why not heartbeats.
 * A heartbeat is rejected (:func:`heartbeat_refusal`) for what upstream's
   ``ValidateLease`` refuses in a Lease: an apiserver ID (the Lease's name) that is not
   a DNS-1123 subdomain, as upstream refuses it in a StorageVersion too, and a lease
@@ -115,6 +119,8 @@ from projections.state import (
     Phase,
     Rejection,
     ResourceKey,
+    SeenEvent,
+    SeenEvents,
     ServerStorageVersion,
     State,
     StorageState,
@@ -164,6 +170,15 @@ def apply(
     if changes is None:
         changes = Changes()
     revision = str(position)
+    if type(event) is not ApiserverHeartbeat and (earlier := _seen(state, event, revision)):
+        _reject(
+            changes,
+            event,
+            revision,
+            f"a repeat of the event at {earlier.revision} (event_id {earlier.event_id}, the"
+            " idempotency key): an event is folded once",
+        )
+        return changes
     match event:
         case ApiserverHeartbeat():
             _heartbeat(state, event, revision, changes)
@@ -240,6 +255,15 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
         state.migrations[key] for key in state.active_migrations_by_resource.get(resource_key, ())
     )
     return sorted(migrations, key=lambda m: (m.requested_at, m.migration_id))
+
+
+def _seen(state: State, event: Event, revision: str) -> SeenEvent | None:
+    """The earlier occurrence of ``event``'s ID in its cluster, if one is remembered."""
+    meta = event.meta
+    seen = state.seen.get(meta.cluster)
+    if seen is None:
+        seen = state.seen[meta.cluster] = SeenEvents()
+    return seen.see(SeenEvent(meta.cluster, meta.event_id, meta.occurred_at, revision))
 
 
 def heartbeat_refusal(event: ApiserverHeartbeat) -> str | None:

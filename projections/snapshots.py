@@ -52,10 +52,12 @@ from projections.state import (
     Migration,
     MigrationKey,
     ResourceKey,
+    SeenEvent,
     ServerStorageVersion,
     State,
     StorageState,
     StorageVersion,
+    seen_by_cluster,
 )
 
 log = logging.getLogger(__name__)
@@ -64,18 +66,31 @@ SNAPSHOT_EVERY: Final = 50_000  # offsets of a partition between two snapshots
 # The log time of a partition with no event yet: before any event could occur.
 NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # Of the payload; a snapshot of another format is passed over. 2: StorageVersion entries
-# in upstream's order (1 held them sorted by apiserver ID).
-FORMAT: Final = 2
+# in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen.
+FORMAT: Final = 3
 
-# The rows of a snapshot, by view: leases, StorageVersions, StorageStates, migrations.
+# The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
+# views), and the event IDs a repeated event would be found by (State.seen).
 Rows: TypeAlias = tuple[
-    tuple[Lease, ...], tuple[StorageVersion, ...], tuple[StorageState, ...], tuple[Migration, ...]
+    tuple[Lease, ...],
+    tuple[StorageVersion, ...],
+    tuple[StorageState, ...],
+    tuple[Migration, ...],
+    tuple[SeenEvent, ...],
 ]
 
 _ALLOWED: Final = {
     "projections.state": {
         cls.__name__
-        for cls in (Lease, StorageVersion, ServerStorageVersion, Condition, StorageState, Migration)
+        for cls in (
+            Lease,
+            StorageVersion,
+            ServerStorageVersion,
+            Condition,
+            StorageState,
+            Migration,
+            SeenEvent,
+        )
     },
     "datetime": {"datetime", "timezone", "timedelta"},
 }
@@ -110,7 +125,7 @@ class Snapshot:
         except Exception as error:  # whatever the bytes make the unpickler raise
             raise CorruptSnapshot(f"its payload does not unpickle: {error}") from None
         if not _well_formed(rows):
-            raise CorruptSnapshot("its payload is not four tuples of view rows")
+            raise CorruptSnapshot("its payload is not five tuples of fold rows")
         return rows  # type: ignore[no-any-return]
 
     def describe(self) -> str:
@@ -132,6 +147,7 @@ def take(
         _of(state.storage_versions.values(), prefix),
         _of(state.storage_states.values(), prefix),
         _of(state.migrations.values(), prefix),
+        _of((row for seen in state.seen.values() for row in seen.rows()), prefix),
     )
     payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
     return Snapshot(
@@ -140,7 +156,7 @@ def take(
         partition,
         next_offset,
         log_time,
-        sum(map(len, rows)),
+        sum(map(len, rows[:4])),
         payload,
         _digest(payload),
     )
@@ -152,12 +168,14 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
     storage_versions: dict[ResourceKey, StorageVersion] = {}
     storage_states: dict[ResourceKey, StorageState] = {}
     migrations: dict[MigrationKey, Migration] = {}
-    for lease_rows, version_rows, state_rows, migration_rows in rows:
+    seen: list[SeenEvent] = []
+    for lease_rows, version_rows, state_rows, migration_rows, seen_rows in rows:
         leases.update(_keyed(lease_rows, cluster))
         storage_versions.update(_keyed(version_rows, cluster))
         storage_states.update(_keyed(state_rows, cluster))
         migrations.update(_keyed(migration_rows, cluster))
-    return State(leases, storage_versions, storage_states, migrations)
+        seen.extend(row for row in seen_rows if cluster is None or row.cluster == cluster)
+    return State(leases, storage_versions, storage_states, migrations, seen_by_cluster(seen))
 
 
 def latest(
@@ -308,7 +326,7 @@ def _digest(payload: bytes) -> str:
 
 
 def _well_formed(rows: object) -> bool:
-    kinds = (Lease, StorageVersion, StorageState, Migration)
+    kinds = (Lease, StorageVersion, StorageState, Migration, SeenEvent)
     return (
         isinstance(rows, tuple)
         and len(rows) == len(kinds)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
@@ -215,9 +216,98 @@ class Rejection:
     reason: str
 
 
+# How far back in its cluster's event time an event's ID is remembered (SeenEvents).
+SEEN_EVENT_WINDOW: Final = timedelta(hours=1)
+
+
+@_pickled_as_fields
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeenEvent:
+    """An event ID the fold has seen in a cluster, not a heartbeat's: when it last
+    occurred, by event time, and where that occurrence is in the log."""
+
+    cluster: str
+    event_id: str
+    occurred_at: datetime
+    revision: str
+
+
+class SeenEvents:
+    """One cluster's event IDs of the last :data:`SEEN_EVENT_WINDOW` of its event time.
+
+    ``meta.event_id`` is an event's idempotency key (DESIGN.md): a record that repeats
+    an event (a producer's retry of a send it could not see acknowledged, a record
+    copied by hand) must not be folded twice, or a report folded again after a later
+    one would undo it. Remembering every ID of a log is unbounded, so an ID is
+    remembered while the latest time it occurred at is within the window of the latest
+    event time of its cluster (:attr:`latest`); a repeat later than that is folded as a
+    new event. Heartbeats are left out: most are plain renewals, which the projector
+    counts without decoding (:mod:`projections.thinning`), so their IDs are never read,
+    and a repeated heartbeat only says again what its lease said.
+
+    All of it follows from the cluster's events in log order, so the projector, a
+    replay, a snapshot (:meth:`rows`) and the views (``ledger_events``,
+    :func:`projections.store.load_state`) agree on it exactly.
+    """
+
+    __slots__ = ("_events", "_kept", "latest")
+
+    def __init__(self, rows: Iterable[SeenEvent] = ()) -> None:
+        self._events = {row.event_id: row for row in rows}
+        self._kept = len(self._events)
+        self.latest: datetime | None = max(
+            (row.occurred_at for row in self._events.values()), default=None
+        )
+
+    def see(self, row: SeenEvent) -> SeenEvent | None:
+        """Remember ``row``; return the earlier occurrence of its ID still remembered."""
+        if self.latest is None or row.occurred_at > self.latest:
+            self.latest = row.occurred_at
+        horizon = self.latest - SEEN_EVENT_WINDOW
+        earlier = self._events.get(row.event_id)
+        if earlier is not None and earlier.occurred_at < horizon:
+            earlier = None
+        if earlier is None or row.occurred_at >= earlier.occurred_at:
+            self._events[row.event_id] = row
+        if len(self._events) > 2 * self._kept + 64:  # forget the old ones now and then
+            self._events = {k: r for k, r in self._events.items() if r.occurred_at >= horizon}
+            self._kept = len(self._events)
+        return earlier
+
+    def rows(self) -> list[SeenEvent]:
+        """What it remembers, by event ID: only what a later event may still find."""
+        if self.latest is None:
+            return []
+        horizon = self.latest - SEEN_EVENT_WINDOW
+        return sorted(
+            (row for row in self._events.values() if row.occurred_at >= horizon),
+            key=operator.attrgetter("event_id"),
+        )
+
+    def copy(self) -> SeenEvents:
+        return SeenEvents(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SeenEvents) and self.rows() == other.rows()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SeenEvents({self.rows()!r})"
+
+
+def seen_by_cluster(rows: Iterable[SeenEvent]) -> dict[str, SeenEvents]:
+    """``rows`` (of any clusters) as each cluster's :class:`SeenEvents`."""
+    by_cluster: dict[str, list[SeenEvent]] = {}
+    for row in rows:
+        by_cluster.setdefault(row.cluster, []).append(row)
+    return {cluster: SeenEvents(cluster_rows) for cluster, cluster_rows in by_cluster.items()}
+
+
 @dataclasses.dataclass
 class State:
-    """Every view's rows, plus three indexes derived from them (not views, not stored).
+    """Every view's rows, the event IDs a repeated event is found by (``seen``), and
+    three indexes derived from the rows (not views, not stored).
 
     The indexes keep the fold's work per event proportional to the resource it
     touches: ``resources_by_apiserver`` finds the StorageVersions holding an entry of
@@ -232,6 +322,8 @@ class State:
     storage_versions: dict[ResourceKey, StorageVersion] = dataclasses.field(default_factory=dict)
     storage_states: dict[ResourceKey, StorageState] = dataclasses.field(default_factory=dict)
     migrations: dict[MigrationKey, Migration] = dataclasses.field(default_factory=dict)
+    # Per cluster, the event IDs a repeat of an event would be found by.
+    seen: dict[str, SeenEvents] = dataclasses.field(default_factory=dict)
     resources_by_apiserver: dict[LeaseKey, set[ResourceKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )

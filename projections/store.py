@@ -45,12 +45,13 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    func,
     insert,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger.events import EVENT_TYPES, Event, Position, type_name
+from ledger.events import EVENT_TYPES, ApiserverHeartbeat, Event, Position, type_name
 from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
@@ -67,6 +68,7 @@ from projections.schema import (
 )
 from projections.snapshots import Snapshot, row_values
 from projections.state import (
+    SEEN_EVENT_WINDOW,
     Changes,
     Condition,
     HolderKey,
@@ -77,6 +79,8 @@ from projections.state import (
     Rejection,
     RenewalCount,
     ResourceKey,
+    SeenEvent,
+    SeenEvents,
     ServerStorageVersion,
     State,
     StorageState,
@@ -440,7 +444,41 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
         storage_versions=versions,
         storage_states=_load(connection, storage_states, StorageState, resource),
         migrations=_load(connection, storage_version_migrations, Migration, resource),
+        seen={} if resource is not None else _load_seen(connection),
     )
+
+
+def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
+    """The event IDs the fold remembers (:class:`~projections.state.SeenEvents`), from
+    ``ledger_events``, which logs every event but plain lease renewals: per cluster, the
+    events (not heartbeats) within the window of its latest one, each ID at the latest
+    time it occurred at, and the last of those occurrences in the log."""
+    table = ledger_events
+    not_heartbeat = table.c.event_type != _HEARTBEAT
+    latest = connection.execute(
+        select(table.c.cluster, func.max(table.c.occurred_at))
+        .where(not_heartbeat)
+        .group_by(table.c.cluster)
+    ).all()
+    seen: dict[str, SeenEvents] = {}
+    for cluster, time in latest:
+        rows = connection.execute(
+            select(table.c.event_id, table.c.occurred_at, table.c.log_partition, table.c.log_offset)
+            .where(
+                table.c.cluster == cluster,
+                table.c.occurred_at >= time - SEEN_EVENT_WINDOW,
+                not_heartbeat,
+            )
+            .order_by(table.c.occurred_at, table.c.log_offset)
+        )
+        # Later rows replace earlier ones of their ID: the latest time, the last on a tie.
+        seen[cluster] = SeenEvents(
+            {
+                event_id: SeenEvent(cluster, event_id, occurred_at, str(Position(p, o)))
+                for event_id, occurred_at, p, o in rows
+            }.values()
+        )
+    return seen
 
 
 def _select(table: Table, resource: ResourceKey | None) -> Select[Any]:
@@ -545,6 +583,7 @@ def _entry_row(
 # the field (or, for ``name``, the property) of its name, except for the API group.
 _COLUMN_OF_FIELD: Final = {"group": "api_group"}
 _FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.items()}
+_HEARTBEAT: Final = ApiserverHeartbeat.__name__  # the type whose IDs the fold does not keep
 
 _Stored = TypeVar("_Stored", Lease, StorageState, Migration)
 

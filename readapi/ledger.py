@@ -179,6 +179,7 @@ class ClusterFold:
                 storage_versions=dict(state.storage_versions),
                 storage_states=dict(state.storage_states),
                 migrations=dict(state.migrations),
+                seen={cluster: seen.copy() for cluster, seen in state.seen.items()},
             ),
             created=dict(self.created),
             rows=dict(self.rows),

@@ -50,7 +50,7 @@ from ledger.events import (
     StorageVersionWithdrawn,
 )
 from projections.fold import apply
-from projections.state import State
+from projections.state import SEEN_EVENT_WINDOW, State
 
 CLUSTERS = ("east", "west")
 HOSTS = ("cp-0", "cp-1", "cp-2")
@@ -74,6 +74,7 @@ _ACTIONS = (
     + ("withdraw", "release", "expire", "reset")
     + ("request",) * 2
     + ("step",) * 4
+    + ("repeat",)
 )
 
 
@@ -105,6 +106,7 @@ class _Cluster:
     entries: dict[str, dict[str, _Entry]] = dataclasses.field(default_factory=dict)
     changed_at: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     phases: dict[str, str] = dataclasses.field(default_factory=dict)  # migration ID -> phase
+    logged: list[Event] = dataclasses.field(default_factory=list)  # all but heartbeats
 
     def position(self) -> Position:
         position = Position(self.partition, self.next_offset)
@@ -161,6 +163,14 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
         now += timedelta(seconds=draw(st.integers(1, 600)))
         cluster = draw(st.sampled_from(clusters))
         action = draw(st.sampled_from(_ACTIONS))
+        if action == "repeat":
+            # A record that repeats an event of the last hour of its cluster's event time
+            # (a producer's retry): the fold sees its ID and leaves the views as they were.
+            recent = [e for e in cluster.logged if e.meta.occurred_at >= now - SEEN_EVENT_WINDOW]
+            if recent:
+                records.append((draw(st.sampled_from(recent)), cluster.position()))
+                continue
+            action = "heartbeat"
         position = cluster.position()
         meta = Meta(str(uuid.UUID(int=serial + 1)), cluster.name, now, "")
         sensible = draw(st.integers(0, 9)) > 0  # one event in ten is chosen at random
@@ -302,6 +312,8 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
                 continue_token=draw(st.sampled_from([None, f"token-{serial}"])),
                 reason=draw(st.sampled_from([None, "EncodingVersionsDisagree"])),
             )
+        if not isinstance(event, ApiserverHeartbeat):
+            cluster.logged.append(event)
         records.append((event, position))
     return records
 

@@ -32,6 +32,7 @@ from ledger.events import (
 )
 from projections.fold import active_migrations, agreement, apply, live_leases
 from projections.state import (
+    SEEN_EVENT_WINDOW,
     Changes,
     Condition,
     Migration,
@@ -522,6 +523,76 @@ def test_identical_report_changes_nothing() -> None:
 
     assert changes == Changes()
     assert (log.storage_version(), log.storage_state()) == (storage_version, storage_state)
+
+
+def report_of(log: Log, apiserver: str, encoding: str) -> StorageVersionReported:
+    """A report of pods by ``apiserver``, made but not appended."""
+    return StorageVersionReported(
+        log.meta(apiserver), apiserver, "", "pods", "Pod", encoding, ("v1", "v2"), ("v1",)
+    )
+
+
+def test_a_repeated_event_is_folded_once_and_the_repeat_is_recorded() -> None:
+    log = joined("1")
+    first = report_of(log, "1", "v1")
+    log.append(first)
+    at = log.revision
+    log.report("1", "v2")  # a later report: the repeat must not take it back
+    storage_version, storage_state = log.storage_version(), log.storage_state()
+
+    log.meta("1")  # the repeat's own place in the log
+    changes = log.append(first)
+
+    assert (log.storage_version(), log.storage_state()) == (storage_version, storage_state)
+    assert changes.leases | changes.storage_versions | changes.storage_states == set()
+    [rejection] = changes.rejections
+    assert rejection.revision == log.revision
+    assert f"a repeat of the event at {at} (event_id {first.meta.event_id}" in rejection.reason
+
+
+def test_a_repeat_past_an_hour_of_its_clusters_event_time_is_folded_as_a_new_event() -> None:
+    log = joined("1")
+    first = report_of(log, "1", "v1")
+    log.append(first)
+    log.now += SEEN_EVENT_WINDOW  # the next event is an hour and a second later
+    log.report("1", "v2")
+
+    log.meta("1")
+    changes = log.append(first)
+
+    assert changes.rejections == []
+    assert encodings(log.storage_version()) == {"1": "v1"}
+
+
+def test_a_repeat_within_the_hour_is_found_though_later_events_came_between() -> None:
+    log = joined("1")
+    first = report_of(log, "1", "v1")
+    log.append(first)
+    for version in ("v2", "v1") * 200:  # enough IDs that old ones are forgotten meanwhile
+        log.report("1", version)
+    log.now = first.meta.occurred_at + SEEN_EVENT_WINDOW - timedelta(seconds=1)
+    log.report("1", "v2")  # exactly an hour after the first
+
+    log.meta("1")
+    assert log.append(first).rejections
+    assert encodings(log.storage_version()) == {"1": "v2"}
+
+
+def test_heartbeats_are_not_kept_by_id_and_another_cluster_may_use_the_same_id() -> None:
+    east = joined("1")
+    renewal = ApiserverHeartbeat(east.meta("1"), "1", "1_1", "host-1", 3600, east.now)
+    east.append(renewal)
+    east.meta("1")
+    assert east.append(renewal).rejections == []  # says again what the lease says
+
+    report = report_of(east, "1", "v1")
+    east.append(report)
+    west = Log(east.state, cluster="west", partition=1)
+    west.heartbeat("1")
+    west.meta("1")
+    same_id = dataclasses.replace(report, meta=dataclasses.replace(report.meta, cluster="west"))
+    assert west.append(same_id).rejections == []
+    assert encodings(west.storage_version()) == {"1": "v1"}
 
 
 def test_withdrawal_removes_one_entry() -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ledger.events import Event, MigrationSucceeded, Position, StorageStateReset
 from projections.fold import apply, fold
-from projections.state import Changes, State
+from projections.state import Changes, State, seen_by_cluster
 from tests.histories import histories, storage_version_hash
 
 TABLES = ("leases", "storage_versions", "storage_states", "migrations")
@@ -31,8 +31,10 @@ def rows(state: State) -> dict[str, dict[Any, Any]]:
 
 
 def reloaded(state: State) -> State:
-    """A State built from the rows alone, as the projector loads it from the database."""
-    return State(**rows(state))
+    """A State built from the rows alone, as the projector loads it from the database:
+    the views' rows and the event IDs it remembers (``ledger_events`` holds those)."""
+    seen = (row for cluster in state.seen.values() for row in cluster.rows())
+    return State(**rows(state), seen=seen_by_cluster(seen))
 
 
 def fold_with_changes(history: list[tuple[Event, Position]], state: State) -> Changes:
@@ -75,6 +77,20 @@ def test_folding_in_two_batches_equals_folding_at_once(
     assert_changes_are_the_differences(rows(State()), first, first_changes)
     assert_changes_are_the_differences(at_split, second, second_changes)
     assert first_changes.rejections + second_changes.rejections == whole_changes.rejections
+
+
+@given(histories())
+def test_a_repeated_event_changes_no_view(history: list[tuple[Event, Position]]) -> None:
+    """Records that repeat an event (its ``event_id``, the idempotency key) leave every
+    view as the log without them would."""
+    ids: set[str] = set()
+    without_repeats = []
+    for event, position in history:
+        if event.meta.event_id not in ids:
+            ids.add(event.meta.event_id)
+            without_repeats.append((event, position))
+
+    assert rows(fold(history)) == rows(fold(without_repeats))
 
 
 @given(histories())

@@ -46,14 +46,16 @@ def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
     snapshot = data.draw(st.sampled_from(snapshots_of(state, history) or [None]))
     if snapshot is None:
         return
-    leases, versions, states, migrations = snapshot.state_rows()
+    leases, versions, states, migrations, seen = snapshot.state_rows()
     rows = [*leases, *versions, *states, *migrations]
-    assert all(row.revision.startswith(f"{snapshot.partition}:") for row in rows)
+    assert all(row.revision.startswith(f"{snapshot.partition}:") for row in [*rows, *seen])
     assert snapshot.rows == len(rows)
-    cluster = data.draw(st.sampled_from(sorted({row.cluster for row in rows}) or ["none"]))
+    clusters = {row.cluster for row in [*rows, *seen]}
+    cluster = data.draw(st.sampled_from(sorted(clusters) or ["none"]))
     alone = state_of([snapshot.state_rows()], cluster)
     assert set(alone.leases) == {lease.key for lease in leases if lease.cluster == cluster}
     assert set(alone.migrations) == {m.key for m in migrations if m.cluster == cluster}
+    assert set(alone.seen) == ({cluster} & {row.cluster for row in seen})
 
 
 @given(histories(max_events=30), st.data())
@@ -82,7 +84,7 @@ def test_a_payload_that_would_run_code_is_refused_even_with_a_right_digest(
     tmp_path: Path,
 ) -> None:
     target = tmp_path / "touched"
-    payload = zlib.compress(pickle.dumps(((_Touch(target),), (), (), ())))
+    payload = zlib.compress(pickle.dumps(((_Touch(target),), (), (), (), ())))
     digest = hashlib.blake2b(payload, digest_size=32).hexdigest()
     forged = Snapshot("views", "t", 0, 1, None, 1, payload, digest)
 
@@ -97,5 +99,5 @@ def test_a_snapshot_of_another_format_or_shape_is_refused() -> None:
         dataclasses.replace(snapshot, format=99).state_rows()
     payload = zlib.compress(pickle.dumps(("not", "rows")))
     digest = hashlib.blake2b(payload, digest_size=32).hexdigest()
-    with pytest.raises(CorruptSnapshot, match="four tuples"):
+    with pytest.raises(CorruptSnapshot, match="five tuples"):
         dataclasses.replace(snapshot, payload=payload, digest=digest).state_rows()

@@ -315,11 +315,13 @@ def test_a_migration_superseded_before_its_runner_looks_counts_as_cancelled() ->
     that looks only after both are folded finds its migration gone from the view."""
     state = State()
     first = migration()
-    meta = Meta.new("east", "svledger-migrator", START)
+
+    def meta() -> Meta:
+        return Meta.new("east", "svledger-migrator", START)
 
     def requested(migration_id: str, offset: int) -> None:
         event = MigrationRequested(
-            meta, migration_id, first.group, first.resource, "v2", "h2", f"0:{offset}"
+            meta(), migration_id, first.group, first.resource, "v2", "h2", f"0:{offset}"
         )
         fold.apply(state, event, Position(0, offset))
 
@@ -328,9 +330,9 @@ def test_a_migration_superseded_before_its_runner_looks_counts_as_cancelled() ->
         return migration_cancelled(state, key, current_only=False)
 
     requested("m-1", 1)
-    fold.apply(state, MigrationStarted(meta, "m-1"), Position(0, 2))
+    fold.apply(state, MigrationStarted(meta(), "m-1"), Position(0, 2))
     assert not cancelled(first.key)
-    fold.apply(state, MigrationCancelled(meta, "m-1", reason="Changed"), Position(0, 3))
+    fold.apply(state, MigrationCancelled(meta(), "m-1", reason="Changed"), Position(0, 3))
     assert cancelled(first.key)
     requested("m-2", 4)
     assert first.key not in state.migrations  # dropped: its resource's next one came
