@@ -4,12 +4,13 @@ start from the log's beginning.
 The projector writes one (:func:`take`) for a partition each time the partition's
 checkpoint passes a multiple of ``every`` offsets (:data:`SNAPSHOT_EVERY` by default),
 in the transaction of the batch that passes it. A snapshot holds the view rows of the
-partition's clusters (a row belongs to the partition of its ``revision``: every event
-of a cluster is in its cluster's partition), the offset the fold goes on from, and
-the partition's **log time** there: the latest ``occurred_at`` of its events before
-that offset, or None where the projector cannot know it (a checkpoint written before
-log times were kept). Rows are immutable, so a snapshot is a copy of the fold's
-state, exactly: folding on from it gives what folding from the beginning gives.
+partition's clusters and the event IDs the fold remembers of them (a row belongs to the
+partition of its ``revision``: every event of a cluster is in its cluster's partition),
+the offset the fold goes on from, and the partition's **log time** there: the latest
+``occurred_at`` of its events before that offset, or None where the projector cannot
+know it (a checkpoint written before log times were kept). Rows are immutable, so a
+snapshot is a copy of the fold's state, exactly: folding on from it gives what folding
+from the beginning gives.
 
 A replay (``svledger replay --snapshots-from URL``) takes, per partition, the latest
 snapshot it may start from (:func:`latest`): at or before ``--until``, whether that
@@ -338,9 +339,9 @@ def _well_formed(rows: object) -> bool:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Makes only view rows and times: any other global in a payload is refused."""
+    """Makes only fold rows and times: any other global in a payload is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not a view row")
+        raise pickle.UnpicklingError(f"{module}.{name} is not a fold row")

@@ -88,7 +88,7 @@ def test_a_payload_that_would_run_code_is_refused_even_with_a_right_digest(
     digest = hashlib.blake2b(payload, digest_size=32).hexdigest()
     forged = Snapshot("views", "t", 0, 1, None, 1, payload, digest)
 
-    with pytest.raises(CorruptSnapshot, match="is not a view row"):
+    with pytest.raises(CorruptSnapshot, match="is not a fold row"):
         forged.state_rows()
     assert not target.exists()
 
