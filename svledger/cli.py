@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from ledger.errors import AccessDenied, Unavailable, UsageError
 from svledger.commands import COMMANDS
-from svledger.options import Handler, acl_remedy, add_logging_options
+from svledger.options import Handler, acl_remedy, add_logging_options, remember_stop_signals
 
 USAGE_ERROR: Final = 2
 UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be reached
@@ -154,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:  # --help, --version or an argument argparse rejected
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    if getattr(args, "long_running", False):
+        remember_stop_signals()
     configure_logging(args.log_level, args.log_format)
     handler: Handler = args.handler
     try:

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -422,3 +423,42 @@ def test_sigterm_while_kafka_does_not_answer_stops_at_once_and_cleanly(
     errors = "".join(seen) + rest
     assert service.returncode == 0, errors
     assert "stopped while waiting for Kafka to answer" in errors
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask says so)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["project", "--db", "sqlite:///{tmp}/views.db"], ["migrator"], ["serve"]],
+    ids=["project", "migrator", "serve"],
+)
+def test_sigterm_as_a_service_starts_stops_it_cleanly_before_it_begins(
+    argv: list[str], tmp_path: pathlib.Path
+) -> None:
+    """Told to stop while still loading its modules, a service exits 0 without starting,
+    as it would a second later: not killed by the signal (143)."""
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    command = [sys.executable, "-m", "svledger", "--log-format", "text", *argv]
+    service = subprocess.Popen(
+        [*command, "--bootstrap", "127.0.0.1:1"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # The first moment SIGTERM is caught: the arguments are parsed, the service's
+        # modules not loaded yet.
+        while not _catches(service.pid, signal.SIGTERM) and service.poll() is None:
+            time.sleep(0.001)
+        service.send_signal(signal.SIGTERM)
+        _, errors = service.communicate(timeout=30)
+    finally:
+        service.kill()
+    assert service.returncode == 0, errors
+    assert "SIGTERM as it started: stopped" in errors
+    assert "Traceback" not in errors
+    assert "127.0.0.1:1" not in errors  # it never asked Kafka
