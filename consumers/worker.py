@@ -55,7 +55,7 @@ import dataclasses
 import functools
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
 from consumers.migrator import migration_id
@@ -379,6 +379,23 @@ async def run_worker(
         snapshots=snapshots,
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
+    checked = cluster is None  # whether the log was looked for the cluster, once read
+
+    def check_cluster() -> None:
+        nonlocal checked
+        logs = list(follower.logs.values())
+        if checked or not logs or not all(partition_log.caught_up for partition_log in logs):
+            return
+        checked = True
+        known = clusters_of(partition_log.state for partition_log in logs)
+        if cluster not in known:
+            log.warning(
+                "no event of cluster %r in topic %s: its migrations run once it has some;"
+                " the log has clusters %s. Check --cluster",
+                cluster,
+                settings.topic,
+                ", ".join(map(repr, sorted(known))) or "(none)",
+            )
 
     async def run_one(partition_log: PartitionLog, migration: Migration) -> None:
         key = migration.key
@@ -401,6 +418,7 @@ async def run_worker(
         try:
             while True:
                 await partition_log.wait_folded()
+                check_cluster()
                 for key in [k for k, task in running.items() if task.done()]:
                     running.pop(key).result()  # a failure is the runner's, served again
                 for migration in next_migrations(
@@ -436,6 +454,16 @@ async def run_worker(
         finally:
             for _, task in runners.values():
                 await _finish(task)
+
+
+def clusters_of(states: Iterable[State]) -> set[str]:
+    """The clusters with a row in any of ``states``."""
+    return {
+        key[0]
+        for state in states
+        for rows in (state.leases, state.storage_versions, state.storage_states, state.migrations)
+        for key in rows
+    }
 
 
 async def _finish(task: asyncio.Task[None]) -> None:
