@@ -44,7 +44,10 @@ assignment.
 Outages do not stop it: an unreachable broker or database is logged (naming which
 one), and retried with exponential backoff; the batch in hand is dropped and read
 again from the checkpoint once the database is back. ``stop`` ends it cleanly: the
-batch in hand is committed first, then it leaves the consumer group.
+batch in hand is committed first, then it leaves the consumer group. A database that
+does not finish that batch within :data:`STOP_GRACE_SECONDS` (a frozen server: no
+error comes) is given up (:class:`WriteAbandoned`): the batch commits or rolls back
+with its checkpoint, whichever the database does, and the next start reads on from it.
 
 Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
 (:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
@@ -70,6 +73,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
+from ledger.errors import Unavailable
 from ledger.events import from_micros, micros
 from ledger.kafka import (
     BROKER_ERRORS,
@@ -98,6 +102,9 @@ READER: Final = "projector"  # its label in the Prometheus metrics (ledger.metri
 MAX_BATCH: Final = 20_000
 POLL_MS: Final = 200
 LOG_INTERVAL_SECONDS: Final = 10.0
+# How long a stopping projector waits for the batch being written: well within the 30 s
+# Kubernetes grants a pod to stop.
+STOP_GRACE_SECONDS: Final = 10.0
 BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
@@ -250,6 +257,10 @@ class _Backoff:
 
     def reset(self) -> None:
         self.delay = BACKOFF_START_SECONDS
+
+
+class WriteAbandoned(Unavailable):
+    """A stopping projector gave up waiting for the database to finish a batch."""
 
 
 async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
@@ -464,7 +475,7 @@ class Projector:
             return True
         writing, result, self._writing = self._writing, self._written, None
         try:
-            await writing
+            await self._finished(writing, result, stop)
         except StaleProjection as refused:
             log.warning(
                 "batch of %d events refused, reloading from the database: %s",
@@ -496,6 +507,35 @@ class Projector:
             self._backoff.reset()
             return True
         return False
+
+    async def _finished(
+        self, writing: asyncio.Future[None], result: BatchResult, stop: asyncio.Event
+    ) -> None:
+        """Wait for the batch being written; once ``stop`` is set, for
+        :data:`STOP_GRACE_SECONDS` at most, then give it up (:class:`WriteAbandoned`)."""
+        if not stop.is_set():
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((writing, stopped), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+        if not writing.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(writing), STOP_GRACE_SECONDS)
+            except TimeoutError:
+                self._writer.abandon()
+                raise WriteAbandoned(
+                    f"the database at {self.db_url_shown} did not finish writing a batch of"
+                    f" {result.folded} events within {STOP_GRACE_SECONDS:.0f} s of the stop"
+                    " (is it frozen, or its host unreachable?); stopped without waiting for"
+                    " it. Nothing is lost: the database commits or rolls back the batch with"
+                    " its checkpoint, and the next start goes on from whichever it did"
+                ) from None
+        writing.result()
+
+    @property
+    def db_url_shown(self) -> str:
+        return make_url(self.db_url).render_as_string(hide_password=True)
 
     async def _recover(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
         """After a batch that did not commit: the state was folded past the database."""

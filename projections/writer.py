@@ -83,6 +83,7 @@ class BatchWriter:
         self._here = _Committer(db_url)
         self._child: subprocess.Popen[bytes] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="svledger-writer")
+        self._abandoned = False
 
     async def __aenter__(self) -> BatchWriter:
         return self
@@ -101,9 +102,26 @@ class BatchWriter:
         return asyncio.wrap_future(self._thread.submit(_raise_failure, work, batch))
 
     async def aclose(self) -> None:
-        """Wait for the batch in hand, then let the child exit and release the engine."""
+        """Wait for the batch in hand, then let the child exit and release the engine;
+        after :meth:`abandon`, nothing: the batch in hand is not waited for."""
+        if self._abandoned:
+            return
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown()
+
+    def abandon(self) -> None:
+        """Stop waiting for the batch in hand (a database that does not answer): end the
+        child, whose transaction the database then rolls back, and leave the thread.
+
+        A batch committed in this process (a small one) may keep the thread waiting on
+        the database until the process ends: its process must then exit without
+        joining it (``os._exit``), as ``svledger project`` does.
+        """
+        self._abandoned = True
+        child = self._child
+        if child is not None:
+            child.kill()
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     def _exchange(self, batch: store.Batch) -> BaseException | None:
         child = self._child or self._start()

@@ -1,0 +1,129 @@
+"""A projector told to stop while its database does not answer (a frozen server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select, text
+
+from ledger.kafka import EventProducer, create_topics
+from ledger.settings import KafkaSettings
+from projections.database import engine, upgrade
+from projections.fold import fold
+from projections.projector import STOP_GRACE_SECONDS
+from projections.schema import projection_checkpoints
+from projections.store import load_state
+from tests.integration.test_migrator import DEADLINE, read_records
+from tests.workloads import mixed_events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def project(settings: KafkaSettings, db_url: str, log: Path) -> subprocess.Popen[bytes]:
+    environment = dict(
+        os.environ,
+        SVLEDGER_KAFKA_BOOTSTRAP=settings.bootstrap_servers,
+        SVLEDGER_TOPIC=settings.topic,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "svledger", "--log-format", "text", "project", "--db", db_url],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+
+
+async def projected(db: Engine, records: int) -> None:
+    """Wait until the projector's checkpoints have passed ``records`` records."""
+    async with asyncio.timeout(DEADLINE):
+        while True:
+            with db.connect() as connection:
+                passed = connection.scalar(select(func.sum(projection_checkpoints.c.next_offset)))
+            if passed == records:
+                return
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def frozen() -> Iterator[list[int]]:
+    """The PIDs a test stops (SIGSTOP); they go on (SIGCONT) when it ends, however it ends."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_losing_nothing(
+    kafka_bootstrap: str,
+    unique_topic: str,
+    postgres_url: str,
+    tmp_path: Path,
+    frozen: list[int],
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
+    await create_topics(settings)
+    events = list(mixed_events(4000, clusters=4))
+    upgrade(postgres_url)
+    db = engine(postgres_url)
+    async with EventProducer(settings) as producer:
+        await producer.send_many(events[:2000])
+        projector = project(settings, postgres_url, tmp_path / "first.log")
+        try:
+            await projected(db, 2000)
+            # Every server process of its database stops answering, mid-session.
+            with db.connect() as connection:
+                backends = connection.scalars(
+                    text(
+                        "SELECT pid FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+            if not all(Path(f"/proc/{pid}").exists() for pid in backends):
+                pytest.skip("PostgreSQL runs on another host: its processes cannot be frozen")
+            for pid in backends:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            await producer.send_many(events[2000:])
+            await asyncio.sleep(3)  # read, folded, and being written
+            assert projector.poll() is None
+
+            projector.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            code = await asyncio.to_thread(projector.wait, STOP_GRACE_SECONDS + 20)
+            took = time.monotonic() - started
+        finally:
+            projector.kill()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen.clear()
+
+        first_log = (tmp_path / "first.log").read_text()
+        assert code == 69, first_log
+        assert took < STOP_GRACE_SECONDS + 10, first_log
+        assert "did not finish writing a batch of" in first_log
+        assert "Nothing is lost" in first_log
+
+        # Started again, it goes on from what the database committed: every record once.
+        projector = project(settings, postgres_url, tmp_path / "second.log")
+        try:
+            await projected(db, 4000)
+            projector.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(projector.wait, DEADLINE) == 0
+        finally:
+            projector.kill()
+    with db.connect() as connection:
+        assert load_state(connection) == fold(await read_records(settings))
+    db.dispose()
