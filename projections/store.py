@@ -455,13 +455,15 @@ def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
     time it occurred at, and the last of those occurrences in the log."""
     table = ledger_events
     not_heartbeat = table.c.event_type != _HEARTBEAT
-    latest = connection.execute(
-        select(table.c.cluster, func.max(table.c.occurred_at))
-        .where(not_heartbeat)
-        .group_by(table.c.cluster)
-    ).all()
     seen: dict[str, SeenEvents] = {}
-    for cluster, time in latest:
+    # Each query below is a walk of the (cluster, occurred_at) index, however long the
+    # table: the projector loads its state again after every failed write.
+    for cluster in _clusters(connection, table):
+        time = connection.scalar(
+            select(func.max(table.c.occurred_at)).where(table.c.cluster == cluster, not_heartbeat)
+        )
+        if time is None:
+            continue
         rows = connection.execute(
             select(table.c.event_id, table.c.occurred_at, table.c.log_partition, table.c.log_offset)
             .where(
@@ -479,6 +481,16 @@ def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
             }.values()
         )
     return seen
+
+
+def _clusters(connection: Connection, table: Table) -> list[str]:
+    """The distinct clusters of ``table``, found by one index lookup each (a recursive
+    query: the next cluster after the last one found) rather than by a scan of it."""
+    cluster = table.c.cluster
+    found = select(func.min(cluster).label("cluster")).cte("found", recursive=True)
+    after = select(func.min(cluster)).where(cluster > found.c.cluster).scalar_subquery()
+    found = found.union_all(select(after).where(found.c.cluster.is_not(None)))
+    return list(connection.scalars(select(found.c.cluster).where(found.c.cluster.is_not(None))))
 
 
 def _select(table: Table, resource: ResourceKey | None) -> Select[Any]:
