@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 
 SOURCE: Final = "svledger-worker"
 GROUP_ID: Final = "svledger-worker"
+CHECK_RETRY_SECONDS: Final = 5.0  # a migration its check keeps waiting is tried again
 CHUNK_SIZE: Final = 500
 
 _T = TypeVar("_T")
@@ -299,6 +300,10 @@ def next_migration(
 Append: TypeAlias = Callable[[Sequence[Event]], Awaitable[object]]
 
 
+# Asked before a migration starts (run_worker's ``check``): why it must wait, if it must.
+ClusterCheck: TypeAlias = Callable[[State, str], Awaitable[str | None]]
+
+
 class Executor(Protocol):
     """Runs one migration to its end, reporting its steps through ``append``.
 
@@ -349,6 +354,7 @@ async def run_worker(
     concurrency: int = 1,
     snapshots: SnapshotSource | None = None,
     current_only: bool = True,
+    check: ClusterCheck | None = None,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
@@ -365,6 +371,12 @@ async def run_worker(
 
     ``snapshots``: the projector's database, to rebuild partitions from their latest
     fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
+
+    ``check``: asked before each migration starts, with the partition's fold state and
+    the migration's cluster; a reason it returns keeps the migration waiting (logged),
+    tried again when the log moves or :data:`CHECK_RETRY_SECONDS` later
+    (:class:`kube.cluster_check.IdentityCheck`: whether the executor's API server is
+    that cluster's).
 
     ``current_only=False`` runs every migration requested, stale or not, as upstream's
     migrator runs every StorageVersionMigration it is given: only for the baselines
@@ -413,6 +425,22 @@ async def run_worker(
         # Done only once its last event is folded, so it is not picked again.
         await partition_log.wait_folded(max(positions, default=0) + 1)
 
+    async def refused(partition_log: PartitionLog, migration: Migration) -> bool:
+        """Whether ``check`` keeps ``migration`` waiting (said once a minute at most)."""
+        if check is None:
+            return False
+        reason = await check(partition_log.state, migration.cluster)
+        if reason is None:
+            refusals.pop(migration.cluster, None)
+            return False
+        now = asyncio.get_running_loop().time()
+        if now >= refusals.get(migration.cluster, now):
+            log.warning("migration %s waits: %s", migration.migration_id, reason)
+            refusals[migration.cluster] = now + 60.0
+        return True
+
+    refusals: dict[str, float] = {}  # per cluster, when its refusal may be said again
+
     async def serve(partition_log: PartitionLog) -> None:
         running: dict[MigrationKey, asyncio.Task[None]] = {}
         try:
@@ -421,17 +449,24 @@ async def run_worker(
                 check_cluster()
                 for key in [k for k, task in running.items() if task.done()]:
                     running.pop(key).result()  # a failure is the runner's, served again
+                waiting = False
                 for migration in next_migrations(
                     partition_log.state, cluster, current_only=current_only
                 ):
                     if len(running) >= concurrency:
                         break
-                    if migration.key not in running:
-                        running[migration.key] = asyncio.create_task(
-                            run_one(partition_log, migration)
-                        )
+                    if migration.key in running:
+                        continue
+                    if await refused(partition_log, migration):
+                        waiting = True
+                        break
+                    running[migration.key] = asyncio.create_task(run_one(partition_log, migration))
                 moved = asyncio.create_task(partition_log.wait_moved())
-                await asyncio.wait([moved, *running.values()], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [moved, *running.values()],
+                    timeout=CHECK_RETRY_SECONDS if waiting else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 moved.cancel()
         finally:
             for task in running.values():

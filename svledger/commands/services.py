@@ -160,6 +160,11 @@ def add_worker(subparsers: Subparsers) -> None:
             "--context, else the pod's service account). Reports\n"
             "MigrationStarted/Progressed/Succeeded/Failed.\n"
             "\n"
+            "Before each migration it checks that the API server is --cluster's: one of its\n"
+            "kube-apiserver identity Leases (kube-system) must be held by a holder the\n"
+            "ledger's leases of --cluster have (the collector copies them); until then the\n"
+            "migration waits, and says why.\n"
+            "\n"
             "--executor rewrite (default): list the resource in chunks with continue tokens\n"
             "and write every object back unchanged, so the API server stores it in its\n"
             "storage version; a restarted worker resumes from the last continue token; an\n"
@@ -189,6 +194,15 @@ def add_worker(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument(
+        "--skip-identity-check",
+        action="store_true",
+        help=(
+            "run migrations without checking that the API server is --cluster's: for a"
+            " cluster whose apiservers report through svledger's reporter, not identity"
+            " Leases"
+        ),
+    )
+    parser.add_argument(
         "--chunk-size",
         type=positive(int, "whole number"),
         metavar="N",
@@ -206,6 +220,7 @@ def add_worker(subparsers: Subparsers) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from consumers.worker import CHUNK_SIZE, GROUP_ID, Executor, Rewriter, run_worker
     from kube.client import connect
+    from kube.cluster_check import IdentityCheck
     from kube.executor import StorageMigrationExecutor
     from kube.target import KubernetesTarget
     from ledger.clock import SystemClock
@@ -237,6 +252,7 @@ def _worker(args: argparse.Namespace) -> int:
                 cluster=args.cluster,
                 concurrency=args.concurrency or (1 if args.executor == "rewrite" else 16),
                 snapshots=snapshot_source(args),
+                check=None if args.skip_identity_check else IdentityCheck(kube),
             )
         finally:
             await kube.close()

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import random
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,6 +30,7 @@ import pytest
 
 from deploy.kube.cluster import LocalCluster
 from kube.client import ApiError, Kube, connect
+from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
 from kube.upstream import SOURCE
 from ledger.clock import SystemClock
@@ -209,6 +212,31 @@ async def test_the_ledger_holds_exactly_what_the_apiservers_publish(
         await agree(settings, kube)
         _, records = await cluster_log(settings, CLUSTER)
         assert_nothing_twice(records)
+
+
+async def test_the_workers_identity_check_tells_the_collected_cluster_from_another(
+    settings: KafkaSettings, kube: Kube
+) -> None:
+    async with collecting(settings, kube):
+        await agree(settings, kube)
+        state, _ = await cluster_log(settings, CLUSTER)
+    check = IdentityCheck(kube)
+    assert await check(state, CLUSTER) is None
+
+    # Another cluster whose apiservers have the same names (the same hostnames): other
+    # processes, other holders.
+    for lease in [lease for lease in state.leases.values() if lease.cluster == CLUSTER]:
+        other = dataclasses.replace(
+            lease, cluster="other", holder_identity=f"{lease.apiserver_id}_{uuid.uuid4()}"
+        )
+        state.leases[other.key] = other
+    reason = await check(state, "other")
+    assert reason is not None
+    assert f"the kubeconfig's API server {kube.host} may not be cluster 'other'" in reason
+    assert "none in common" in reason
+    for holder in {h for h, _, _, _ in (await upstream_leases(kube)).values()}:
+        assert holder in reason
+    assert "the ledger's leases of 'nowhere' by nobody" in (await check(state, "nowhere") or "")
 
 
 async def test_a_renewal_interval_thins_the_apiservers_renewals_and_keeps_their_leases(

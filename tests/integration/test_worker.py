@@ -9,11 +9,21 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumers.worker import run_worker
-from ledger.events import ApiserverHeartbeat, Event, Meta
+from consumers.worker import CHECK_RETRY_SECONDS, run_worker
+from ledger.events import (
+    ApiserverHeartbeat,
+    Event,
+    Meta,
+    MigrationRequested,
+    MigrationStarted,
+    MigrationSucceeded,
+    StorageVersionReported,
+)
+from ledger.hashing import storage_version_hash
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
-from projections.state import Migration
+from projections.replay import cluster_log
+from projections.state import Migration, State
 from tests.integration.test_migrator import DEADLINE
 
 
@@ -62,3 +72,91 @@ async def test_a_worker_for_a_cluster_the_log_never_had_says_so_and_names_those_
     [warning] = [r.getMessage() for r in caplog.records if r.name == "consumers.worker"]
     assert f"no event of cluster 'esat' in topic {unique_topic}" in warning
     assert "the log has clusters 'east', 'west'. Check --cluster" in warning
+
+
+class Succeeding:
+    """An executor that succeeds at once, and remembers what it ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def run(
+        self,
+        migration: Migration,
+        *,
+        append: Callable[[Sequence[Event]], Awaitable[None]],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self.ran.append(migration.migration_id)
+        meta = Meta.new(migration.cluster, "worker", datetime.now(UTC))
+        await append([MigrationStarted(meta, migration.migration_id)])
+        meta = Meta.new(migration.cluster, "worker", datetime.now(UTC))
+        await append([MigrationSucceeded(meta, migration.migration_id, objects_migrated=1)])
+
+
+async def test_a_migration_waits_while_the_check_refuses_it_and_runs_once_it_passes(
+    kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "consumers.worker")
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
+    await create_topics(settings)
+    now = datetime.now(UTC)
+    async with EventProducer(settings) as producer:
+        await producer.send(
+            ApiserverHeartbeat(Meta.new("east", "a1", now), "a1", "a1_1", "cp-0", 60, now)
+        )
+        report = StorageVersionReported(
+            Meta.new("east", "a1", now), "a1", "", "pods", "Pod", "v1", ("v1",), ("v1",)
+        )
+        position = await producer.send(report)
+        await producer.send(
+            MigrationRequested(
+                Meta.new("east", "migrator", now),
+                "m-1",
+                "",
+                "pods",
+                "v1",
+                storage_version_hash("", "v1", "Pod"),
+                str(position),
+            )
+        )
+
+    asked: list[tuple[str, int]] = []
+    passes = asyncio.Event()
+
+    async def check(state: State, cluster: str) -> str | None:
+        asked.append((cluster, len(state.leases)))
+        return None if passes.is_set() else "not this cluster, it seems"
+
+    executor = Succeeding()
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(
+            settings,
+            executor,
+            stop=stop,
+            group_id=f"{unique_topic}.worker.east",
+            cluster="east",
+            check=check,
+        )
+    )
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while not asked:
+                await asyncio.sleep(0.05)
+            # Asked again after a while, not only when the log moves: it does not here.
+            await asyncio.sleep(CHECK_RETRY_SECONDS + 1)
+            assert executor.ran == []
+            assert len(asked) >= 2
+            assert set(asked) == {("east", 1)}
+            passes.set()
+            while (await cluster_log(settings, "east"))[0].migrations[
+                "east", "m-1"
+            ].phase != "Succeeded":
+                await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, DEADLINE)
+    assert executor.ran == ["m-1"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "consumers.worker"]
+    assert warning == "migration m-1 waits: not this cluster, it seems"  # said once

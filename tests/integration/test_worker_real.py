@@ -25,6 +25,7 @@ from consumers.worker import Rewriter, run_worker
 from deploy.kube.cluster import LocalCluster
 from deploy.kube.rolling_upgrade import NEW, OLD, policy
 from kube.client import Kube, connect
+from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
 from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
@@ -55,6 +56,8 @@ def worker_role(updatable: list[str]) -> dict[str, object]:
              "verbs": ["get", "list"]},
             {"apiGroups": [GROUP], "resources": ["mutatingadmissionpolicies"],
              "verbs": ["update"], "resourceNames": updatable},
+            # The identity check: the worker lists the apiservers' identity Leases.
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]},
         ],
     }  # fmt: skip
 
@@ -135,7 +138,11 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
     tasks = [
         asyncio.create_task(run_collector(settings, CLUSTER, kube, stop=stop, clock=clock)),
         asyncio.create_task(run_migrator(settings, stop=stop, backoff=Backoff(seconds=2))),
-        asyncio.create_task(run_worker(settings, rewriter, stop=stop, cluster=CLUSTER)),
+        asyncio.create_task(
+            run_worker(
+                settings, rewriter, stop=stop, cluster=CLUSTER, check=IdentityCheck(worker_kube)
+            )
+        ),
     ]
 
     async def failures() -> list[MigrationFailed]:
