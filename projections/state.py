@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 from ledger.names import resource_name, storage_state_name
@@ -218,6 +218,13 @@ class Rejection:
 
 # How far back in its cluster's event time an event's ID is remembered (SeenEvents).
 SEEN_EVENT_WINDOW: Final = timedelta(hours=1)
+_EARLIEST: Final = datetime.min.replace(tzinfo=UTC)
+
+
+def seen_horizon(latest: datetime) -> datetime:
+    """The earliest time an event ID is remembered at, when a cluster's latest is ``latest``
+    (no earlier than the first representable time: an event may claim year 1)."""
+    return latest - SEEN_EVENT_WINDOW if latest - _EARLIEST > SEEN_EVENT_WINDOW else _EARLIEST
 
 
 @_pickled_as_fields
@@ -263,7 +270,7 @@ class SeenEvents:
         """Remember ``row``; return the earlier occurrence of its ID still remembered."""
         if self.latest is None or row.occurred_at > self.latest:
             self.latest = row.occurred_at
-        horizon = self.latest - SEEN_EVENT_WINDOW
+        horizon = seen_horizon(self.latest)
         earlier = self._events.get(row.event_id)
         if earlier is not None and earlier.occurred_at < horizon:
             earlier = None
@@ -278,7 +285,7 @@ class SeenEvents:
         """What it remembers, by event ID: only what a later event may still find."""
         if self.latest is None:
             return []
-        horizon = self.latest - SEEN_EVENT_WINDOW
+        horizon = seen_horizon(self.latest)
         return sorted(
             (row for row in self._events.values() if row.occurred_at >= horizon),
             key=operator.attrgetter("event_id"),

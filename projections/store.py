@@ -68,7 +68,6 @@ from projections.schema import (
 )
 from projections.snapshots import Snapshot, row_values
 from projections.state import (
-    SEEN_EVENT_WINDOW,
     Changes,
     Condition,
     HolderKey,
@@ -85,6 +84,7 @@ from projections.state import (
     State,
     StorageState,
     StorageVersion,
+    seen_horizon,
 )
 
 VIEWS: Final = (
@@ -468,7 +468,7 @@ def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
             select(table.c.event_id, table.c.occurred_at, table.c.log_partition, table.c.log_offset)
             .where(
                 table.c.cluster == cluster,
-                table.c.occurred_at >= time - SEEN_EVENT_WINDOW,
+                table.c.occurred_at >= seen_horizon(time),
                 not_heartbeat,
             )
             .order_by(table.c.occurred_at, table.c.log_offset)

@@ -578,6 +578,16 @@ def test_a_repeat_within_the_hour_is_found_though_later_events_came_between() ->
     assert encodings(log.storage_version()) == {"1": "v2"}
 
 
+def test_an_event_of_the_first_year_is_folded_and_its_repeat_found() -> None:
+    log = joined("1")
+    log.now = datetime(1, 1, 1, 0, 10, tzinfo=UTC)  # a clock gone wrong, or a forged event
+    first = report_of(log, "1", "v1")
+    log.append(first)
+    assert encodings(log.storage_version()) == {"1": "v1"}
+    log.meta("1")
+    assert log.append(first).rejections
+
+
 def test_heartbeats_are_not_kept_by_id_and_another_cluster_may_use_the_same_id() -> None:
     east = joined("1")
     renewal = ApiserverHeartbeat(east.meta("1"), "1", "1_1", "host-1", 3600, east.now)
