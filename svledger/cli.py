@@ -28,7 +28,15 @@ from typing import Any, Final
 
 from ledger.errors import AccessDenied, Unavailable, UsageError
 from svledger.commands import COMMANDS
-from svledger.options import Handler, acl_remedy, add_logging_options, remember_stop_signals
+from svledger.options import (
+    Handler,
+    StoppedEarly,
+    acl_remedy,
+    add_logging_options,
+    stop_early_on_signals,
+)
+
+log = logging.getLogger(__name__)
 
 USAGE_ERROR: Final = 2
 UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: a service the command needs cannot be reached
@@ -154,12 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:  # --help, --version or an argument argparse rejected
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    if getattr(args, "long_running", False):
-        remember_stop_signals()
     configure_logging(args.log_level, args.log_format)
     handler: Handler = args.handler
     try:
+        if getattr(args, "long_running", False):
+            stop_early_on_signals()
         return handler(args)
+    except StoppedEarly as stopped:
+        log.info("%s as it started: stopped", stopped)
+        return 0
     except KeyboardInterrupt:
         return 130
     except UsageError as error:

@@ -253,7 +253,7 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
 def add_metrics_option(parser: argparse.ArgumentParser) -> None:
     """``--metrics-address HOST:PORT`` for a long-running command; hand the parsed
     ``args.metrics_address`` to :func:`run_until_signalled`. Marks the command as one
-    (``args.long_running``: :func:`remember_stop_signals` from its start)."""
+    (``args.long_running``: :func:`stop_early_on_signals` from its start)."""
     parser.set_defaults(long_running=True)
     parser.add_argument(
         "--metrics-address",
@@ -277,17 +277,22 @@ def metrics_address(text: str) -> str:
     return text
 
 
-# SIGTERM and SIGINT received before run_until_signalled's loop takes them over.
-_EARLY_SIGNALS: list[int] = []
+class StoppedEarly(BaseException):
+    """A stop signal (named by the message) that came before the service began; the
+    command then exits 0. A BaseException, so no ``except Exception`` on the way holds it."""
 
 
-def remember_stop_signals() -> None:
-    """Until :func:`run_until_signalled` takes them over, let SIGTERM and SIGINT be
-    remembered instead of ending the process: a service told to stop while it is still
-    importing its modules then exits 0 without starting, as it would a second later,
-    not 143 (or with a KeyboardInterrupt's traceback)."""
+def stop_early_on_signals() -> None:
+    """Until :func:`run_until_signalled` takes them over, have SIGTERM and SIGINT end the
+    command at once with :class:`StoppedEarly`: a service told to stop while it still
+    loads its modules or prepares its database exits 0 without starting, as it would a
+    second later, not 143 (or with a KeyboardInterrupt's traceback)."""
+
+    def stop(signum: int, _: object) -> None:
+        raise StoppedEarly(signal.Signals(signum).name)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda received, _: _EARLY_SIGNALS.append(received))
+        signal.signal(signum, stop)
 
 
 def run_until_signalled(
@@ -320,9 +325,6 @@ def run_until_signalled(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        if _EARLY_SIGNALS:
-            log.info("%s as it started: stopped", signal.Signals(_EARLY_SIGNALS[0]).name)
-            return
         log_tasks_on_signal(loop)
         stop_connecting_on(stop)
         try:

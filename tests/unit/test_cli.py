@@ -6,6 +6,7 @@ import json
 import logging
 import pathlib
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -462,3 +463,28 @@ def test_sigterm_as_a_service_starts_stops_it_cleanly_before_it_begins(
     assert "SIGTERM as it started: stopped" in errors
     assert "Traceback" not in errors
     assert "127.0.0.1:1" not in errors  # it never asked Kafka
+
+
+def test_sigterm_while_a_service_waits_for_its_database_to_answer_stops_it_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Preparing the database (``db upgrade``) comes before the service: a server that
+    takes the connection and never answers must not make it deaf to SIGTERM."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        command = [sys.executable, "-m", "svledger", "--log-format", "text", "project"]
+        service = subprocess.Popen(
+            [*command, "--db", f"postgresql://user:secret@127.0.0.1:{port}/views"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            silent.settimeout(30)
+            connection, _ = silent.accept()  # it asks the database, which says nothing
+            with connection:
+                service.send_signal(signal.SIGTERM)
+                _, errors = service.communicate(timeout=10)
+        finally:
+            service.kill()
+    assert service.returncode == 0, errors
+    assert "SIGTERM as it started: stopped" in errors
