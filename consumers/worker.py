@@ -55,6 +55,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
@@ -81,6 +82,7 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
 )
+from ledger.kafka import BROKER_ERRORS, partition_of, topic_partitions
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from projections.fold import stale_reason
@@ -391,21 +393,31 @@ async def run_worker(
         snapshots=snapshots,
     )
     runners: dict[int, tuple[PartitionLog, asyncio.Task[None]]] = {}
-    checked = cluster is None  # whether the log was looked for the cluster, once read
+    checked = cluster is None  # whether the cluster's partition was looked at, once read
+    home: int | None = None  # the partition the cluster's events go to
 
-    def check_cluster() -> None:
-        nonlocal checked
-        logs = list(follower.logs.values())
-        if checked or not logs or not all(partition_log.caught_up for partition_log in logs):
+    async def check_cluster(partition_log: PartitionLog) -> None:
+        """Warn once if the cluster's partition, read to its end, has no event of it."""
+        nonlocal checked, home
+        if checked or not partition_log.caught_up:
             return
+        if home is None:
+            try:
+                home = partition_of(str(cluster), await topic_partitions(settings))
+            except BROKER_ERRORS:
+                return  # told on the next move of the log
+        if partition_log.partition != home:
+            return  # another member's, or none of the cluster's events
         checked = True
-        known = clusters_of(partition_log.state for partition_log in logs)
+        known = clusters_of([partition_log.state])
         if cluster not in known:
             log.warning(
-                "no event of cluster %r in topic %s: its migrations run once it has some;"
-                " the log has clusters %s. Check --cluster",
+                "no event of cluster %r in topic %s (partition %d, where its events go): its"
+                " migrations run once it has some; that partition has clusters %s. Check"
+                " --cluster",
                 cluster,
                 settings.topic,
+                home,
                 ", ".join(map(repr, sorted(known))) or "(none)",
             )
 
@@ -426,27 +438,34 @@ async def run_worker(
         await partition_log.wait_folded(max(positions, default=0) + 1)
 
     async def refused(partition_log: PartitionLog, migration: Migration) -> bool:
-        """Whether ``check`` keeps ``migration`` waiting (said once a minute at most)."""
+        """Whether ``check`` keeps ``migration`` waiting: asked every
+        :data:`CHECK_RETRY_SECONDS` at most, however often the log moves (it may ask an
+        API server), and said once a minute at most."""
         if check is None:
             return False
+        now = asyncio.get_running_loop().time()
+        asked, said = refusals.get(migration.cluster, (-math.inf, -math.inf))
+        if now < asked + CHECK_RETRY_SECONDS - 0.01:  # (a timer may fire that much early)
+            return True
         reason = await check(partition_log.state, migration.cluster)
         if reason is None:
             refusals.pop(migration.cluster, None)
             return False
-        now = asyncio.get_running_loop().time()
-        if now >= refusals.get(migration.cluster, now):
+        if now >= said + 60.0:
             log.warning("migration %s waits: %s", migration.migration_id, reason)
-            refusals[migration.cluster] = now + 60.0
+            said = now
+        refusals[migration.cluster] = (now, said)
         return True
 
-    refusals: dict[str, float] = {}  # per cluster, when its refusal may be said again
+    # Per cluster whose migrations wait: when the check was last asked, and when said.
+    refusals: dict[str, tuple[float, float]] = {}
 
     async def serve(partition_log: PartitionLog) -> None:
         running: dict[MigrationKey, asyncio.Task[None]] = {}
         try:
             while True:
                 await partition_log.wait_folded()
-                check_cluster()
+                await check_cluster(partition_log)
                 for key in [k for k, task in running.items() if task.done()]:
                     running.pop(key).result()  # a failure is the runner's, served again
                 waiting = False

@@ -52,6 +52,7 @@ from consumers.worker import Executor, Rewriter, run_worker
 from deploy.kafka.broker import kafka_bootstrap
 from deploy.kube.cluster import LocalCluster
 from kube.client import ApiError, ClusterUnreachable, Kube, connect
+from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
 from kube.executor import StorageMigrationExecutor
 from kube.target import KubernetesTarget
@@ -286,6 +287,8 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
                 group_id="rolling-worker",
                 concurrency=1 if executor_name == "rewrite" else 100,
                 current_only=trigger == "agreement",
+                # As `svledger worker` runs; the baseline runs what it is given, as upstream.
+                check=IdentityCheck(kube) if trigger == "agreement" else None,
             ),
             clients(servers, clients_stop, created),
         ]
