@@ -67,6 +67,7 @@ from projections.schema import (
     storage_versions,
 )
 from projections.snapshots import Snapshot, row_values
+from projections.snapshots import latest as latest_snapshot
 from projections.state import (
     Changes,
     Condition,
@@ -452,35 +453,69 @@ def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
     """The event IDs the fold remembers (:class:`~projections.state.SeenEvents`), from
     ``ledger_events``, which logs every event but plain lease renewals: per cluster, the
     events (not heartbeats) within the window of its latest one, each ID at the latest
-    time it occurred at, and the last of those occurrences in the log."""
+    time it occurred at, and the last of those occurrences in the log. A database whose
+    history begins at fold snapshots (a replay started from them) has the IDs of before
+    in those snapshots, and they are taken too."""
     table = ledger_events
     not_heartbeat = table.c.event_type != _HEARTBEAT
+    before: dict[str, list[SeenEvent]] = defaultdict(list)
+    for row in _seen_before_history(connection):
+        before[row.cluster].append(row)
     seen: dict[str, SeenEvents] = {}
     # Each query below is a walk of the (cluster, occurred_at) index, however long the
     # table: the projector loads its state again after every failed write.
-    for cluster in _clusters(connection, table):
-        time = connection.scalar(
-            select(func.max(table.c.occurred_at)).where(table.c.cluster == cluster, not_heartbeat)
+    for cluster in sorted({*_clusters(connection, table), *before}):
+        times = [row.occurred_at for row in before[cluster]]
+        times.append(
+            connection.scalar(
+                select(func.max(table.c.occurred_at)).where(
+                    table.c.cluster == cluster, not_heartbeat
+                )
+            )
         )
+        time = max((t for t in times if t is not None), default=None)
         if time is None:
             continue
         rows = connection.execute(
-            select(table.c.event_id, table.c.occurred_at, table.c.log_partition, table.c.log_offset)
-            .where(
+            select(
+                table.c.event_id, table.c.occurred_at, table.c.log_partition, table.c.log_offset
+            ).where(
                 table.c.cluster == cluster,
                 table.c.occurred_at >= seen_horizon(time),
                 not_heartbeat,
             )
-            .order_by(table.c.occurred_at, table.c.log_offset)
         )
-        # Later rows replace earlier ones of their ID: the latest time, the last on a tie.
-        seen[cluster] = SeenEvents(
-            {
-                event_id: SeenEvent(cluster, event_id, occurred_at, str(Position(p, o)))
-                for event_id, occurred_at, p, o in rows
-            }.values()
-        )
+        found = [
+            *before[cluster],
+            *(SeenEvent(cluster, i, t, str(Position(p, o))) for i, t, p, o in rows),
+        ]
+        # Later ones replace earlier ones of their ID: the latest time, the last on a tie.
+        found.sort(key=lambda row: (row.occurred_at, Position.parse(row.revision).offset))
+        seen[cluster] = SeenEvents({row.event_id: row for row in found}.values())
     return seen
+
+
+def _seen_before_history(connection: Connection) -> list[SeenEvent]:
+    """The event IDs in the fold snapshots the database's history begins at: per
+    partition, the latest sound snapshot at or before its first ``ledger_events`` row
+    (any such snapshot holds only what happened before it, so taking one is never
+    wrong; one is needed where a replay started from it)."""
+    table = fold_snapshots
+    found: list[SeenEvent] = []
+    for projection, topic, partition in connection.execute(
+        select(table.c.projection, table.c.topic, table.c.log_partition).distinct()
+    ):
+        first = connection.scalar(
+            select(func.min(ledger_events.c.log_offset)).where(
+                ledger_events.c.topic == topic, ledger_events.c.log_partition == partition
+            )
+        )
+        start = latest_snapshot(
+            connection, projection, topic, partition, limit=_NO_LIMIT if first is None else first
+        )
+        if start is not None:
+            found.extend(start[1][4])
+    return found
 
 
 def _clusters(connection: Connection, table: Table) -> list[str]:
@@ -595,6 +630,7 @@ def _entry_row(
 # the field (or, for ``name``, the property) of its name, except for the API group.
 _COLUMN_OF_FIELD: Final = {"group": "api_group"}
 _FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.items()}
+_NO_LIMIT: Final = 2**63 - 1  # past any offset
 _HEARTBEAT: Final = ApiserverHeartbeat.__name__  # the type whose IDs the fold does not keep
 
 _Stored = TypeVar("_Stored", Lease, StorageState, Migration)

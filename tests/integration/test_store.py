@@ -30,6 +30,7 @@ from ledger.events import (
 from projections import fold, store
 from projections.projector import Projection, fold_batch
 from projections.schema import metadata
+from projections.snapshots import state_of, take
 from projections.state import Changes, State
 from tests.consumed import consumed_log
 from tests.histories import histories, plain_renewals
@@ -227,3 +228,29 @@ def test_naive_times_are_refused(db: Engine) -> None:
     with pytest.raises(StatementError, match="naive datetime"), db.begin() as connection:
         store.write(connection, batch)
     assert snapshot(db) == {table.name: [] for table in store.VIEWS}
+
+
+def test_a_database_begun_at_fold_snapshots_remembers_the_event_ids_from_before_them(
+    db: Engine,
+) -> None:
+    """A replay started from fold snapshots writes the views, not the events before them:
+    the event IDs the fold remembers from then come from the snapshots."""
+    clear(db)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    heartbeat = ApiserverHeartbeat(Meta("e-1", "east", t0, "a1"), "a1", "a1_1", "cp-0", 60, t0)
+    report = StorageVersionReported(
+        Meta("e-2", "east", t0, "a1"), "a1", "", "pods", "Pod", "v1", ("v1",), ("v1",)
+    )
+    state = fold.fold([(heartbeat, Position(0, 0)), (report, Position(0, 1))])
+    snapshot = take(state, PROJECTION, TOPIC, 0, 2, t0)
+    start = state_of([snapshot.state_rows()])
+    with db.begin() as connection:
+        store.write(
+            connection, store.Batch.whole(start, TOPIC, PROJECTION, {0: 2}, {0: t0}, [snapshot])
+        )
+
+    with db.connect() as connection:
+        loaded = store.load_state(connection)
+    assert loaded == state
+    assert loaded.seen["east"].rows()[0].revision == "0:1"
+    assert fold.apply(loaded, report, Position(0, 2)).rejections  # a repeat, found
