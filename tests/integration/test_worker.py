@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from consumers.worker import CHECK_RETRY_SECONDS, run_worker
+from consumers.worker import CHECK_RETRY_SECONDS, ClusterCheck, run_worker
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -25,55 +25,6 @@ from ledger.settings import KafkaSettings
 from projections.replay import cluster_log
 from projections.state import Migration, State
 from tests.integration.test_migrator import DEADLINE
-
-
-class NoExecutor:
-    """An executor no migration may reach: the worker below has none to run."""
-
-    async def run(
-        self,
-        migration: Migration,
-        *,
-        append: Callable[[Sequence[Event]], Awaitable[None]],
-        cancelled: Callable[[], bool],
-    ) -> None:
-        raise AssertionError(f"{migration.migration_id} was run")
-
-
-async def test_a_worker_for_a_cluster_the_log_never_had_says_so_and_names_those_it_has(
-    kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, "consumers.worker")
-    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
-    await create_topics(settings)
-    now = datetime.now(UTC)
-    async with EventProducer(settings) as producer:
-        for cluster in ("east", "west"):
-            meta = Meta.new(cluster, "a1", now)
-            await producer.send(ApiserverHeartbeat(meta, "a1", "a1_1", "cp-0", 60, now))
-
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        run_worker(
-            settings,
-            NoExecutor(),
-            stop=stop,
-            group_id=f"{unique_topic}.worker.esat",
-            cluster="esat",
-        )
-    )
-    try:
-        async with asyncio.timeout(DEADLINE):
-            while not [r for r in caplog.records if "esat" in r.getMessage()]:
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await asyncio.wait_for(worker, DEADLINE)
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "consumers.worker"]
-    home = partition_of("esat", [0, 1])
-    assert f"no event of cluster 'esat' in topic {unique_topic} (partition {home}," in warning
-    there = [repr(c) for c in ("east", "west") if partition_of(c, [0, 1]) == home] or ["(none)"]
-    assert f"that partition has clusters {', '.join(there)}. Check --cluster" in warning
 
 
 class Succeeding:
@@ -96,12 +47,58 @@ class Succeeding:
         await append([MigrationSucceeded(meta, migration.migration_id, objects_migrated=1)])
 
 
-async def test_a_migration_waits_while_the_check_refuses_it_and_runs_once_it_passes(
+def started(
+    settings: KafkaSettings, cluster: str, check: ClusterCheck | None = None
+) -> tuple[Succeeding, asyncio.Event, asyncio.Task[None]]:
+    """A worker of ``cluster`` (``svledger worker --cluster``): its executor, its stop,
+    its task."""
+    executor, stop = Succeeding(), asyncio.Event()
+    group_id = f"{settings.topic}.worker.{cluster}"
+    worker = run_worker(
+        settings, executor, stop=stop, group_id=group_id, cluster=cluster, check=check
+    )
+    return executor, stop, asyncio.create_task(worker)
+
+
+@pytest.fixture
+async def settings(
     kafka_bootstrap: str, unique_topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
+) -> KafkaSettings:
+    """A fresh topic of two partitions; the worker's warnings captured."""
     caplog.set_level(logging.WARNING, "consumers.worker")
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
     await create_topics(settings)
+    return settings
+
+
+async def test_a_worker_for_a_cluster_the_log_never_had_says_so_and_names_those_it_has(
+    settings: KafkaSettings, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = datetime.now(UTC)
+    async with EventProducer(settings) as producer:
+        for cluster in ("east", "west"):
+            meta = Meta.new(cluster, "a1", now)
+            await producer.send(ApiserverHeartbeat(meta, "a1", "a1_1", "cp-0", 60, now))
+
+    executor, stop, worker = started(settings, "esat")
+    try:
+        async with asyncio.timeout(DEADLINE):
+            while not [r for r in caplog.records if "esat" in r.getMessage()]:
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, DEADLINE)
+    assert executor.ran == []  # no migration of esat's was requested
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "consumers.worker"]
+    home = partition_of("esat", [0, 1])
+    assert f"no event of cluster 'esat' in topic {unique_topic} (partition {home}," in warning
+    there = [repr(c) for c in ("east", "west") if partition_of(c, [0, 1]) == home] or ["(none)"]
+    assert f"that partition has clusters {', '.join(there)}. Check --cluster" in warning
+
+
+async def test_a_migration_waits_while_the_check_refuses_it_and_runs_once_it_passes(
+    settings: KafkaSettings, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
     now = datetime.now(UTC)
     async with EventProducer(settings) as producer:
         await producer.send(
@@ -130,18 +127,7 @@ async def test_a_migration_waits_while_the_check_refuses_it_and_runs_once_it_pas
         asked.append((cluster, len(state.leases)))
         return None if passes.is_set() else "not this cluster, it seems"
 
-    executor = Succeeding()
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        run_worker(
-            settings,
-            executor,
-            stop=stop,
-            group_id=f"{unique_topic}.worker.east",
-            cluster="east",
-            check=check,
-        )
-    )
+    executor, stop, worker = started(settings, "east", check)
 
     async def renewing() -> None:
         """The log moves all the time: the lease renews twenty times a second."""

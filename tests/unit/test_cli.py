@@ -391,11 +391,15 @@ def test_a_file_that_is_no_sqlite_database_is_a_usage_error_naming_it(
     assert f"there is no folder {folder.parent}; create it" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
+# Three services, each started as a user would (``{tmp}``: the test's folder).
+SERVICES = pytest.mark.parametrize(
     "argv",
     [["project", "--db", "sqlite:///{tmp}/views.db"], ["migrator"], ["serve"]],
     ids=["project", "migrator", "serve"],
 )
+
+
+@SERVICES
 def test_sigterm_while_kafka_does_not_answer_stops_at_once_and_cleanly(
     argv: list[str], tmp_path: pathlib.Path
 ) -> None:
@@ -435,11 +439,7 @@ def _catches(pid: int, signum: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [["project", "--db", "sqlite:///{tmp}/views.db"], ["migrator"], ["serve"]],
-    ids=["project", "migrator", "serve"],
-)
+@SERVICES
 def test_sigterm_as_a_service_starts_stops_it_cleanly_before_it_begins(
     argv: list[str], tmp_path: pathlib.Path
 ) -> None:
