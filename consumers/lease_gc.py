@@ -35,7 +35,8 @@ Why this never expires a renewed lease, nor expires one twice:
   is fenced drops the partition and rebuilds it from the log, expiries of the other
   GC included, before it decides again.
 * An expiry's ``event_id`` is a UUIDv5 of (cluster, apiserver, last renew time), so
-  even a duplicate that slipped through every barrier would name itself as one.
+  even a duplicate that slipped through every barrier names itself as one, and the
+  fold folds it once (:class:`~projections.state.SeenEvents`).
 
 The metric ``svledger_heartbeat_age_seconds`` (:mod:`ledger.metrics`) is the age of
 every lease in the GC's folds, computed when scraped: it grows between heartbeats
