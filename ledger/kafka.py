@@ -239,6 +239,13 @@ async def _shut(client: _Client) -> None:
     _see_undelivered(client)
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark ``future``'s failure as seen, so asyncio does not log it again when it is
+    collected ("Future exception was never retrieved"); its awaiter, if any, still gets it."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _see_undelivered(client: _Client) -> None:
     """Mark the failures of the batches a stopped producer could not deliver as seen.
 
@@ -869,11 +876,13 @@ class TransactionalProducer:
             with contextlib.suppress(_Aborted):
                 async with producer.transaction():
                     for topic, partition, (key, value, headers) in records:
-                        futures.append(
-                            await producer.send(
-                                topic, value=value, key=key, headers=headers, partition=partition
-                            )
+                        future = await producer.send(
+                            topic, value=value, key=key, headers=headers, partition=partition
                         )
+                        # A transaction that fails fails its records' futures too, which
+                        # no one awaits then: the failure is raised once, by the transaction.
+                        future.add_done_callback(_retrieved)
+                        futures.append(future)
                     if group_id is not None and offsets:
                         await producer.send_offsets_to_transaction(dict(offsets), group_id)
                     if not commit:
