@@ -22,14 +22,10 @@ in the target; a worker for such a cluster runs with ``--skip-identity-check``.
 
 from __future__ import annotations
 
-from typing import Final
-
 from kube.client import ApiError, ClusterUnreachable, Kube
 from kube.upstream import NotUpstream, parse_lease
-from ledger.identity import IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
+from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE
 from projections.state import State
-
-_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 
 
 class IdentityCheck:
@@ -56,7 +52,7 @@ class IdentityCheck:
 
     async def _holders(self) -> set[str]:
         page = await self._kube.list(
-            "coordination.k8s.io", "v1", "leases", LEASE_NAMESPACE, label_selector=_SELECTOR
+            "coordination.k8s.io", "v1", "leases", LEASE_NAMESPACE, label_selector=IDENTITY_SELECTOR
         )
         holders = set()
         for item in page.get("items") or ():

@@ -60,7 +60,7 @@ from kube.upstream import (
     reconcile,
 )
 from ledger.clock import Clock
-from ledger.identity import IDENTITY_LABEL, IDENTITY_NAME, LEASE_NAMESPACE
+from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
@@ -76,7 +76,6 @@ MAX_BACKOFF_SECONDS: Final = 30.0
 GONE: Final = 410
 NOT_FOUND: Final = 404
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
-_IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 
 
 class Discovery:
@@ -143,7 +142,7 @@ class ClusterWatch:
 
     async def run(self, stop: asyncio.Event) -> None:
         follows = [
-            self._follow(LEASES, self._leases, stop, label_selector=_IDENTITY_SELECTOR),
+            self._follow(LEASES, self._leases, stop, label_selector=IDENTITY_SELECTOR),
             self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
         ]
         if self._apiservers:

@@ -24,6 +24,8 @@ from typing import Final
 IDENTITY_NAME: Final = "kube-apiserver"
 LEASE_NAMESPACE: Final = "kube-system"
 IDENTITY_LABEL: Final = "apiserver.kubernetes.io/identity"
+# The label selector that lists the identity Leases of kube-apiservers (and no other lease).
+IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 # Where peers proxy requests to the apiserver (its UnknownVersionInteroperabilityProxy).
 PEER_ADDRESS_ANNOTATION: Final = "kubernetes.io/peer-advertise-address"

@@ -6,10 +6,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
+from urllib.parse import quote
 
 from kube.client import Kube
 from kube.upstream import parse_lease, parse_storage_version
-from ledger.identity import IDENTITY_LABEL, IDENTITY_NAME
+from ledger.identity import IDENTITY_SELECTOR
 from ledger.names import resource_name
 from projections.state import State
 
@@ -81,7 +82,7 @@ async def upstream_views(kube: Kube) -> Views:
 async def upstream_leases(kube: Kube) -> Leases:
     listed = await kube.get(
         "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
-        f"?labelSelector={IDENTITY_LABEL}%3D{IDENTITY_NAME}"
+        f"?labelSelector={quote(IDENTITY_SELECTOR)}"
     )
     leases = [parse_lease(obj) for obj in listed["items"]]
     return {
