@@ -91,7 +91,7 @@ def engine(url: str) -> Engine:
         _refuse_newer(db.url, current)
         found = ", ".join(sorted(current)) or "no schema"
         raise DatabaseNotMigrated(
-            f"database {_shown(db.url)} is at {found}, this svledger needs revision "
+            f"database {shown(db.url)} is at {found}, this svledger needs revision "
             f"{', '.join(sorted(expected))}; run `svledger db upgrade --db URL` first"
         )
     return db
@@ -105,7 +105,7 @@ def _refuse_newer(url: URL, current: Iterable[str]) -> None:
     unknown = sorted(set(current) - known)
     if unknown:
         raise DatabaseNotMigrated(
-            f"database {_shown(url)} is at revision {', '.join(unknown)}, which this "
+            f"database {shown(url)} is at revision {', '.join(unknown)}, which this "
             f"svledger does not know (its newest is {', '.join(sorted(scripts.get_heads()))}): "
             "a newer svledger wrote it; run that version, or upgrade this one"
         )
@@ -137,7 +137,7 @@ def parse_url(url: str) -> URL:
     if backend == "sqlite":
         return parsed
     raise ValueError(
-        f"database URL {_shown(parsed)} is neither PostgreSQL nor SQLite; "
+        f"database URL {shown(parsed)} is neither PostgreSQL nor SQLite; "
         "use postgresql://USER:PASSWORD@HOST/DB or sqlite:///PATH.db"
     )
 
@@ -152,22 +152,22 @@ def _connect(db: Engine) -> Iterator[Connection]:
             folder = Path(db.url.database or "").parent
             if not folder.is_dir():
                 raise DatabaseNotMigrated(
-                    f"cannot open {_shown(db.url)}: there is no folder {folder}; create it,"
+                    f"cannot open {shown(db.url)}: there is no folder {folder}; create it,"
                     " or give a path in a folder that exists"
                 ) from error
             raise DatabaseNotMigrated(
-                f"cannot open {_shown(db.url)}: {reason}; give the path of a database "
+                f"cannot open {shown(db.url)}: {reason}; give the path of a database "
                 "file that `svledger db upgrade --db URL` created (it creates one where "
                 "the folder exists)"
             ) from error
         if db.url.get_backend_name() == "postgresql" and "does not exist" in reason:
             raise DatabaseUnreachable(
-                f"cannot connect to database {_shown(db.url)}: {reason}; create it (`CREATE"
+                f"cannot connect to database {shown(db.url)}: {reason}; create it (`CREATE"
                 f" DATABASE {db.url.database}` as a user who may, or `createdb`), then run"
                 " `svledger db upgrade --db URL`"
             ) from error
         raise DatabaseUnreachable(
-            f"cannot connect to database {_shown(db.url)}: {reason}; check that it is "
+            f"cannot connect to database {shown(db.url)}: {reason}; check that it is "
             "running and the URL is right, then run `svledger db upgrade --db URL` if "
             "it is new"
         ) from error
@@ -187,14 +187,21 @@ def _alembic_config() -> Config:
     return config
 
 
-def _shown(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
+def shown(url: URL | str) -> str:
+    """A database URL fit for logs and messages: its password masked, also in a URL
+    that does not parse (and so in an address that is no URL, which has none)."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return _redacted(url)
 
 
 def _redacted(text: str) -> str:
     """A database URL that does not parse, fit to print: whatever stands where a
     password would (after the user's ``:``, before the last ``@``) masked, as
-    :func:`_shown` masks a parsed URL's."""
+    :func:`shown` masks a parsed URL's."""
     credentials, at, rest = text.rpartition("@")
     if not at:
         return text

@@ -69,7 +69,6 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
@@ -88,7 +87,7 @@ from ledger.kafka import (
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import store
-from projections.database import DatabaseUnreachable, engine
+from projections.database import DatabaseUnreachable, engine, shown
 from projections.snapshots import NO_EVENTS, SNAPSHOT_EVERY, Snapshot, take
 from projections.state import Changes, State
 from projections.store import StaleProjection, load_checkpoints, load_log_times, load_state
@@ -336,7 +335,7 @@ class Projector:
             log.info(
                 "projecting topic %s into %s as %r (group %s)",
                 self.settings.topic,
-                db.url.render_as_string(hide_password=True),
+                shown(db.url),
                 self.projection,
                 self.group_id,
                 extra={"topic": self.settings.topic, "projection": self.projection},
@@ -525,17 +524,13 @@ class Projector:
             except TimeoutError:
                 self._writer.abandon()
                 raise WriteAbandoned(
-                    f"the database at {self.db_url_shown} did not finish writing a batch of"
+                    f"the database at {shown(self.db_url)} did not finish writing a batch of"
                     f" {result.folded} events within {STOP_GRACE_SECONDS:.0f} s of the stop"
                     " (is it frozen, or its host unreachable?); stopped without waiting for"
                     " it. Nothing is lost: the database commits or rolls back the batch with"
                     " its checkpoint, and the next start goes on from whichever it did"
                 ) from None
         writing.result()
-
-    @property
-    def db_url_shown(self) -> str:
-        return make_url(self.db_url).render_as_string(hide_password=True)
 
     async def _recover(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
         """After a batch that did not commit: the state was folded past the database."""
@@ -553,22 +548,15 @@ class Projector:
         log.warning(
             "%s unreachable at %s, retrying in %.1f s: %s",
             what,
-            _shown(address),
+            shown(address),
             delay,
             str(error).strip().splitlines()[0],
-            extra={"unreachable": what, "address": _shown(address), "retry_in": delay},
+            extra={"unreachable": what, "address": shown(address), "retry_in": delay},
         )
         # Not polling meanwhile, its lag would stay as last measured (0, say) while
         # the views fall behind: unknown, it leaves the metric until the next poll.
         self._lag.clear()
         await _sleep_unless_stopped(stop, delay)
-
-
-def _shown(address: str) -> str:
-    """An address fit for logs: a database URL without its password."""
-    if "://" not in address:
-        return address
-    return make_url(address).render_as_string(hide_password=True)
 
 
 class _Progress:

@@ -72,7 +72,7 @@ from ledger.kafka import (
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from projections import snapshots, store
-from projections.database import engine, parse_url, upgrade
+from projections.database import engine, parse_url, shown, upgrade
 from projections.fold import apply
 from projections.projector import (
     DEFAULT_PROJECTION,
@@ -275,7 +275,7 @@ def _from_snapshots(
     if none is usable."""
     wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
     source = engine(source_url)
-    shown = source.url.render_as_string(hide_password=True)
+    source_shown = shown(source.url)
     chosen: dict[int, tuple[snapshots.Snapshot, snapshots.Rows]] = {}
     try:
         with source.connect() as connection:
@@ -290,7 +290,7 @@ def _from_snapshots(
                     partition,
                     limit=limit,
                     until_time=until if isinstance(until, datetime) else None,
-                    source=shown,
+                    source=source_shown,
                 )
                 if found is not None:
                     chosen[partition] = found
@@ -298,7 +298,7 @@ def _from_snapshots(
         source.dispose()
     log.info(
         "replay starts from fold snapshots in %s: %s",
-        shown,
+        source_shown,
         ", ".join(f"{p}@{s.next_offset}" for p, (s, _) in sorted(chosen.items())) or "none",
     )
     if not chosen:
@@ -327,15 +327,15 @@ def _starting_point(
         projection = Projection.load(connection, topic, DEFAULT_PROJECTION)
         holds_events = connection.scalar(select(exists().select_from(ledger_events)))
         holds_checkpoints = connection.scalar(select(exists().select_from(projection_checkpoints)))
-    shown = db.url.render_as_string(hide_password=True)
+    db_shown = shown(db.url)
     if not from_snapshot and (holds_events or holds_checkpoints):
         raise ReplayError(
-            f"database {shown} already holds a projection; replay into a fresh database,"
+            f"database {db_shown} already holds a projection; replay into a fresh database,"
             " or pass --from-snapshot to continue this one from its checkpoint"
         )
     if holds_events and not projection.next_offsets:
         raise ReplayError(
-            f"database {shown} holds no checkpoint of projection {DEFAULT_PROJECTION!r} on"
+            f"database {db_shown} holds no checkpoint of projection {DEFAULT_PROJECTION!r} on"
             f" topic {topic!r}; it is a projection of another topic, so it cannot continue"
             " from this one"
         )
@@ -350,7 +350,7 @@ def _starting_point(
         return projection
     if past:
         raise ReplayError(
-            f"snapshot {shown} is already past --until {shown_until} in partitions {past};"
+            f"snapshot {db_shown} is already past --until {shown_until} in partitions {past};"
             " a replay cannot go back, replay into a fresh database"
         )
     return projection

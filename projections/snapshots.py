@@ -44,7 +44,7 @@ from typing import Any, Final, TypeAlias
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from projections.database import DatabaseNotReady, engine, parse_url
+from projections.database import DatabaseNotReady, engine, parse_url, shown
 from projections.schema import fold_snapshots
 from projections.state import (
     Condition,
@@ -237,7 +237,7 @@ class SnapshotSource:
         self.url = url
         self.projection = projection
         # As logs show it, without the password; a URL that is no database's fails here.
-        self.shown = parse_url(url).render_as_string(hide_password=True)
+        self.shown = shown(parse_url(url))
         self._db: Engine | None = None
 
     def start(self, topic: str, partition: int, limit: int) -> tuple[int, State] | None:

@@ -81,13 +81,10 @@ def add_db(subparsers: Subparsers) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from sqlalchemy.engine import make_url
-
-    from projections.database import upgrade
+    from projections.database import shown, upgrade
 
     upgrade(args.db)
-    shown = make_url(args.db).render_as_string(hide_password=True)
-    print(f"schema of {shown} is up to date")
+    print(f"schema of {shown(args.db)} is up to date")
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from projections.database import shown
 from svledger.cli import LibraryRepeats, build_parser, configure_logging, main
 
 
@@ -303,6 +304,23 @@ def test_a_database_url_that_does_not_parse_is_shown_without_its_password(
     error = capsys.readouterr().err
     assert "'admin:***@db.example.com/svledger' is not a URL" in error
     assert "s3cret-pw" not in error
+
+
+@pytest.mark.parametrize(
+    ("given", "logged"),
+    [
+        (
+            "postgresql://admin:s3cret-pw@db:5432/svledger",
+            "postgresql://admin:***@db:5432/svledger",
+        ),
+        ("admin:s3cret-pw@db.example.com/svledger", "admin:***@db.example.com/svledger"),
+        ("sqlite:///svledger.db", "sqlite:///svledger.db"),
+        ("127.0.0.1:9092", "127.0.0.1:9092"),  # a broker's address, in the same log lines
+    ],
+    ids=["url", "not-a-url", "sqlite", "address"],
+)
+def test_logs_show_an_address_without_its_password(given: str, logged: str) -> None:
+    assert shown(given) == logged
 
 
 def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
