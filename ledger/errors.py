@@ -31,6 +31,10 @@ class UsageError(SvledgerError, ValueError):
 class Unavailable(SvledgerError, ConnectionError):
     """A service is unreachable or not set up; the message names it and what to check."""
 
+    #: A thread may still wait for the service's answer, so the command must end without
+    #: joining it (``os._exit``), as a stopping service that gave up waiting does.
+    leaves_a_thread_waiting: bool = False
+
 
 class AccessDenied(Unavailable):
     """A service refused these credentials or this operation; the message says how to grant it."""

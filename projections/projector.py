@@ -261,6 +261,8 @@ class _Backoff:
 class WriteAbandoned(Unavailable):
     """A stopping projector gave up waiting for the database to finish a batch."""
 
+    leaves_a_thread_waiting = True  # the writer's, in the database driver
+
 
 async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):

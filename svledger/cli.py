@@ -21,6 +21,7 @@ import argparse
 import importlib.metadata
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -180,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except Unavailable as error:
         # The message says what could not be reached and what to check; no traceback.
-        print(f"svledger: error: {_explained(error, args)}", file=sys.stderr)
+        print(f"svledger: error: {_explained(error, args)}", file=sys.stderr, flush=True)
+        if error.leaves_a_thread_waiting:
+            logging.shutdown()
+            os._exit(UNAVAILABLE)
         return UNAVAILABLE
 
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -120,24 +117,16 @@ def add_project(subparsers: Subparsers) -> None:
 
 def _project(args: argparse.Namespace) -> int:
     from projections.database import upgrade
-    from projections.projector import WriteAbandoned, run_projector
-    from svledger.cli import UNAVAILABLE
+    from projections.projector import run_projector
+    from projections.snapshots import SNAPSHOT_EVERY
 
     settings = kafka_settings(args)
     upgrade(args.db)
-    from projections.snapshots import SNAPSHOT_EVERY
-
     every = SNAPSHOT_EVERY if args.snapshot_every is None else args.snapshot_every or None
-    try:
-        return run_until_signalled(
-            lambda stop: run_projector(settings, args.db, stop=stop, snapshot_every=every),
-            args.metrics_address,
-        )
-    except WriteAbandoned as error:
-        # A thread may still wait for the database's answer: exit without joining it.
-        print(f"svledger: error: {error}", file=sys.stderr, flush=True)
-        logging.shutdown()
-        os._exit(UNAVAILABLE)
+    return run_until_signalled(
+        lambda stop: run_projector(settings, args.db, stop=stop, snapshot_every=every),
+        args.metrics_address,
+    )
 
 
 def _offsets(text: str) -> int:
