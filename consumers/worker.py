@@ -56,7 +56,7 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
 from consumers.migrator import migration_id
@@ -409,7 +409,7 @@ async def run_worker(
         if partition_log.partition != home:
             return  # another member's, or none of the cluster's events
         checked = True
-        known = clusters_of([partition_log.state])
+        known = clusters_of(partition_log.state)
         if cluster not in known:
             log.warning(
                 "no event of cluster %r in topic %s (partition %d, where its events go): its"
@@ -437,27 +437,27 @@ async def run_worker(
         # Done only once its last event is folded, so it is not picked again.
         await partition_log.wait_folded(max(positions, default=0) + 1)
 
-    async def refused(partition_log: PartitionLog, migration: Migration) -> bool:
-        """Whether ``check`` keeps ``migration`` waiting: asked every
-        :data:`CHECK_RETRY_SECONDS` at most, however often the log moves (it may ask an
-        API server), and said once a minute at most."""
+    async def refused(partition_log: PartitionLog, migration: Migration) -> float | None:
+        """When to ask again (event loop time) if ``check`` keeps ``migration`` waiting,
+        else None: asked every :data:`CHECK_RETRY_SECONDS` at most, however often the log
+        moves (it may ask an API server), and said once a minute at most."""
         if check is None:
-            return False
+            return None
         now = asyncio.get_running_loop().time()
-        asked, said = refusals.get(migration.cluster, (-math.inf, -math.inf))
-        if now < asked + CHECK_RETRY_SECONDS - 0.01:  # (a timer may fire that much early)
-            return True
+        ask_again, said = refusals.get(migration.cluster, (-math.inf, -math.inf))
+        if now < ask_again:
+            return ask_again
         reason = await check(partition_log.state, migration.cluster)
         if reason is None:
             refusals.pop(migration.cluster, None)
-            return False
+            return None
         if now >= said + 60.0:
             log.warning("migration %s waits: %s", migration.migration_id, reason)
             said = now
-        refusals[migration.cluster] = (now, said)
-        return True
+        refusals[migration.cluster] = (now + CHECK_RETRY_SECONDS, said)
+        return now + CHECK_RETRY_SECONDS
 
-    # Per cluster whose migrations wait: when the check was last asked, and when said.
+    # Per cluster whose migrations wait: when to ask the check again, and when last said.
     refusals: dict[str, tuple[float, float]] = {}
 
     async def serve(partition_log: PartitionLog) -> None:
@@ -468,7 +468,7 @@ async def run_worker(
                 await check_cluster(partition_log)
                 for key in [k for k, task in running.items() if task.done()]:
                     running.pop(key).result()  # a failure is the runner's, served again
-                waiting = False
+                ask_again: float | None = None  # while a migration waits for the check
                 for migration in next_migrations(
                     partition_log.state, cluster, current_only=current_only
                 ):
@@ -476,14 +476,16 @@ async def run_worker(
                         break
                     if migration.key in running:
                         continue
-                    if await refused(partition_log, migration):
-                        waiting = True
+                    ask_again = await refused(partition_log, migration)
+                    if ask_again is not None:
                         break
                     running[migration.key] = asyncio.create_task(run_one(partition_log, migration))
                 moved = asyncio.create_task(partition_log.wait_moved())
                 await asyncio.wait(
                     [moved, *running.values()],
-                    timeout=CHECK_RETRY_SECONDS if waiting else None,
+                    timeout=None
+                    if ask_again is None
+                    else max(0.0, ask_again - asyncio.get_running_loop().time()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 moved.cancel()
@@ -510,11 +512,10 @@ async def run_worker(
                 await _finish(task)
 
 
-def clusters_of(states: Iterable[State]) -> set[str]:
-    """The clusters with a row in any of ``states``."""
+def clusters_of(state: State) -> set[str]:
+    """The clusters with a row in ``state``."""
     return {
         key[0]
-        for state in states
         for rows in (state.leases, state.storage_versions, state.storage_states, state.migrations)
         for key in rows
     }
