@@ -46,8 +46,9 @@ one), and retried with exponential backoff; the batch in hand is dropped and rea
 again from the checkpoint once the database is back. ``stop`` ends it cleanly: the
 batch in hand is committed first, then it leaves the consumer group. A database that
 does not finish that batch within :data:`STOP_GRACE_SECONDS` (a frozen server: no
-error comes) is given up (:class:`WriteAbandoned`): the batch commits or rolls back
+error comes) is given up (:class:`DatabaseAbandoned`): the batch commits or rolls back
 with its checkpoint, whichever the database does, and the next start reads on from it.
+The reads of a (re)load run off the event loop and are given up alike.
 
 Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
 (:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
@@ -64,9 +65,10 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -107,6 +109,7 @@ STOP_GRACE_SECONDS: Final = 10.0
 BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
+_T = TypeVar("_T")
 _DATABASE_DOWN: Final = (OperationalError, InterfaceError, DatabaseUnreachable)
 
 
@@ -258,10 +261,26 @@ class _Backoff:
         self.delay = BACKOFF_START_SECONDS
 
 
-class WriteAbandoned(Unavailable):
-    """A stopping projector gave up waiting for the database to finish a batch."""
+class DatabaseAbandoned(Unavailable):
+    """A stopping projector gave up waiting for the database: to finish writing a batch,
+    or to answer the reads of a (re)load."""
 
-    leaves_a_thread_waiting = True  # the writer's, in the database driver
+    leaves_a_thread_waiting = True  # in the database driver
+
+
+async def _within_grace(work: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for ``work``; once ``stop`` is set, :data:`STOP_GRACE_SECONDS` at most.
+    Whether it finished."""
+    if not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+    if not work.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(work), STOP_GRACE_SECONDS)
+    return work.done()
 
 
 async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
@@ -309,6 +328,9 @@ class Projector:
         self._writing: asyncio.Future[None] | None = None  # the batch being written
         self._written = BatchResult(0, 0, 0)  # and what it holds
         self._sweeper = Sweeper()
+        # Its own reads of the database (a thread of its own, not the loop's executor,
+        # whose shutdown at the end of asyncio.run would wait for an abandoned one).
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="svledger-projector-reads")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
@@ -323,6 +345,7 @@ class Projector:
                                 "kafka", self.settings.bootstrap_servers, error, stop
                             )
         finally:
+            self._reads.shutdown(wait=False)
             if self._db is not None:
                 self._db.dispose()
 
@@ -391,24 +414,31 @@ class Projector:
     async def _database(self, stop: asyncio.Event) -> Engine | None:
         while self._db is None and not stop.is_set():
             try:
-                self._db = engine(self.db_url)
+                self._db = await self._off_the_loop(
+                    lambda: engine(self.db_url), stop, "checking its schema"
+                )
             except DatabaseUnreachable as error:
                 await self._outage("database", self.db_url, error, stop)
         return self._db
 
     async def _reload(self, stop: asyncio.Event) -> bool:
         """Load state and checkpoints from SQL, retrying while the database is down."""
-        assert self._db is not None
+        db = self._db
+        assert db is not None
+
+        def load() -> Projection:
+            with db.connect() as connection:
+                return Projection.load(
+                    connection, self.settings.topic, self.projection, self.snapshot_every
+                )
+
         while not stop.is_set():
+            self._reassigned = False  # set again by an assignment during the load
             try:
-                with self._db.connect() as connection:
-                    self._state = Projection.load(
-                        connection, self.settings.topic, self.projection, self.snapshot_every
-                    )
+                self._state = await self._off_the_loop(load, stop, "loading the views' state")
             except _DATABASE_DOWN as error:
                 await self._outage("database", self.db_url, error, stop)
                 continue
-            self._reassigned = False
             self.metrics.reloads += 1
             self._backoff.reset()
             return True
@@ -513,26 +543,32 @@ class Projector:
         self, writing: asyncio.Future[None], result: BatchResult, stop: asyncio.Event
     ) -> None:
         """Wait for the batch being written; once ``stop`` is set, for
-        :data:`STOP_GRACE_SECONDS` at most, then give it up (:class:`WriteAbandoned`)."""
-        if not stop.is_set():
-            stopped = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait((writing, stopped), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopped.cancel()
-        if not writing.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(writing), STOP_GRACE_SECONDS)
-            except TimeoutError:
-                self._writer.abandon()
-                raise WriteAbandoned(
-                    f"the database at {shown(self.db_url)} did not finish writing a batch of"
-                    f" {result.folded} events within {STOP_GRACE_SECONDS:.0f} s of the stop"
-                    " (is it frozen, or its host unreachable?); stopped without waiting for"
-                    " it. Nothing is lost: the database commits or rolls back the batch with"
-                    " its checkpoint, and the next start goes on from whichever it did"
-                ) from None
+        :data:`STOP_GRACE_SECONDS` at most, then give it up (:class:`DatabaseAbandoned`)."""
+        if not await _within_grace(writing, stop):
+            self._writer.abandon()
+            raise self._abandoned(
+                f"writing a batch of {result.folded} events",
+                "the database commits or rolls back the batch with its checkpoint, and the"
+                " next start goes on from whichever it did",
+            )
         writing.result()
+
+    async def _off_the_loop(self, call: Callable[[], _T], stop: asyncio.Event, doing: str) -> _T:
+        """``call()``, which reads the database, run in a thread: meanwhile the event loop
+        goes on (the consumer group's heartbeats, the metrics, a stop). Once ``stop`` is
+        set, it is waited for :data:`STOP_GRACE_SECONDS` at most, then given up
+        (:class:`DatabaseAbandoned`, naming what it was ``doing``)."""
+        work = asyncio.get_running_loop().run_in_executor(self._reads, call)
+        if not await _within_grace(work, stop):
+            raise self._abandoned(doing, "it only reads")
+        return work.result()
+
+    def _abandoned(self, doing: str, nothing_lost: str) -> DatabaseAbandoned:
+        return DatabaseAbandoned(
+            f"the database at {shown(self.db_url)} did not finish {doing} within"
+            f" {STOP_GRACE_SECONDS:.0f} s of the stop (is it frozen, or its host"
+            f" unreachable?); stopped without waiting for it. Nothing is lost: {nothing_lost}"
+        )
 
     async def _recover(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
         """After a batch that did not commit: the state was folded past the database."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.fold import fold
-from projections.projector import STOP_GRACE_SECONDS
+from projections.projector import STOP_GRACE_SECONDS, DatabaseAbandoned, run_projector
 from projections.schema import projection_checkpoints
 from projections.store import load_state
 from tests.integration.test_migrator import DEADLINE, read_records
@@ -127,3 +128,54 @@ async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_l
     with db.connect() as connection:
         assert load_state(connection) == fold(await read_records(settings))
     db.dispose()
+
+
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid`` (``/proc``): a backend's is PostgreSQL's postmaster."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def test_a_projector_whose_database_answers_no_connection_stops_in_its_grace(
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str, frozen: list[int]
+) -> None:
+    # The server takes connections and answers none (frozen) as the projector starts:
+    # its schema check waits off the event loop, so the stop is heard, and it is given up.
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    asyncio.run(create_topics(settings))
+    upgrade(postgres_url)
+    db = engine(postgres_url)
+    with db.connect() as connection:
+        mine = connection.scalar(text("SELECT pg_backend_pid()"))
+    db.dispose()
+    if not Path(f"/proc/{mine}").exists():
+        pytest.skip("PostgreSQL runs on another host: its processes cannot be frozen")
+    postmaster = parent_of(mine)
+    os.kill(postmaster, signal.SIGSTOP)
+    frozen.append(postmaster)
+
+    # Its own event loop, in a thread: a loop the projector blocked could not fail the test.
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(run_projector(settings, postgres_url, stop=stop))
+        except BaseException as error:  # told below
+            raised.append(error)
+
+    running = threading.Thread(target=run, daemon=True)
+    running.start()
+    time.sleep(3)  # connecting
+    assert running.is_alive() and not raised, raised
+    loop.call_soon_threadsafe(stop.set)
+    started = time.monotonic()
+    running.join(STOP_GRACE_SECONDS + 15)
+    took = time.monotonic() - started
+    assert not running.is_alive(), "the projector did not hear its stop"
+    assert took < STOP_GRACE_SECONDS + 10
+    (error,) = raised
+    assert isinstance(error, DatabaseAbandoned)
+    assert "did not finish checking its schema within 10 s of the stop" in str(error)
+    assert "Nothing is lost: it only reads" in str(error)
