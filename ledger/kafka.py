@@ -65,6 +65,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import itertools
 import logging
 import operator
@@ -114,6 +115,7 @@ from ledger.events import (
     type_name,
 )
 from ledger.settings import KafkaSettings, bootstrap_addresses
+from ledger.tasks import retrieved
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +239,6 @@ async def _shut(client: _Client) -> None:
     assert shut is not None, f"{type(client).__name__} has neither stop() nor close()"
     await shut()
     _see_undelivered(client)
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Mark ``future``'s failure as seen, so asyncio does not log it again when it is
-    collected ("Future exception was never retrieved"); its awaiter, if any, still gets it."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _see_undelivered(client: _Client) -> None:
@@ -881,7 +876,7 @@ class TransactionalProducer:
                         )
                         # A transaction that fails fails its records' futures too, which
                         # no one awaits then: the failure is raised once, by the transaction.
-                        future.add_done_callback(_retrieved)
+                        future.add_done_callback(retrieved)
                         futures.append(future)
                     if group_id is not None and offsets:
                         await producer.send_offsets_to_transaction(dict(offsets), group_id)
@@ -1306,6 +1301,8 @@ Message: TypeAlias = Any
 ``partition``, ``offset``, ``key``, ``value`` and ``headers`` are what the ledger reads."""
 
 Messages: TypeAlias = dict[int, list[Message]]
+# Where newly assigned partitions resume (EventConsumer's ``start_offsets``).
+StartOffsets: TypeAlias = Callable[[set[int]], Mapping[int, int] | Awaitable[Mapping[int, int]]]
 """Consumed records per partition, each partition's in log order: one poll's worth."""
 
 
@@ -1314,8 +1311,9 @@ class EventConsumer:
 
     * ``group_id``: join this consumer group (partitions balanced across members);
       None reads every partition by manual assignment.
-    * ``start_offsets``: called with the partitions just assigned, returns the next
-      offset to read for those it knows; the others start at the beginning.
+    * ``start_offsets``: called with the partitions just assigned, returns (or, as a
+      coroutine, comes to) the next offset to read for those it knows; the others start
+      at the beginning. aiokafka holds the group's heartbeats while it runs: keep it short.
     * ``until="end"``: stop at the end offsets of the moment the consumer started;
       a mapping stops each partition it names before that offset (only without a
       group).
@@ -1334,7 +1332,7 @@ class EventConsumer:
         settings: KafkaSettings,
         *,
         group_id: str | None = None,
-        start_offsets: Callable[[set[int]], Mapping[int, int]] | None = None,
+        start_offsets: StartOffsets | None = None,
         until: Literal["end"] | Mapping[int, int] | None = None,
         partitions: Iterable[int] | None = None,
         dead_letters: bool = True,
@@ -1450,6 +1448,8 @@ class EventConsumer:
                 await consumer.seek_to_beginning(*assigned)
             return  # a group member starts at its committed offset, else the beginning
         chosen = self._start_offsets({tp.partition for tp in assigned})
+        if inspect.isawaitable(chosen):
+            chosen = await chosen
         rest = []
         for tp in assigned:
             if tp.partition in chosen:

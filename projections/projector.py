@@ -46,9 +46,11 @@ one), and retried with exponential backoff; the batch in hand is dropped and rea
 again from the checkpoint once the database is back. ``stop`` ends it cleanly: the
 batch in hand is committed first, then it leaves the consumer group. A database that
 does not finish that batch within :data:`STOP_GRACE_SECONDS` (a frozen server: no
-error comes) is given up (:class:`DatabaseAbandoned`): the batch commits or rolls back
+error comes) is given up (:class:`WriteAbandoned`): the batch commits or rolls back
 with its checkpoint, whichever the database does, and the next start reads on from it.
-The reads of a (re)load run off the event loop and are given up alike.
+Its reads (the schema check, a load, a rebalance's checkpoints) run off the event loop,
+so the group's heartbeats and a stop are heard meanwhile; nothing is in hand while it
+reads, so a stop gives a read up at once.
 
 Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
 (:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
@@ -66,7 +68,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -88,6 +89,7 @@ from ledger.kafka import (
 )
 from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
+from ledger.tasks import in_daemon_thread
 from projections import store
 from projections.database import DatabaseUnreachable, engine, shown
 from projections.snapshots import NO_EVENTS, SNAPSHOT_EVERY, Snapshot, take
@@ -106,6 +108,9 @@ LOG_INTERVAL_SECONDS: Final = 10.0
 # How long a stopping projector waits for the batch being written: well within the 30 s
 # Kubernetes grants a pod to stop.
 STOP_GRACE_SECONDS: Final = 10.0
+# How long a rebalance waits for the checkpoints of the partitions it assigns: well
+# within the group's session timeout (10 s), as aiokafka sends no heartbeat meanwhile.
+CHECKPOINTS_WAIT_SECONDS: Final = 5.0
 BACKOFF_START_SECONDS: Final = 0.5
 BACKOFF_MAX_SECONDS: Final = 30.0
 
@@ -261,26 +266,41 @@ class _Backoff:
         self.delay = BACKOFF_START_SECONDS
 
 
-class DatabaseAbandoned(Unavailable):
-    """A stopping projector gave up waiting for the database: to finish writing a batch,
-    or to answer the reads of a (re)load."""
+class WriteAbandoned(Unavailable):
+    """A stopping projector gave up waiting for the database to finish a batch."""
 
-    leaves_a_thread_waiting = True  # in the database driver
+    leaves_a_thread_waiting = True  # the writer's, in the database driver
 
 
-async def _within_grace(work: asyncio.Future[Any], stop: asyncio.Event) -> bool:
-    """Wait for ``work``; once ``stop`` is set, :data:`STOP_GRACE_SECONDS` at most.
-    Whether it finished."""
+async def _done_unless_stopped(
+    work: asyncio.Future[Any], stop: asyncio.Event, grace: float = 0.0
+) -> bool:
+    """Wait for ``work``; once ``stop`` is set, ``grace`` seconds at most. Whether it
+    finished."""
     if not stop.is_set():
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-    if not work.done():
+    if not work.done() and grace > 0:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(work), STOP_GRACE_SECONDS)
+            await asyncio.wait_for(asyncio.shield(work), grace)
     return work.done()
+
+
+async def _read(call: Callable[[], _T], stop: asyncio.Event, what: str) -> _T | None:
+    """``call()``, a read of the database, in a thread of its own: meanwhile the event
+    loop goes on (the consumer group's heartbeats, the metrics, a stop). None once
+    ``stop`` is set before it is done: nothing is in hand while the projector reads, so
+    it stops at once, and the thread, which may wait for ever on a database that takes
+    queries and answers none, does not hold up its exit (:func:`in_daemon_thread`)."""
+    reading = in_daemon_thread(call, name=f"svledger-projector-read-{what}")
+    if await _done_unless_stopped(reading, stop):
+        return reading.result()
+    reading.cancel()
+    log.info("stopped while reading %s from the database, which had not answered", what)
+    return None
 
 
 async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
@@ -328,9 +348,6 @@ class Projector:
         self._writing: asyncio.Future[None] | None = None  # the batch being written
         self._written = BatchResult(0, 0, 0)  # and what it holds
         self._sweeper = Sweeper()
-        # Its own reads of the database (a thread of its own, not the loop's executor,
-        # whose shutdown at the end of asyncio.run would wait for an abandoned one).
-        self._reads = ThreadPoolExecutor(1, thread_name_prefix="svledger-projector-reads")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Project until ``stop`` is set; the batch in hand is committed before returning."""
@@ -345,7 +362,6 @@ class Projector:
                                 "kafka", self.settings.bootstrap_servers, error, stop
                             )
         finally:
-            self._reads.shutdown(wait=False)
             if self._db is not None:
                 self._db.dispose()
 
@@ -414,9 +430,7 @@ class Projector:
     async def _database(self, stop: asyncio.Event) -> Engine | None:
         while self._db is None and not stop.is_set():
             try:
-                self._db = await self._off_the_loop(
-                    lambda: engine(self.db_url), stop, "checking its schema"
-                )
+                self._db = await _read(lambda: engine(self.db_url), stop, "its schema")
             except DatabaseUnreachable as error:
                 await self._outage("database", self.db_url, error, stop)
         return self._db
@@ -435,29 +449,51 @@ class Projector:
         while not stop.is_set():
             self._reassigned = False  # set again by an assignment during the load
             try:
-                self._state = await self._off_the_loop(load, stop, "loading the views' state")
+                state = await _read(load, stop, "the views' state")
             except _DATABASE_DOWN as error:
                 await self._outage("database", self.db_url, error, stop)
                 continue
+            if state is None:
+                return False
+            self._state = state
             self.metrics.reloads += 1
             self._backoff.reset()
             return True
         return False
 
-    def _start_offsets(self, partitions: set[int]) -> Mapping[int, int]:
-        """Where newly assigned partitions resume: their SQL checkpoints."""
-        assert self._db is not None
+    async def _start_offsets(self, partitions: set[int]) -> Mapping[int, int]:
+        """Where newly assigned partitions resume: their SQL checkpoints.
+
+        Read off the event loop, as :func:`_read` reads, and waited for
+        :data:`CHECKPOINTS_WAIT_SECONDS` at most: aiokafka holds the group's heartbeats
+        while it asks, and a database that takes the query and never answers would
+        otherwise hold them (and a stop) for ever. Unread, the partitions start at the
+        beginning; fold_batch skips what the views already hold, so that costs time, not
+        correctness."""
+        db = self._db
+        assert db is not None
         self._reassigned = True
+
+        def read() -> Mapping[int, int]:
+            with db.connect() as connection:
+                return load_checkpoints(connection, self.settings.topic, self.projection)
+
         try:
-            with self._db.connect() as connection:
-                checkpoints = load_checkpoints(connection, self.settings.topic, self.projection)
-        except _DATABASE_DOWN as error:
-            # The partitions then start at the beginning; fold_batch skips what the
-            # views already hold, so this costs time, not correctness.
+            checkpoints = await asyncio.wait_for(
+                in_daemon_thread(read, name="svledger-projector-read-checkpoints"),
+                CHECKPOINTS_WAIT_SECONDS,
+            )
+        except (TimeoutError, *_DATABASE_DOWN) as error:
+            reason = (
+                f"no answer within {CHECKPOINTS_WAIT_SECONDS:.0f} s"
+                if isinstance(error, TimeoutError)
+                else str(error)
+            )
             log.warning(
-                "cannot read checkpoints for partitions %s from the database: %s",
+                "cannot read checkpoints for partitions %s from the database: %s; they"
+                " start at the beginning, and what the views hold is skipped",
                 sorted(partitions),
-                error,
+                reason,
                 extra={"unreachable": "database"},
             )
             return {}
@@ -543,32 +579,17 @@ class Projector:
         self, writing: asyncio.Future[None], result: BatchResult, stop: asyncio.Event
     ) -> None:
         """Wait for the batch being written; once ``stop`` is set, for
-        :data:`STOP_GRACE_SECONDS` at most, then give it up (:class:`DatabaseAbandoned`)."""
-        if not await _within_grace(writing, stop):
+        :data:`STOP_GRACE_SECONDS` at most, then give it up (:class:`WriteAbandoned`)."""
+        if not await _done_unless_stopped(writing, stop, STOP_GRACE_SECONDS):
             self._writer.abandon()
-            raise self._abandoned(
-                f"writing a batch of {result.folded} events",
-                "the database commits or rolls back the batch with its checkpoint, and the"
-                " next start goes on from whichever it did",
+            raise WriteAbandoned(
+                f"the database at {shown(self.db_url)} did not finish writing a batch of"
+                f" {result.folded} events within {STOP_GRACE_SECONDS:.0f} s of the stop"
+                " (is it frozen, or its host unreachable?); stopped without waiting for"
+                " it. Nothing is lost: the database commits or rolls back the batch with"
+                " its checkpoint, and the next start goes on from whichever it did"
             )
         writing.result()
-
-    async def _off_the_loop(self, call: Callable[[], _T], stop: asyncio.Event, doing: str) -> _T:
-        """``call()``, which reads the database, run in a thread: meanwhile the event loop
-        goes on (the consumer group's heartbeats, the metrics, a stop). Once ``stop`` is
-        set, it is waited for :data:`STOP_GRACE_SECONDS` at most, then given up
-        (:class:`DatabaseAbandoned`, naming what it was ``doing``)."""
-        work = asyncio.get_running_loop().run_in_executor(self._reads, call)
-        if not await _within_grace(work, stop):
-            raise self._abandoned(doing, "it only reads")
-        return work.result()
-
-    def _abandoned(self, doing: str, nothing_lost: str) -> DatabaseAbandoned:
-        return DatabaseAbandoned(
-            f"the database at {shown(self.db_url)} did not finish {doing} within"
-            f" {STOP_GRACE_SECONDS:.0f} s of the stop (is it frozen, or its host"
-            f" unreachable?); stopped without waiting for it. Nothing is lost: {nothing_lost}"
-        )
 
     async def _recover(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
         """After a batch that did not commit: the state was folded past the database."""

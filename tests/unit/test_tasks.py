@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
 
-from ledger.tasks import describe_tasks, log_tasks_on_signal
+from ledger.tasks import describe_tasks, in_daemon_thread, log_tasks_on_signal
 
 
 async def _innermost(future: asyncio.Future[None]) -> None:
@@ -88,3 +89,32 @@ async def test_a_task_in_an_async_for_is_described_into_the_generator() -> None:
     lines = await _described(_follows)
     functions = [line.rsplit(" in ", 1)[-1] for line in lines[2:-1]]
     assert functions == ["_follows", "_steps", "_innermost"]
+
+
+async def test_work_in_a_daemon_thread_gives_its_result_or_its_error() -> None:
+    assert await in_daemon_thread(lambda: threading.current_thread().daemon, "t") is True
+
+    def fails() -> None:
+        raise ValueError("no answer")
+
+    with pytest.raises(ValueError, match="no answer"):
+        await in_daemon_thread(fails, "t")
+
+
+def test_work_given_up_on_holds_up_neither_the_loop_nor_its_end() -> None:
+    # A read from a database that never answers: the service stops without it.
+    answered = threading.Event()
+
+    async def service() -> None:
+        reading = in_daemon_thread(answered.wait, "t")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reading, 0.1)
+        assert reading.cancelled()
+
+    ended = threading.Thread(target=asyncio.run, args=(service(),))
+    try:
+        ended.start()
+        ended.join(5)  # asyncio.run would wait for its executor's threads for ever
+        assert not ended.is_alive()
+    finally:
+        answered.set()  # lets the thread end
