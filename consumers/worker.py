@@ -439,8 +439,9 @@ async def run_worker(
 
     async def refused(partition_log: PartitionLog, migration: Migration) -> float | None:
         """When to ask again (event loop time) if ``check`` keeps ``migration`` waiting,
-        else None: asked every :data:`CHECK_RETRY_SECONDS` at most, however often the log
-        moves (it may ask an API server), and said once a minute at most."""
+        else None: asked again :data:`CHECK_RETRY_SECONDS` after its last answer at the
+        soonest, however often the log moves (it may ask an API server), and said once a
+        minute at most."""
         if check is None:
             return None
         now = asyncio.get_running_loop().time()
@@ -454,8 +455,9 @@ async def run_worker(
         if now >= said + 60.0:
             log.warning("migration %s waits: %s", migration.migration_id, reason)
             said = now
-        refusals[migration.cluster] = (now + CHECK_RETRY_SECONDS, said)
-        return now + CHECK_RETRY_SECONDS
+        ask_again = asyncio.get_running_loop().time() + CHECK_RETRY_SECONDS
+        refusals[migration.cluster] = (ask_again, said)
+        return ask_again
 
     # Per cluster whose migrations wait: when to ask the check again, and when last said.
     refusals: dict[str, tuple[float, float]] = {}
