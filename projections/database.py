@@ -187,15 +187,25 @@ def _alembic_config() -> Config:
     return config
 
 
+# Query parameters libpq takes a secret in (``?password=...``), masked as the password is.
+_SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword"})
+
+
 def shown(url: URL | str) -> str:
-    """A database URL fit for logs and messages: its password masked, also in a URL
-    that does not parse (and so in an address that is no URL, which has none)."""
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return _redacted(url)
+    """A database URL fit for logs and messages: its password masked, in the URL's
+    credentials or its query, also in a URL that does not parse (and so in an address
+    that is no URL, which has none)."""
+    if isinstance(url, str):
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):
+            return _redacted(url)
+        if "@" in (parsed.host or ""):  # an '@' left unquoted in the password
+            return _redacted(url)
+        url = parsed
+    secrets = {key: "***" for key in url.query if key.lower() in _SECRET_PARAMETERS}
+    rendered = url.update_query_dict(secrets).render_as_string(hide_password=True)
+    return rendered.replace("=%2A%2A%2A", "=***")  # as the password's mask reads
 
 
 def _redacted(text: str) -> str:
