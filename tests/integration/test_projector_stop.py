@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 
 from ledger.kafka import EventConsumer, EventProducer, create_topics
 from ledger.settings import KafkaSettings
@@ -23,6 +20,7 @@ from projections.fold import fold
 from projections.projector import STOP_GRACE_SECONDS, run_projector
 from projections.schema import projection_checkpoints
 from projections.store import load_state
+from tests.frozen import freeze_database
 from tests.integration.test_migrator import DEADLINE, read_records
 from tests.workloads import mixed_events
 
@@ -53,45 +51,6 @@ async def projected(db: Engine, records: int) -> None:
             if passed == records:
                 return
             await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-def frozen() -> Iterator[list[int]]:
-    """The PIDs a test stops (SIGSTOP); they go on (SIGCONT) when it ends, however it ends."""
-    pids: list[int] = []
-    try:
-        yield pids
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-                os.kill(pid, signal.SIGCONT)
-
-
-def parent_of(pid: int) -> int:
-    """The parent process of ``pid`` (``/proc``): a backend's is PostgreSQL's postmaster."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rpartition(")")[2].split()[1])
-
-
-def freeze_database(db: Engine, frozen: list[int]) -> None:
-    """Stop (SIGSTOP) every server process of ``db`` and its postmaster: connections are
-    taken and nothing is answered, as when its host stalls."""
-    with db.connect() as connection:
-        mine = connection.scalar(text("SELECT pg_backend_pid()"))
-        if not Path(f"/proc/{mine}").exists():
-            pytest.skip("PostgreSQL runs on another host: its processes cannot be frozen")
-        postmaster = parent_of(mine)
-        backends = connection.scalars(
-            text(
-                "SELECT pid FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).all()
-    db.dispose()
-    for pid in [postmaster, *backends]:
-        with contextlib.suppress(ProcessLookupError):  # a backend ended meanwhile
-            os.kill(pid, signal.SIGSTOP)
-            frozen.append(pid)
 
 
 async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_losing_nothing(

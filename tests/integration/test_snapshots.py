@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, update
 
+from consumers import partitions
 from consumers.migrator import run_migrator
 from consumers.partitions import PartitionFollower
 from ledger.events import ApiserverHeartbeat, Event, Meta, Position, StorageVersionReported
@@ -34,6 +35,7 @@ from projections.replay import ReplayError, replay
 from projections.schema import fold_snapshots
 from projections.snapshots import SnapshotSource
 from projections.state import State
+from tests.frozen import freeze_database
 from tests.integration.test_migrator import read_log, requested, wait_for
 from tests.integration.test_projector import (
     append,
@@ -317,6 +319,32 @@ async def test_a_consumer_whose_snapshot_database_cannot_be_read_rebuilds_from_t
     # One for each partition (a rebalance while joining may rebuild one twice).
     named = {int(w.split("partition ")[1].split()[0]) for w in warnings}
     assert named == set(range(settings.partitions))
+
+
+async def test_a_consumer_whose_snapshot_database_never_answers_rebuilds_from_the_beginning(
+    projected: Log,
+    unique_topic: str,
+    postgres_url: str,
+    frozen: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A frozen server takes the connection and never answers: no error comes to fall
+    # back on, so the rebuild stops waiting for it.
+    settings, _, _ = projected
+    reference = await rebuilt(settings, f"{unique_topic}.log", None, events=False)
+    database.upgrade(postgres_url)
+    freeze_database(database.engine(postgres_url), frozen)
+    monkeypatch.setattr(partitions, "SNAPSHOT_WAIT_SECONDS", 2.0)
+
+    with caplog.at_level(logging.WARNING):
+        rebuilt_anyway = await rebuilt(
+            settings, f"{unique_topic}.snap", SnapshotSource(postgres_url, "views"), events=False
+        )
+
+    assert rebuilt_anyway == reference
+    warnings = [r.getMessage() for r in caplog.records if "no answer from" in r.getMessage()]
+    assert warnings and all("read from the log's beginning" in w for w in warnings)
 
 
 async def test_a_migrator_rebuilt_from_a_snapshot_decides_on_what_came_before_it(

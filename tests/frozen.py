@@ -1,0 +1,40 @@
+"""A PostgreSQL database that takes connections and answers nothing, as when its host
+stalls: its server processes stopped with SIGSTOP (the ``frozen`` fixture of
+``tests/conftest.py`` lets them go on when the test ends, however it ends)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid`` (``/proc``): a backend's is PostgreSQL's postmaster."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def freeze_database(db: Engine, frozen: list[int]) -> None:
+    """Stop (SIGSTOP) every server process of ``db`` and its postmaster, adding their
+    PIDs to ``frozen``; skip the test if the server runs on another host."""
+    with db.connect() as connection:
+        mine = connection.scalar(text("SELECT pg_backend_pid()"))
+        if not Path(f"/proc/{mine}").exists():
+            pytest.skip("PostgreSQL runs on another host: its processes cannot be frozen")
+        postmaster = parent_of(mine)
+        backends = connection.scalars(
+            text(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).all()
+    db.dispose()
+    for pid in [postmaster, *backends]:
+        with contextlib.suppress(ProcessLookupError):  # a backend ended meanwhile
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
