@@ -93,7 +93,7 @@ from ledger.kafka import (
 )
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
-from ledger.tasks import in_daemon_thread
+from ledger.tasks import in_daemon_thread, retrieved
 from projections.fold import apply, subject
 from projections.snapshots import SnapshotSource
 from projections.state import Changes, ResourceKey, State
@@ -359,6 +359,7 @@ class PartitionFollower:
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._member: GroupMember | None = None
         self._stop = asyncio.Event()  # that of batches(), once it runs
+        self._unanswered: asyncio.Future[Any] | None = None  # a snapshot read given up on
         self._lag = metrics.ReaderLag(group_id)
         # How often each partition was revoked or assigned: a rebuild that sees it move
         # started on an assignment that is gone (:meth:`_build`).
@@ -461,6 +462,9 @@ class PartitionFollower:
             # The barrier is read after the producer fenced every earlier one.
             barrier = await self.end_offset(partition)
             start = None if self.snapshots is None else await self._snapshot(partition, barrier)
+            if self._stop.is_set():
+                await producer.stop()
+                return None
             partition_log = PartitionLog(
                 self, partition, producer, barrier, start, f"{self.group_id}: partition {partition}"
             )
@@ -492,12 +496,26 @@ class PartitionFollower:
         """Where the partition's fold starts: its latest fold snapshot before ``barrier``,
         read in a thread of its own (:func:`~ledger.tasks.in_daemon_thread`); None (the
         log's beginning, as for an unreadable snapshot) if the database does not answer
-        within :data:`SNAPSHOT_WAIT_SECONDS`, or once the follower is told to stop."""
-        assert self.snapshots is not None
+        within :data:`SNAPSHOT_WAIT_SECONDS`, or once the follower is told to stop.
+
+        While a read it gave up on is still unanswered, the database is not asked again:
+        the other partitions start at the beginning at once, rather than each waiting in
+        turn (no poll meanwhile, which the group would take for a dead member)."""
+        snapshots = self.snapshots
+        assert snapshots is not None
+        if self._unanswered is not None and not self._unanswered.done():
+            log.warning(
+                "%s: %s has still not answered, so partition %d is read from the log's beginning",
+                self.group_id,
+                snapshots.shown,
+                partition,
+            )
+            return None
         reading = in_daemon_thread(
-            functools.partial(self.snapshots.start, self.settings.topic, partition, barrier),
+            functools.partial(snapshots.start, self.settings.topic, partition, barrier),
             name=f"svledger-snapshot-{partition}",
         )
+        reading.add_done_callback(retrieved)  # its answer may come when no one waits
         stopped = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait(
@@ -509,13 +527,13 @@ class PartitionFollower:
             stopped.cancel()
         if reading.done():
             return reading.result()
-        reading.cancel()
+        self._unanswered = reading
         if not self._stop.is_set():
             log.warning(
                 "%s: no answer from %s within %.0f s for the fold snapshots of partition %d,"
                 " so it is read from the log's beginning",
                 self.group_id,
-                self.snapshots.shown,
+                snapshots.shown,
                 SNAPSHOT_WAIT_SECONDS,
                 partition,
             )

@@ -1301,9 +1301,10 @@ Message: TypeAlias = Any
 ``partition``, ``offset``, ``key``, ``value`` and ``headers`` are what the ledger reads."""
 
 Messages: TypeAlias = dict[int, list[Message]]
-# Where newly assigned partitions resume (EventConsumer's ``start_offsets``).
-StartOffsets: TypeAlias = Callable[[set[int]], Mapping[int, int] | Awaitable[Mapping[int, int]]]
 """Consumed records per partition, each partition's in log order: one poll's worth."""
+
+StartOffsets: TypeAlias = Callable[[set[int]], Mapping[int, int] | Awaitable[Mapping[int, int]]]
+"""Where newly assigned partitions resume (:class:`EventConsumer`'s ``start_offsets``)."""
 
 
 class EventConsumer:

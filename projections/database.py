@@ -9,6 +9,7 @@ the schema this code expects, with an error that says what to do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,6 +190,7 @@ def _alembic_config() -> Config:
 
 # Query parameters libpq takes a secret in (``?password=...``), masked as the password is.
 _SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword"})
+_SECRET_QUERY: Final = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
 
 
 def shown(url: URL | str) -> str:
@@ -210,8 +212,9 @@ def shown(url: URL | str) -> str:
 
 def _redacted(text: str) -> str:
     """A database URL that does not parse, fit to print: whatever stands where a
-    password would (after the user's ``:``, before the last ``@``) masked, as
-    :func:`shown` masks a parsed URL's."""
+    password would (after the user's ``:``, before the last ``@``, and the value of a
+    secret query parameter) masked, as :func:`shown` masks a parsed URL's."""
+    text = _SECRET_QUERY.sub(r"\1***", text)
     credentials, at, rest = text.rpartition("@")
     if not at:
         return text

@@ -50,7 +50,8 @@ error comes) is given up (:class:`WriteAbandoned`): the batch commits or rolls b
 with its checkpoint, whichever the database does, and the next start reads on from it.
 Its reads (the schema check, a load, a rebalance's checkpoints) run off the event loop,
 so the group's heartbeats and a stop are heard meanwhile; nothing is in hand while it
-reads, so a stop gives a read up at once.
+reads, so a stop gives a read up at once (a rebalance's, which aiokafka waits for, within
+:data:`CHECKPOINTS_WAIT_SECONDS`).
 
 Progress shows in :class:`ProjectorMetrics` and the Prometheus metrics
 (:mod:`ledger.metrics`): events folded and rejected once their batch has committed,
@@ -296,9 +297,11 @@ async def _read(call: Callable[[], _T], stop: asyncio.Event, what: str) -> _T | 
     it stops at once, and the thread, which may wait for ever on a database that takes
     queries and answers none, does not hold up its exit (:func:`in_daemon_thread`)."""
     reading = in_daemon_thread(call, name=f"svledger-projector-read-{what}")
-    if await _done_unless_stopped(reading, stop):
-        return reading.result()
-    reading.cancel()
+    try:
+        if await _done_unless_stopped(reading, stop):
+            return reading.result()
+    finally:
+        reading.cancel()  # given up on (or its waiter cancelled): its answer is dropped
     log.info("stopped while reading %s from the database, which had not answered", what)
     return None
 
@@ -473,6 +476,8 @@ class Projector:
         db = self._db
         assert db is not None
         self._reassigned = True
+        if not partitions:
+            return {}
 
         def read() -> Mapping[int, int]:
             with db.connect() as connection:

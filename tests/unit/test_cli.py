@@ -318,8 +318,12 @@ def test_a_database_url_that_does_not_parse_is_shown_without_its_password(
         ("127.0.0.1:9092", "127.0.0.1:9092"),  # a broker's address, in the same log lines
         ("postgresql:///svledger?password=s3cret-pw", "postgresql:///svledger?password=***"),
         ("postgresql://admin:s3cret@pw@db/svledger", "postgresql://admin:***@db/svledger"),
+        (
+            "postgresql://admin:s3cret@pw@db/svledger?sslpassword=s3cret&password=pw",
+            "postgresql://admin:***@db/svledger?sslpassword=***&password=***",
+        ),
     ],
-    ids=["url", "not-a-url", "sqlite", "address", "in-the-query", "unquoted-at-sign"],
+    ids=["url", "not-a-url", "sqlite", "address", "in-the-query", "unquoted-at-sign", "both"],
 )
 def test_logs_show_an_address_without_its_password(given: str, logged: str) -> None:
     assert shown(given) == logged
