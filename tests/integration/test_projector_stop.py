@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
+from ledger.events import Event
 from ledger.kafka import EventConsumer, EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
@@ -53,6 +54,62 @@ async def projected(db: Engine, records: int) -> None:
             await asyncio.sleep(0.1)
 
 
+async def projecting(
+    settings: KafkaSettings, db_url: str, events: list[Event], log: Path
+) -> subprocess.Popen[bytes]:
+    """A projector (``svledger project``) that has projected ``events``, appended to a
+    new topic, into a new database."""
+    await create_topics(settings)
+    upgrade(db_url)
+    async with EventProducer(settings) as producer:
+        await producer.send_many(events)
+    projector = project(settings, db_url, log)
+    db = engine(db_url)
+    try:
+        await projected(db, len(events))
+    except BaseException:
+        projector.kill()
+        raise
+    finally:
+        db.dispose()
+    return projector
+
+
+async def stopped(projector: subprocess.Popen[bytes]) -> tuple[int | None, float]:
+    """SIGTERM ``projector``: its exit code (None if it ran on past the grace and 20 s
+    more) and how long it took to stop."""
+    projector.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    try:
+        code: int | None = await asyncio.to_thread(projector.wait, STOP_GRACE_SECONDS + 20)
+    except subprocess.TimeoutExpired:
+        code = None
+    return code, time.monotonic() - started
+
+
+def thaw(frozen: list[int]) -> None:
+    """Let the processes of a frozen database go on (SIGCONT)."""
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
+    frozen.clear()
+
+
+async def completed_again(settings: KafkaSettings, db_url: str, records: int, log: Path) -> None:
+    """Started again, a projector goes on from what the database committed: every record
+    once, the views equal to the fold of the whole log."""
+    db = engine(db_url)
+    projector = project(settings, db_url, log)
+    try:
+        await projected(db, records)
+        projector.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(projector.wait, DEADLINE) == 0
+    finally:
+        projector.kill()
+    with db.connect() as connection:
+        assert load_state(connection) == fold(await read_records(settings))
+    db.dispose()
+
+
 async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_losing_nothing(
     kafka_bootstrap: str,
     unique_topic: str,
@@ -61,47 +118,25 @@ async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_l
     frozen: list[int],
 ) -> None:
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
-    await create_topics(settings)
     events = list(mixed_events(4000, clusters=4))
-    upgrade(postgres_url)
-    db = engine(postgres_url)
-    async with EventProducer(settings) as producer:
-        await producer.send_many(events[:2000])
-        projector = project(settings, postgres_url, tmp_path / "first.log")
-        try:
-            await projected(db, 2000)
-            freeze_database(db, frozen)  # mid-session
+    projector = await projecting(settings, postgres_url, events[:2000], tmp_path / "first.log")
+    try:
+        freeze_database(engine(postgres_url), frozen)  # mid-session
+        async with EventProducer(settings) as producer:
             await producer.send_many(events[2000:])
-            await asyncio.sleep(3)  # read, folded, and being written
-            assert projector.poll() is None
+        await asyncio.sleep(3)  # read, folded, and being written
+        assert projector.poll() is None
+        code, took = await stopped(projector)
+    finally:
+        projector.kill()
+    thaw(frozen)
 
-            projector.send_signal(signal.SIGTERM)
-            started = time.monotonic()
-            code = await asyncio.to_thread(projector.wait, STOP_GRACE_SECONDS + 20)
-            took = time.monotonic() - started
-        finally:
-            projector.kill()
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-        frozen.clear()
-
-        first_log = (tmp_path / "first.log").read_text()
-        assert code == 69, first_log
-        assert took < STOP_GRACE_SECONDS + 10, first_log
-        assert "did not finish writing a batch of" in first_log
-        assert "Nothing is lost" in first_log
-
-        # Started again, it goes on from what the database committed: every record once.
-        projector = project(settings, postgres_url, tmp_path / "second.log")
-        try:
-            await projected(db, 4000)
-            projector.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(projector.wait, DEADLINE) == 0
-        finally:
-            projector.kill()
-    with db.connect() as connection:
-        assert load_state(connection) == fold(await read_records(settings))
-    db.dispose()
+    first_log = (tmp_path / "first.log").read_text()
+    assert code == 69, first_log
+    assert took < STOP_GRACE_SECONDS + 10, first_log
+    assert "did not finish writing a batch of" in first_log
+    assert "Nothing is lost" in first_log
+    await completed_again(settings, postgres_url, 4000, tmp_path / "second.log")
 
 
 async def test_a_projector_given_partitions_while_its_database_hangs_hears_its_stop(
@@ -114,17 +149,11 @@ async def test_a_projector_given_partitions_while_its_database_hangs_hears_its_s
     # A rebalance asks the database where the partitions it assigns resume. aiokafka
     # holds the group's heartbeats meanwhile, and a frozen database never answers.
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=2)
-    await create_topics(settings)
     events = list(mixed_events(2500, clusters=4))
-    upgrade(postgres_url)
-    db = engine(postgres_url)
-    async with EventProducer(settings) as producer:
-        await producer.send_many(events[:2000])
     log_path = tmp_path / "first.log"
-    projector = project(settings, postgres_url, log_path)
+    projector = await projecting(settings, postgres_url, events[:2000], log_path)
     try:
-        await projected(db, 2000)
-        freeze_database(db, frozen)
+        freeze_database(engine(postgres_url), frozen)
         # Another member joins its group: the projector is given partitions again.
         group = f"svledger-projector.{settings.topic}.views"
         async with EventConsumer(settings, group_id=group) as member:
@@ -133,33 +162,17 @@ async def test_a_projector_given_partitions_while_its_database_hangs_hears_its_s
                     await member.fetch_for_fold(timeout_ms=200)
         assert "no answer within 5 s" in log_path.read_text()
         assert projector.poll() is None
-
-        projector.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        code = await asyncio.to_thread(projector.wait, STOP_GRACE_SECONDS + 20)
-        took = time.monotonic() - started
+        code, took = await stopped(projector)
     finally:
         projector.kill()
-    for pid in frozen:
-        os.kill(pid, signal.SIGCONT)
-    frozen.clear()
+    thaw(frozen)
+
     first_log = log_path.read_text()
     assert code == 0, first_log  # nothing was in hand
     assert took < STOP_GRACE_SECONDS + 10, first_log
-
-    # Nothing was lost: started again, it completes the views.
     async with EventProducer(settings) as producer:
         await producer.send_many(events[2000:])
-    projector = project(settings, postgres_url, tmp_path / "second.log")
-    try:
-        await projected(db, 2500)
-        projector.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(projector.wait, DEADLINE) == 0
-    finally:
-        projector.kill()
-    with db.connect() as connection:
-        assert load_state(connection) == fold(await read_records(settings))
-    db.dispose()
+    await completed_again(settings, postgres_url, 2500, tmp_path / "second.log")
 
 
 def test_a_projector_whose_database_answers_no_connection_stops_at_once(
