@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Final
 
 import pytest
 
@@ -416,6 +417,22 @@ def test_a_file_that_is_no_sqlite_database_is_a_usage_error_naming_it(
 
 
 # Three services, each started as a user would (``{tmp}``: the test's folder).
+def _stopped_as_it_started(service: subprocess.Popen[str], timeout: float) -> str:
+    """SIGTERM ``service``, which must then exit 0 saying it stopped as it started; its
+    standard error."""
+    try:
+        service.send_signal(signal.SIGTERM)
+        _, errors = service.communicate(timeout=timeout)
+    finally:
+        service.kill()
+    assert service.returncode == 0, errors
+    assert "SIGTERM as it started: stopped" in errors
+    return errors
+
+
+# The command line a test runs as a user would, with logs a test can read.
+SVLEDGER: Final = [sys.executable, "-m", "svledger", "--log-format", "text"]
+
 SERVICES = pytest.mark.parametrize(
     "argv",
     [["project", "--db", "sqlite:///{tmp}/views.db"], ["migrator"], ["serve"]],
@@ -430,7 +447,7 @@ def test_sigterm_while_kafka_does_not_answer_stops_at_once_and_cleanly(
     """Not after the 30 s connect timeout: Kubernetes' grace period is 30 s too."""
     argv = [arg.format(tmp=tmp_path) for arg in argv]
     assert main(["db", "upgrade", "--db", f"sqlite:///{tmp_path}/views.db"]) == 0
-    command = [sys.executable, "-m", "svledger", "--log-format", "text", *argv]
+    command = [*SVLEDGER, *argv]
     # Nothing listens on port 1: the service keeps asking for the broker.
     service = subprocess.Popen(
         [*command, "--bootstrap", "127.0.0.1:1"], stderr=subprocess.PIPE, text=True
@@ -470,7 +487,7 @@ def test_sigterm_as_a_service_starts_stops_it_cleanly_before_it_begins(
     """Told to stop while still loading its modules, a service exits 0 without starting,
     as it would a second later: not killed by the signal (143)."""
     argv = [arg.format(tmp=tmp_path) for arg in argv]
-    command = [sys.executable, "-m", "svledger", "--log-format", "text", *argv]
+    command = [*SVLEDGER, *argv]
     service = subprocess.Popen(
         [*command, "--bootstrap", "127.0.0.1:1"], stderr=subprocess.PIPE, text=True
     )
@@ -479,12 +496,10 @@ def test_sigterm_as_a_service_starts_stops_it_cleanly_before_it_begins(
         # modules not loaded yet.
         while not _catches(service.pid, signal.SIGTERM) and service.poll() is None:
             time.sleep(0.001)
-        service.send_signal(signal.SIGTERM)
-        _, errors = service.communicate(timeout=30)
-    finally:
+    except BaseException:
         service.kill()
-    assert service.returncode == 0, errors
-    assert "SIGTERM as it started: stopped" in errors
+        raise
+    errors = _stopped_as_it_started(service, timeout=30)
     assert "Traceback" not in errors
     assert "127.0.0.1:1" not in errors  # it never asked Kafka
 
@@ -496,19 +511,16 @@ def test_sigterm_while_a_service_waits_for_its_database_to_answer_stops_it_at_on
     takes the connection and never answers must not make it deaf to SIGTERM."""
     with socket.create_server(("127.0.0.1", 0)) as silent:
         port = silent.getsockname()[1]
-        command = [sys.executable, "-m", "svledger", "--log-format", "text", "project"]
         service = subprocess.Popen(
-            [*command, "--db", f"postgresql://user:secret@127.0.0.1:{port}/views"],
+            [*SVLEDGER, "project", "--db", f"postgresql://user:secret@127.0.0.1:{port}/views"],
             stderr=subprocess.PIPE,
             text=True,
         )
         try:
             silent.settimeout(30)
             connection, _ = silent.accept()  # it asks the database, which says nothing
-            with connection:
-                service.send_signal(signal.SIGTERM)
-                _, errors = service.communicate(timeout=10)
-        finally:
+        except BaseException:
             service.kill()
-    assert service.returncode == 0, errors
-    assert "SIGTERM as it started: stopped" in errors
+            raise
+        with connection:
+            _stopped_as_it_started(service, timeout=10)
