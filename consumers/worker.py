@@ -444,7 +444,8 @@ async def run_worker(
         minute at most."""
         if check is None:
             return None
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         ask_again, said = refusals.get(migration.cluster, (-math.inf, -math.inf))
         if now < ask_again:
             return ask_again
@@ -455,7 +456,7 @@ async def run_worker(
         if now >= said + 60.0:
             log.warning("migration %s waits: %s", migration.migration_id, reason)
             said = now
-        ask_again = asyncio.get_running_loop().time() + CHECK_RETRY_SECONDS
+        ask_again = loop.time() + CHECK_RETRY_SECONDS  # from its answer
         refusals[migration.cluster] = (ask_again, said)
         return ask_again
 
