@@ -146,6 +146,17 @@ def test_storage_version_change_under_a_running_migration_cancels_and_requests_a
     assert ledger.active() == [("v1", "Pending")]
 
 
+def test_a_report_that_changes_nothing_leaves_a_running_migration_alone() -> None:
+    # What the reporter relies on to re-report a whole server after a long gap.
+    ledger = three_on_v1()
+    (first,) = active_migrations(ledger.state, PODS)
+    ledger.append(MigrationStarted(ledger.meta("worker"), first.migration_id))
+    before = ledger.state.storage_versions[PODS], ledger.state.storage_states[PODS]
+    assert kinds(ledger.report("a2", "v1")) == []
+    assert (ledger.state.storage_versions[PODS], ledger.state.storage_states[PODS]) == before
+    assert ledger.active() == [("v1", "Running")]
+
+
 def test_no_request_when_persisted_is_already_the_common_version() -> None:
     ledger = three_on_v1()
     (first,) = active_migrations(ledger.state, PODS)
