@@ -691,7 +691,7 @@ class Requirement:
                 return value is None
 
 
-_SET_REQUIREMENT: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s+(in|notin)\s+\(([^()]*)\)\s*$")
+_SET_REQUIREMENT: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s+(in|notin)\s*\(([^()]*)\)\s*$")
 _EQUALITY: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s*(==|=|!=)\s*([^\s!=(),<>]*)\s*$")
 _ORDER: Final = re.compile(r"^\s*([^\s!=(),<>]+)\s*([<>])\s*([^\s!=(),<>]*)\s*$")
 _EXISTS: Final = re.compile(r"^\s*(!?)\s*([^\s!=(),<>]+)\s*$")

@@ -270,6 +270,8 @@ LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1", "replicas": 
         # Upstream's Gt and Lt compare integers; "()" is the empty value.
         ("replicas>2", True), ("replicas<3", False), ("replicas>-1", True), ("app>1", False),
         ("missing<9", False), ("empty in ()", True), ("app in ()", False),
+        # "(" ends a word, as every symbol does in upstream's lexer.
+        ("tier in(db,web)", True), ("tier notin(db)", False), ("app in(x),tier notin(web)", True),
     ],
 )  # fmt: skip
 def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: bool) -> None:
@@ -285,6 +287,7 @@ def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: 
         "=x",
         "a b",
         "a in b",
+        "ain (b)",
         "<invalid>",
         "-app",
         "a/b/c",
