@@ -35,7 +35,10 @@ custom resource names the version that apiserver stores it in (:mod:`kube.upstre
 **Kinds.** A report needs the kind of the objects (the storage version hash is computed
 from group, version and kind), which StorageVersion objects do not carry. It comes
 from discovery, asked once and again whenever an entry names a resource it has not
-seen.
+seen: the cluster's, then, given ``--apiserver``, each apiserver's own. In a rolling
+upgrade only the newer apiservers serve the resources their release adds; without
+their addresses those entries wait (logged) until the server behind the kubeconfig
+serves them too.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -79,10 +82,18 @@ DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
 
 
 class Discovery:
-    """Kinds of resources by (group, resource), from the API server's discovery."""
+    """Kinds of resources by (group, resource), from the API servers' discovery.
 
-    def __init__(self, kube: Kube, clock: Clock) -> None:
+    ``kube``'s discovery first, then that of each of ``apiservers`` (clients that reach
+    one apiserver each) for what it does not name. In a rolling upgrade the newer
+    apiservers publish entries for resources an older one does not serve, so the
+    server behind ``kube`` (an older one, or whichever a load balancer picks) may not
+    know their kinds; an apiserver that does not answer (restarting, say) is skipped.
+    """
+
+    def __init__(self, kube: Kube, clock: Clock, apiservers: Iterable[Kube] = ()) -> None:
         self._kube = kube
+        self._apiservers = tuple(apiservers)
         self._clock = clock
         self._kinds: dict[tuple[str, str], str] = {}
         self._stale = True
@@ -105,23 +116,31 @@ class Discovery:
             return
         self._read_at = now
         kinds: dict[tuple[str, str], str] = {}
-        paths = ["/api/v1"]
-        groups = await self._kube.get("/apis")
-        paths += [
-            f"/apis/{v['groupVersion']}" for g in groups.get("groups", ()) for v in g["versions"]
-        ]
-        for path in paths:
+        await _read_kinds(self._kube, kinds)
+        for apiserver in self._apiservers:
             try:
-                listing = await self._kube.get(path)
-            except ApiError as error:  # an aggregated API that is down: skip it
-                log.warning("discovery of %s failed: %s", path, error)
-                continue
-            group, _ = split_group_version(listing.get("groupVersion", "v1"))
-            for resource in listing.get("resources", ()):
-                if "/" not in resource["name"]:  # not a subresource
-                    kinds.setdefault((group, resource["name"]), resource["kind"])
+                await _read_kinds(apiserver, kinds)
+            except (ApiError, ClusterUnreachable) as error:
+                log.info("discovery at %s: %s", apiserver.host, error)
         self._kinds = kinds
         self._stale = False
+
+
+async def _read_kinds(kube: Kube, kinds: dict[tuple[str, str], str]) -> None:
+    """Add the kinds ``kube``'s discovery names to ``kinds``, keeping those it holds."""
+    paths = ["/api/v1"]
+    groups = await kube.get("/apis")
+    paths += [f"/apis/{v['groupVersion']}" for g in groups.get("groups", ()) for v in g["versions"]]
+    for path in paths:
+        try:
+            listing = await kube.get(path)
+        except ApiError as error:  # an aggregated API that is down: skip it
+            log.warning("discovery of %s at %s failed: %s", path, kube.host, error)
+            continue
+        group, _ = split_group_version(listing.get("groupVersion", "v1"))
+        for resource in listing.get("resources", ()):
+            if "/" not in resource["name"]:  # not a subresource
+                kinds.setdefault((group, resource["name"]), resource["kind"])
 
 
 class ClusterWatch:
@@ -326,7 +345,7 @@ async def run_collector(
     fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
     """
     watcher = ClusterWatch(kube, apiservers or {})
-    discovery = Discovery(kube, clock)
+    discovery = Discovery(kube, clock, (apiservers or {}).values())
     told: set[str] = set()  # problems logged once each
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
     group = f"{group_id}.{cluster}"

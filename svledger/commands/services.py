@@ -293,7 +293,8 @@ def add_collect(subparsers: Subparsers) -> None:
         default=[],
         metavar="HOSTNAME=URL",
         help="an apiserver's own address (not a load balancer's), once per apiserver: its\n"
-        "discovery tells which version it stores each custom resource in",
+        "discovery tells which version it stores each custom resource in, and the kinds\n"
+        "of the resources only an upgraded apiserver serves in a rolling upgrade",
     )
     parser.add_argument(
         "--renewal-interval",

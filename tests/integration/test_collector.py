@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from deploy.kube.cluster import LocalCluster
+from deploy.kube.rolling_upgrade import NEW, OLD
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
@@ -435,6 +436,37 @@ async def test_a_cluster_without_the_storage_version_api_still_gives_leases_and_
             async with collecting(settings, kube, apiservers=direct):
                 await eventually(collected, "the lease and the custom resource collected")
             _, records = await cluster_log(settings, CLUSTER)
+            assert_nothing_twice(records)
+        finally:
+            await kube.close()
+
+
+@pytest.mark.kubernetes
+async def test_in_a_rolling_upgrade_the_resources_only_the_new_release_serves_are_collected(
+    settings: KafkaSettings, tmp_path: Path
+) -> None:
+    # The kubeconfig names the apiserver still on the old release, whose discovery does
+    # not know the kinds of what the new release adds; the upgraded apiserver's does.
+    with LocalCluster(
+        2,
+        version=OLD,
+        identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
+        identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+    ) as cluster:
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
+        direct = {
+            apiserver_id(host): kube.at(url)
+            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
+        }
+        try:
+            before = set(await upstream_views(kube))
+            await asyncio.to_thread(cluster.restart_apiserver, 1, NEW)
+            added = set(await upstream_views(kube)) - before
+            assert added, f"{NEW} publishes no StorageVersion that {OLD} does not"
+            async with collecting(settings, kube, apiservers=direct):
+                await agree(settings, kube, renewals=False)
+            state, records = await cluster_log(settings, CLUSTER)
+            assert added <= set(ledger_views(state, CLUSTER))
             assert_nothing_twice(records)
         finally:
             await kube.close()
