@@ -22,8 +22,10 @@ What it speaks, as kube-apiserver does:
   current objects when it is absent or ``0``), a deletion at its own resourceVersion,
   BOOKMARK events with ``allowWatchBookmarks``, an ERROR event with a 410 Expired
   Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
-  or 0: 30 to 60 minutes); the deprecated ``/apis/GROUP/VERSION/watch/...`` paths
-  alike; ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
+  or 0: 30 to 60 minutes), of a collection (one object by a ``metadata.name`` field
+  selector, as client-go watches one); the deprecated ``/apis/GROUP/VERSION/watch/...``
+  paths alike, of one object too (a GET naming an object is a get, ``watch`` or not, as
+  upstream's); ``sendInitialEvents`` with ``resourceVersionMatch=NotOlderThan`` (client-go's watch
   list), or a watch from no resourceVersion (or ``0``), which upstream's default WatchList
   makes one: the current objects, then, with bookmarks, one annotated
   ``k8s.io/initial-events-end``; boolean parameters read as upstream reads them (any value
@@ -567,7 +569,9 @@ async def _member(request: web.Request) -> web.StreamResponse:
         raise _no_such_path(request)
     output = _output(request)
     name = request.match_info["name"]
-    if _watching(request):
+    # As upstream's request info: a GET that names an object is a get, ``watch=true``
+    # or not; only the deprecated ``/watch/`` path watches one object.
+    if "watch" in request.match_info:
         selection = dataclasses.replace(_selection(request, kind), name=name)
         # As upstream: a field selector on one object's watch must pin its name.
         if selection.fields and not any(

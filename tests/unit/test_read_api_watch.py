@@ -95,6 +95,20 @@ async def test_the_deprecated_watch_paths_watch_as_the_watch_parameter_does(
     )
 
 
+async def test_the_watch_parameter_on_one_objects_path_gets_the_object(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # Upstream reads a GET that names an object as a get (its request info), so
+    # client-go watches one object by a field selector on the collection instead.
+    client, views = served
+    [name, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    async with client.get(f"{LEASES}/{name}") as plain:
+        expected = await plain.json()
+    async with client.get(f"{LEASES}/{name}?watch=true&timeoutSeconds=1") as response:
+        assert response.status == 200
+        assert await response.json() == expected
+
+
 async def test_send_initial_events_ends_with_the_annotated_bookmark(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
@@ -220,10 +234,13 @@ async def test_a_field_selector_on_one_objects_watch_must_pin_its_name(
 ) -> None:
     client, views = served
     [name, other, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
-    pinned = await watch(client, f"{LEASES}/{name}", f"fieldSelector=metadata.name%3D{name}")
+    legacy = LEASES.replace("/v1/namespaces/", "/v1/watch/namespaces/")
+    pinned = await watch(
+        client, f"{legacy}/{name}", f"fieldSelector=metadata.name%3D{name}", parameter=False
+    )
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in pinned] == [("ADDED", name)]
     for selector in (f"metadata.name%3D{other}", "metadata.namespace%3Dkube-system"):
-        async with client.get(f"{LEASES}/{name}?watch=1&fieldSelector={selector}") as refused:
+        async with client.get(f"{legacy}/{name}?fieldSelector={selector}") as refused:
             status = await refused.json()
         assert (refused.status, status["message"]) == (
             400,
