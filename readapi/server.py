@@ -339,10 +339,13 @@ async def _timeline(request: web.Request) -> web.StreamResponse:
 
 
 async def _version(request: web.Request) -> web.StreamResponse:
+    """svledger's version, in the fields upstream's ``version.Info`` always fills."""
     from importlib.metadata import version
 
+    release = version("svledger")
+    major, minor, *_ = release.split(".")
     return _json(
-        {"major": "", "minor": "", "gitVersion": f"v{version('svledger')}", "platform": "svledger"}
+        {"major": major, "minor": minor, "gitVersion": f"v{release}", "platform": "svledger"}
     )
 
 

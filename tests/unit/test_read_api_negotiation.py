@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from readapi.ledger import LedgerViews
 from readapi.negotiation import Output, negotiate
 from readapi.resources import ApiError
-from tests.served import LEASES, STORAGE_VERSIONS, watch
+from tests.served import CLUSTER, LEASES, STORAGE_VERSIONS, watch
 
 SERVED_TYPES = "only the following media types are accepted: application/json, application/yaml"
 STREAMED_TYPES = "only the following media types are accepted: application/json;stream=watch"
@@ -248,3 +248,14 @@ async def test_an_unknown_include_object_is_a_bad_request_for_tables_only(
             rows = (await response.json())["rows"]
         assert rows
         assert {(row.get("object") or {}).get("kind") for row in rows} == {expected}
+
+
+async def test_the_version_fills_the_fields_of_upstreams_version_info(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # Clients read major and minor as numbers (kubectl's version skew, say).
+    client, _ = served
+    async with client.get(f"{CLUSTER}/version") as response:
+        info = await response.json()
+    assert info["gitVersion"].startswith(f"v{info['major']}.{info['minor']}.")
+    assert int(info["major"]) >= 0 and int(info["minor"]) >= 0
