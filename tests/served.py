@@ -30,6 +30,11 @@ def fold(views: LedgerViews, events: list[Event]) -> None:
     views._wake()
 
 
+def lease_names(views: LedgerViews) -> list[str]:
+    """The names of the served cluster's Leases (its apiserver IDs)."""
+    return [apiserver for _, apiserver in views.clusters["cluster-000"].state.leases]
+
+
 async def watch(
     client: TestClient[Any, Any],
     path: str,

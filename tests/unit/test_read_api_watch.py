@@ -16,7 +16,7 @@ from readapi import server
 from readapi.ledger import LedgerViews
 from readapi.resources import ApiError
 from readapi.server import INITIAL_EVENTS_END
-from tests.served import EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, watch
+from tests.served import EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, lease_names, watch
 
 
 def versions(events: list[dict[str, Any]]) -> list[int]:
@@ -101,7 +101,7 @@ async def test_the_watch_parameter_on_one_objects_path_gets_the_object(
     # Upstream reads a GET that names an object as a get (its request info), so
     # client-go watches one object by a field selector on the collection instead.
     client, views = served
-    [name, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    [name, *_] = lease_names(views)
     async with client.get(f"{LEASES}/{name}") as plain:
         expected = await plain.json()
     async with client.get(f"{LEASES}/{name}?watch=true&timeoutSeconds=1") as response:
@@ -219,7 +219,7 @@ async def test_a_namespaced_object_is_found_under_its_namespace_only(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     client, views = served
-    [name, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    [name, *_] = lease_names(views)
     async with client.get(f"{LEASES}/{name}") as found:
         assert found.status == 200
     clusterwide = LEASES.replace("/namespaces/kube-system", "")
@@ -233,7 +233,7 @@ async def test_a_field_selector_on_one_objects_watch_must_pin_its_name(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     client, views = served
-    [name, other, *_] = (key[1] for key in views.clusters["cluster-000"].state.leases)
+    [name, other, *_] = lease_names(views)
     legacy = LEASES.replace("/v1/namespaces/", "/v1/watch/namespaces/")
     pinned = await watch(
         client, f"{legacy}/{name}", f"fieldSelector=metadata.name%3D{name}", parameter=False
