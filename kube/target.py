@@ -49,6 +49,7 @@ credential plugins, as kubectl reads them.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from consumers.targets import (
     Conflict,
@@ -118,9 +119,12 @@ class KubernetesTarget:
             version = await served_version(self.kube, group, resource)
             self._versions[group, resource] = version
         path = _group_path(group, version)
+        # A name is one path segment, escaped as client-go escapes it: some kinds (RBAC's
+        # roles, say) allow names with '?', '#' or spaces, which would otherwise
+        # address another object or none.
         if ref.namespace is not None:
-            path += f"/namespaces/{ref.namespace}"
-        path += f"/{resource}/{ref.name}"
+            path += f"/namespaces/{quote(ref.namespace, safe='')}"
+        path += f"/{resource}/{quote(ref.name, safe='')}"
         what = f"{group_resource_string(group, resource)} {ref.name!r}" + (
             f" in namespace {ref.namespace!r}" if ref.namespace is not None else ""
         )

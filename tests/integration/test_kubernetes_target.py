@@ -24,10 +24,12 @@ import ssl
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given, settings
@@ -377,6 +379,29 @@ async def test_lists_and_rewrites_at_the_paths_kubernetes_serves(
     ]
     assert {r.authorization for r in apiserver.requests} == {f"Bearer {TOKEN}"}
     assert {r.status for r in apiserver.requests} == {200}
+
+
+async def test_an_object_whose_name_needs_escaping_is_the_one_rewritten(kubeconfig: str) -> None:
+    # RBAC allows '?', '#' and spaces in a name. Unescaped, the first two would end the
+    # path early, addressing another object (here none: a NotFound); the apiserver
+    # refuses a PUT whose body names another object than its path.
+    group, resource = "rbac.authorization.k8s.io", "clusterroles"
+    path = f"/apis/{group}/v1/{resource}"
+    prefix = f"svledger-{uuid.uuid4().hex[:8]}"
+    names = sorted([f"{prefix}?x=1", f"{prefix}#frag", f"{prefix} y"])
+    async with target_for(kubeconfig) as target:
+        for name in names:
+            role = {"apiVersion": f"{group}/v1", "kind": "ClusterRole", "metadata": {"name": name}}
+            await target.kube.request("POST", path, role)
+        try:
+            listed = await _list_all(target, group, resource, 500)
+            refs = [ref for ref in listed if ref.name.startswith(prefix)]
+            assert sorted(ref.name for ref in refs) == names
+            for ref in refs:
+                await target.rewrite(group, resource, ref)
+        finally:
+            for name in names:
+                await target.kube.request("DELETE", f"{path}/{quote(name, safe='')}")
 
 
 async def test_an_exec_credential_plugin_supplies_the_token(
