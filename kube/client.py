@@ -15,12 +15,14 @@ imports ``kubernetes_asyncio`` (checked by ``tests/unit/test_layers.py``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -64,11 +66,41 @@ class CertificateError(ConfigurationError):
     """The API server's TLS certificate does not verify against the kubeconfig's CA."""
 
 
-async def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
+class RateLimit:
+    """client-go's client-side rate limit (``rest.Config``'s ``QPS`` and ``Burst``): a
+    token bucket of ``burst`` tokens that refills at ``qps`` a second. Each request
+    takes a token, and one that finds none waits for its own, in the order asked."""
+
+    def __init__(self, qps: float, burst: int, now: Callable[[], float] = time.monotonic) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._now = now
+        self._tokens = float(burst)
+        self._at = now()
+
+    def take(self) -> float:
+        """Take a token: the seconds to wait before the request it is for."""
+        now = self._now()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps) - 1
+        self._at = now
+        return max(0.0, -self._tokens / self.qps)
+
+    async def wait(self) -> None:
+        if (delay := self.take()) > 0:
+            await asyncio.sleep(delay)
+
+
+async def connect(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    rate_limit: RateLimit | None = None,
+) -> Kube:
     """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``.
 
     As kubectl: ``--kubeconfig``, else the first file of ``KUBECONFIG`` that exists, else
-    ``~/.kube/config``, else (none of them) the in-cluster service account.
+    ``~/.kube/config``, else (none of them) the in-cluster service account. With
+    ``rate_limit``, every request but a watch waits for it.
     """
     configuration = client.Configuration()
     if kubeconfig is not None and not Path(kubeconfig).is_file():
@@ -95,7 +127,7 @@ async def connect(kubeconfig: str | None = None, context: str | None = None) -> 
                 f"cannot use kubeconfig {path}: {reason}; fix it, or give "
                 "--kubeconfig PATH (and --context NAME)"
             ) from error
-        return Kube(configuration)
+        return Kube(configuration, rate_limit)
     if context is not None:
         raise ConfigurationError(
             f"--context {context!r} needs a kubeconfig: none given (--kubeconfig),"
@@ -110,7 +142,7 @@ async def connect(kubeconfig: str | None = None, context: str | None = None) -> 
             + (f"none of KUBECONFIG={listed!r} exists, " if listed else "")
             + f"no ~/.kube/config) and not in a pod ({_reason(error)}); give --kubeconfig PATH"
         ) from error
-    return Kube(configuration)
+    return Kube(configuration, rate_limit)
 
 
 def _reason(error: Exception) -> str:
@@ -130,8 +162,11 @@ def _default_kubeconfig() -> str | None:
 class Kube:
     """Plain-JSON access to one API server (or, :meth:`at`, one of its peers)."""
 
-    def __init__(self, configuration: client.Configuration) -> None:
+    def __init__(
+        self, configuration: client.Configuration, rate_limit: RateLimit | None = None
+    ) -> None:
         self._configuration = configuration
+        self._rate_limit = rate_limit
         self._api = client.ApiClient(configuration)
         self._objects = client.CustomObjectsApi(self._api)
 
@@ -143,7 +178,7 @@ class Kube:
         """The same credentials, addressed to ``host`` (e.g. one apiserver of several)."""
         configuration = copy.copy(self._configuration)
         configuration.host = host
-        return Kube(configuration)
+        return Kube(configuration, self._rate_limit)
 
     async def close(self) -> None:
         await self._api.close()
@@ -166,6 +201,8 @@ class Kube:
         Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
         the server refuses, :class:`ClusterUnreachable` when it does not answer.
         """
+        if self._rate_limit is not None:
+            await self._rate_limit.wait()
         with _counted(*request_labels(method, path)) as outcome:
             try:
                 response, status, _ = await self._api.call_api(
@@ -196,6 +233,8 @@ class Kube:
         self, group: str, version: str, plural: str, namespace: str | None, **query: Any
     ) -> dict[str, Any]:
         """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
+        if self._rate_limit is not None:
+            await self._rate_limit.wait()
         with _counted("list", group_resource_string(group, plural)) as outcome:
             try:
                 if namespace is None:

@@ -38,7 +38,7 @@ from prometheus_client import REGISTRY
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
-from kube.client import ConfigurationError, Kube, connect
+from kube.client import ConfigurationError, Kube, RateLimit, connect
 from kube.target import Forbidden, KubernetesTarget, NotServed, RequestFailed, Unauthorized
 from ledger.events import (
     Event,
@@ -402,6 +402,21 @@ async def test_an_object_whose_name_needs_escaping_is_the_one_rewritten(kubeconf
         finally:
             for name in names:
                 await target.kube.request("DELETE", f"{path}/{quote(name, safe='')}")
+
+
+async def test_every_request_but_a_watch_takes_a_token_of_the_rate_limit(kubeconfig: str) -> None:
+    # A clock that stands still: each token taken makes the next request wait 1 ms more.
+    limit = RateLimit(qps=1000, burst=1, now=lambda: 0.0)
+    kube = await connect(kubeconfig, rate_limit=limit)
+    peer = kube.at(kube.host)  # the same limit for an apiserver addressed directly
+    try:
+        await kube.get("/api/v1/namespaces/default")
+        await kube.list("coordination.k8s.io", "v1", "leases", "kube-system")
+        await peer.get("/version")
+    finally:
+        await peer.close()
+        await kube.close()
+    assert limit.take() == pytest.approx(3 / 1000)
 
 
 async def test_an_exec_credential_plugin_supplies_the_token(
