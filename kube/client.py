@@ -36,6 +36,11 @@ from ledger.errors import Unavailable, UsageError
 from ledger.names import group_resource_string
 
 WATCH_SECONDS: Final = 290  # the server ends a watch after this; it is then resumed
+# kube-apiserver answers a request it has not finished within its --request-timeout
+# (60 s by default) with 504; one that has said nothing 15 s after that is hung, or
+# its host gone (a frozen process keeps the connection open), and the request is given
+# up as unanswered (ClusterUnreachable), to be retried, rather than waited for for ever.
+REQUEST_TIMEOUT_SECONDS: Final = 75.0
 
 
 class ConfigurationError(UsageError):
@@ -199,7 +204,8 @@ class Kube:
         """One request to ``path`` (any group, built-in or not), JSON in and out.
 
         Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
-        the server refuses, :class:`ClusterUnreachable` when it does not answer.
+        the server refuses, :class:`ClusterUnreachable` when it does not answer within
+        ``timeout`` seconds (default :data:`REQUEST_TIMEOUT_SECONDS`).
         """
         if self._rate_limit is not None:
             await self._rate_limit.wait()
@@ -217,7 +223,7 @@ class Kube:
                     auth_settings=["BearerToken"],
                     response_types_map={200: "object", 201: "object", 202: "object"},
                     _return_http_data_only=False,
-                    _request_timeout=timeout,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS if timeout is None else timeout,
                 )
             except ApiException as error:
                 raise _api_error(error, f"{method} {path}") from error
@@ -239,15 +245,20 @@ class Kube:
             try:
                 if namespace is None:
                     page = await self._objects.list_cluster_custom_object(
-                        group, version, plural, **query
+                        group, version, plural, _request_timeout=REQUEST_TIMEOUT_SECONDS, **query
                     )
                 else:
                     page = await self._objects.list_namespaced_custom_object(
-                        group, version, namespace, plural, **query
+                        group,
+                        version,
+                        namespace,
+                        plural,
+                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                        **query,
                     )
             except ApiException as error:
                 raise _api_error(error, f"{plural}.{group}") from error
-            except aiohttp.ClientError as error:
+            except (aiohttp.ClientError, TimeoutError) as error:
                 raise self._unreachable(error) from error
             outcome.code = "200"
         result: dict[str, Any] = page
@@ -299,8 +310,9 @@ class Kube:
         )
 
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
+        reason = str(error) or "no answer within the request's time (is it hung?)"
         return ClusterUnreachable(
-            f"cannot reach the Kubernetes API server at {self.host}: {error}; check that it"
+            f"cannot reach the Kubernetes API server at {self.host}: {reason}; check that it"
             " runs and that the kubeconfig's server address is right"
         )
 

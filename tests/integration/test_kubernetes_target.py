@@ -13,6 +13,7 @@ recorded, so the tests assert on what went over the wire.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -38,7 +39,8 @@ from prometheus_client import REGISTRY
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
 from consumers.worker import RetryPolicy, migrate
-from kube.client import ConfigurationError, Kube, RateLimit, connect
+from kube import client as client_module
+from kube.client import ClusterUnreachable, ConfigurationError, Kube, RateLimit, connect
 from kube.target import Forbidden, KubernetesTarget, NotServed, RequestFailed, Unauthorized
 from ledger.events import (
     Event,
@@ -654,6 +656,23 @@ async def test_an_unreachable_server_is_transient(tmp_path: Path) -> None:
     async with target_for(kubeconfig) as target:
         with pytest.raises(Transient, match=f"127.0.0.1:{port}"):
             await target.list("", "pods", None, 500)
+
+
+async def test_a_server_that_takes_the_connection_and_never_answers_is_transient(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A frozen apiserver: the connection is accepted (by the kernel) and nothing comes.
+    monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_SECONDS", 1.0)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        kubeconfig = write_kubeconfig(tmp_path / "kc", url, {"token": TOKEN})
+        async with target_for(kubeconfig) as target:
+            with pytest.raises(Transient, match="no answer within"):
+                await asyncio.wait_for(target.list("", "pods", None, 500), 30)
+            with pytest.raises(ClusterUnreachable, match="no answer within"):
+                await asyncio.wait_for(target.kube.list("", "v1", "pods", None), 30)
 
 
 async def test_a_missing_kubeconfig_is_named() -> None:
