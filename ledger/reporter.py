@@ -26,11 +26,13 @@ the previous acknowledged one, the lease may have been expired by the lease GC i
 between (which decides by its own clock: half a lease duration leaves room for the
 skew the long duration is there to tolerate), which also dropped this server's storage
 versions: the reporter re-joins by reporting every resource again (the gate is closed
-until that is acknowledged). Upstream reports its storage versions during bootstrap only
-(KEP-2339), so a kube-apiserver whose entries the StorageVersion GC dropped is missing
-from them until it restarts; the reporter puts them back instead. It reports nothing on
-a timer: a report that changes nothing leaves its StorageVersion, revision included, as
-it was (:mod:`projections.fold`), so it would only lengthen the log.
+until that is acknowledged). Upstream re-reports every storage version every 10 minutes
+(kube-aggregator's post-start hook), in case another agent changed or deleted its
+StorageVersion objects; a re-report that changes nothing changes no resourceVersion.
+Here the same holds of the fold (a report that changes nothing leaves its
+StorageVersion, revision included, as it was), but nothing except the end of its lease
+takes a server's entries away, so only a gap that may have cost the lease is followed
+by a re-report: one on a timer would only lengthen the log.
 
 The reporter keeps the resources it should report (*desired*) and the reports the
 log is known to hold (*acknowledged*); every change (start, ``update``, a re-join)
