@@ -36,11 +36,14 @@ from ledger.errors import Unavailable, UsageError
 from ledger.names import group_resource_string
 
 WATCH_SECONDS: Final = 290  # the server ends a watch after this; it is then resumed
-# kube-apiserver answers a request it has not finished within its --request-timeout
-# (60 s by default) with 504; one that has said nothing 15 s after that is hung, or
-# its host gone (a frozen process keeps the connection open), and the request is given
-# up as unanswered (ClusterUnreachable), to be retried, rather than waited for for ever.
-REQUEST_TIMEOUT_SECONDS: Final = 75.0
+# A request is given up as unanswered (ClusterUnreachable, to be retried) when the
+# connection cannot be made within CONNECT_SECONDS, or the apiserver sends nothing for
+# SILENCE_SECONDS: kube-apiserver answers a request it has not finished within its
+# --request-timeout (60 s by default) with 504, so one silent 15 s longer is hung, or
+# its host gone (a frozen process keeps the connection open). A long answer that keeps
+# coming (a large list) is not cut off.
+CONNECT_SECONDS: Final = 30.0
+SILENCE_SECONDS: Final = 75.0
 
 
 class ConfigurationError(UsageError):
@@ -150,6 +153,13 @@ async def connect(
     return Kube(configuration, rate_limit)
 
 
+def _timeouts() -> aiohttp.ClientTimeout:
+    """A request's timeouts (not a watch's): no total, so a long answer is not cut off."""
+    return aiohttp.ClientTimeout(
+        connect=CONNECT_SECONDS, sock_connect=CONNECT_SECONDS, sock_read=SILENCE_SECONDS
+    )
+
+
 def _reason(error: Exception) -> str:
     return " ".join(str(error).split()).rstrip(".;") or type(error).__name__
 
@@ -199,13 +209,12 @@ class Kube:
         body: Mapping[str, Any] | None = None,
         *,
         query: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
     ) -> dict[str, Any]:
         """One request to ``path`` (any group, built-in or not), JSON in and out.
 
         Raises :class:`ApiError` (with the status and, for 429, ``retry_after``) when
-        the server refuses, :class:`ClusterUnreachable` when it does not answer within
-        ``timeout`` seconds (default :data:`REQUEST_TIMEOUT_SECONDS`).
+        the server refuses, :class:`ClusterUnreachable` when it does not answer
+        (:data:`SILENCE_SECONDS`).
         """
         if self._rate_limit is not None:
             await self._rate_limit.wait()
@@ -223,7 +232,7 @@ class Kube:
                     auth_settings=["BearerToken"],
                     response_types_map={200: "object", 201: "object", 202: "object"},
                     _return_http_data_only=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS if timeout is None else timeout,
+                    _request_timeout=_timeouts(),
                 )
             except ApiException as error:
                 raise _api_error(error, f"{method} {path}") from error
@@ -245,7 +254,7 @@ class Kube:
             try:
                 if namespace is None:
                     page = await self._objects.list_cluster_custom_object(
-                        group, version, plural, _request_timeout=REQUEST_TIMEOUT_SECONDS, **query
+                        group, version, plural, _request_timeout=_timeouts(), **query
                     )
                 else:
                     page = await self._objects.list_namespaced_custom_object(
@@ -253,7 +262,7 @@ class Kube:
                         version,
                         namespace,
                         plural,
-                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                        _request_timeout=_timeouts(),
                         **query,
                     )
             except ApiException as error:
@@ -310,7 +319,12 @@ class Kube:
         )
 
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
-        reason = str(error) or "no answer within the request's time (is it hung?)"
+        reason = str(error)
+        if isinstance(error, TimeoutError):  # aiohttp's timeouts, with their own words
+            reason = (
+                f"no answer ({reason or 'timed out'}; a request waits {CONNECT_SECONDS:.0f} s"
+                f" for its connection and {SILENCE_SECONDS:.0f} s of silence): is it hung?"
+            )
         return ClusterUnreachable(
             f"cannot reach the Kubernetes API server at {self.host}: {reason}; check that it"
             " runs and that the kubeconfig's server address is right"

@@ -33,8 +33,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubernetes_asyncio.client import Configuration
 from prometheus_client import REGISTRY
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
@@ -406,7 +409,7 @@ async def test_an_object_whose_name_needs_escaping_is_the_one_rewritten(kubeconf
                 await target.kube.request("DELETE", f"{path}/{quote(name, safe='')}")
 
 
-async def test_every_request_but_a_watch_takes_a_token_of_the_rate_limit(kubeconfig: str) -> None:
+async def test_every_get_and_list_takes_a_token_of_the_rate_limit(kubeconfig: str) -> None:
     # A clock that stands still: each token taken makes the next request wait 1 ms more.
     limit = RateLimit(qps=1000, burst=1, now=lambda: 0.0)
     kube = await connect(kubeconfig, rate_limit=limit)
@@ -662,17 +665,45 @@ async def test_a_server_that_takes_the_connection_and_never_answers_is_transient
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A frozen apiserver: the connection is accepted (by the kernel) and nothing comes.
-    monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(client_module, "SILENCE_SECONDS", 1.0)
     with socket.socket() as hung:
         hung.bind(("127.0.0.1", 0))
         hung.listen()
         url = f"http://127.0.0.1:{hung.getsockname()[1]}"
         kubeconfig = write_kubeconfig(tmp_path / "kc", url, {"token": TOKEN})
         async with target_for(kubeconfig) as target:
-            with pytest.raises(Transient, match="no answer within"):
+            with pytest.raises(Transient, match="no answer"):
                 await asyncio.wait_for(target.list("", "pods", None, 500), 30)
-            with pytest.raises(ClusterUnreachable, match="no answer within"):
+            with pytest.raises(ClusterUnreachable, match="no answer"):
                 await asyncio.wait_for(target.kube.list("", "v1", "pods", None), 30)
+
+
+async def test_a_long_answer_that_keeps_coming_is_not_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A large list streams for longer than the silence a request waits through.
+    monkeypatch.setattr(client_module, "SILENCE_SECONDS", 1.0)
+
+    async def slowly(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"items": [{}')
+        for _ in range(8):  # 2 s in all, never silent for 1 s
+            await asyncio.sleep(0.25)
+            await response.write(b", {}")
+        await response.write(b'], "metadata": {}}')
+        return response
+
+    application = web.Application()
+    application.router.add_get("/api/v1/pods", slowly)
+    async with TestServer(application) as server:
+        configuration = Configuration()
+        configuration.host = str(server.make_url("")).rstrip("/")
+        kube = Kube(configuration)
+        try:
+            assert len((await kube.get("/api/v1/pods"))["items"]) == 9
+        finally:
+            await kube.close()
 
 
 async def test_a_missing_kubeconfig_is_named() -> None:
