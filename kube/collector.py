@@ -84,11 +84,13 @@ DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
 class Discovery:
     """Kinds of resources by (group, resource), from the API servers' discovery.
 
-    ``kube``'s discovery first, then that of each of ``apiservers`` (clients that reach
-    one apiserver each) for what it does not name. In a rolling upgrade the newer
-    apiservers publish entries for resources an older one does not serve, so the
+    ``kube``'s discovery, and, for a kind it does not name, that of each of
+    ``apiservers`` (clients that reach one apiserver each). In a rolling upgrade the
+    newer apiservers publish entries for resources an older one does not serve, so the
     server behind ``kube`` (an older one, or whichever a load balancer picks) may not
-    know their kinds; an apiserver that does not answer (restarting, say) is skipped.
+    know their kinds. The apiservers are asked at once, each for
+    :data:`PEER_DISCOVERY_SECONDS` at most, as the collector's reports wait meanwhile;
+    one that does not answer (restarting, hung) is passed over until the next read.
     """
 
     def __init__(self, kube: Kube, clock: Clock, apiservers: Iterable[Kube] = ()) -> None:
@@ -96,46 +98,75 @@ class Discovery:
         self._apiservers = tuple(apiservers)
         self._clock = clock
         self._kinds: dict[tuple[str, str], str] = {}
-        self._stale = True
+        self._missed: set[tuple[str, str, str]] = set()  # (group, resource, stored group)
         self._read_at: datetime | None = None
 
     def kind_of(self, group: str, resource: str, version: str) -> str | None:
         """The kind of ``resource`` stored as ``version`` (its own group's if not served)."""
         stored_group, _ = split_group_version(version)
-        kind = self._kinds.get((stored_group, resource)) or self._kinds.get((group, resource))
+        kind = _kind(self._kinds, group, resource, stored_group)
         if kind is None:
-            self._stale = True
+            self._missed.add((group, resource, stored_group))
         return kind
 
     async def refresh(self) -> None:
         """Read discovery again if a kind was missed since the last read (rate-limited)."""
         now = self._clock.now()
-        if not self._stale or (
-            self._read_at is not None and (now - self._read_at).total_seconds() < DISCOVERY_SECONDS
+        if self._read_at is not None and (
+            not self._missed or (now - self._read_at).total_seconds() < DISCOVERY_SECONDS
         ):
             return
         self._read_at = now
+        missed, self._missed = self._missed, set()
         kinds: dict[tuple[str, str], str] = {}
         await _read_kinds(self._kube, kinds)
-        for apiserver in self._apiservers:
-            try:
-                await _read_kinds(apiserver, kinds)
-            except (ApiError, ClusterUnreachable) as error:
-                log.info("discovery at %s: %s", apiserver.host, error)
+        if self._apiservers and any(_kind(kinds, *key) is None for key in missed):
+            for found in await asyncio.gather(*map(_peer_kinds, self._apiservers)):
+                for key, kind in found.items():
+                    kinds.setdefault(key, kind)
         self._kinds = kinds
-        self._stale = False
 
 
-async def _read_kinds(kube: Kube, kinds: dict[tuple[str, str], str]) -> None:
-    """Add the kinds ``kube``'s discovery names to ``kinds``, keeping those it holds."""
+PEER_DISCOVERY_SECONDS: Final = 5.0
+
+
+def _kind(
+    kinds: Mapping[tuple[str, str], str], group: str, resource: str, stored_group: str
+) -> str | None:
+    return kinds.get((stored_group, resource)) or kinds.get((group, resource))
+
+
+async def _peer_kinds(apiserver: Kube) -> dict[tuple[str, str], str]:
+    """The kinds one apiserver's discovery names, as far as it answers in time."""
+    kinds: dict[tuple[str, str], str] = {}
+    try:
+        await asyncio.wait_for(_read_kinds(apiserver, kinds, quiet=True), PEER_DISCOVERY_SECONDS)
+    except (ApiError, ClusterUnreachable, TimeoutError) as error:
+        reason = str(error) or f"no answer within {PEER_DISCOVERY_SECONDS:.0f} s"
+        log.info("discovery at %s: %s", apiserver.host, reason)
+    return kinds
+
+
+async def _read_kinds(
+    kube: Kube, kinds: dict[tuple[str, str], str], *, quiet: bool = False
+) -> None:
+    """Add the kinds ``kube``'s discovery names to ``kinds``, keeping those it holds;
+    an API group that fails (an aggregated API that is down) is skipped, with a warning
+    unless ``quiet``."""
     paths = ["/api/v1"]
     groups = await kube.get("/apis")
     paths += [f"/apis/{v['groupVersion']}" for g in groups.get("groups", ()) for v in g["versions"]]
     for path in paths:
         try:
             listing = await kube.get(path)
-        except ApiError as error:  # an aggregated API that is down: skip it
-            log.warning("discovery of %s at %s failed: %s", path, kube.host, error)
+        except ApiError as error:
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "discovery of %s at %s failed: %s",
+                path,
+                kube.host,
+                error,
+            )
             continue
         group, _ = split_group_version(listing.get("groupVersion", "v1"))
         for resource in listing.get("resources", ()):

@@ -19,6 +19,7 @@ import itertools
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -27,9 +28,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import Configuration
 
 from deploy.kube.cluster import LocalCluster
 from deploy.kube.rolling_upgrade import NEW, OLD
+from kube import collector
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
@@ -470,3 +475,58 @@ async def test_in_a_rolling_upgrade_the_resources_only_the_new_release_serves_ar
             assert_nothing_twice(records)
         finally:
             await kube.close()
+
+
+async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hung_one_passed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(collector, "DISCOVERY_SECONDS", 0.0)
+    monkeypatch.setattr(collector, "PEER_DISCOVERY_SECONDS", 1.0)
+    asked: list[str] = []
+
+    def discovery(documents: dict[str, object]) -> web.Application:
+        async def answer(request: web.Request) -> web.Response:
+            asked.append(request.path)
+            return web.json_response(documents[request.path])
+
+        application = web.Application()
+        for path in documents:
+            application.router.add_get(path, answer)
+        return application
+
+    old = discovery({"/apis": {"groups": []}, "/api/v1": {"groupVersion": "v1", "resources": []}})
+    new = discovery(
+        {
+            "/apis": {"groups": [{"versions": [{"groupVersion": "example.com/v1"}]}]},
+            "/api/v1": {"groupVersion": "v1", "resources": []},
+            "/apis/example.com/v1": {
+                "groupVersion": "example.com/v1",
+                "resources": [{"name": "things", "kind": "Thing"}],
+            },
+        }
+    )
+    with socket.socket() as hung:  # takes connections, answers nothing
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        async with TestServer(old) as cluster, TestServer(new) as upgraded:
+            kube = Kube(_configuration(str(cluster.make_url(""))))
+            peers = [
+                kube.at(f"http://127.0.0.1:{hung.getsockname()[1]}"),
+                kube.at(str(upgraded.make_url("")).rstrip("/")),
+            ]
+            found = collector.Discovery(kube, SystemClock(), peers)
+            try:
+                await found.refresh()  # nothing missed yet: the cluster's alone
+                assert asked == ["/apis", "/api/v1"]
+                assert found.kind_of("example.com", "things", "example.com/v1") is None
+                await asyncio.wait_for(found.refresh(), 30)
+                assert found.kind_of("example.com", "things", "example.com/v1") == "Thing"
+            finally:
+                for client in (kube, *peers):
+                    await client.close()
+
+
+def _configuration(url: str) -> Configuration:
+    configuration = Configuration()
+    configuration.host = url.rstrip("/")
+    return configuration
