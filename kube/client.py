@@ -153,10 +153,13 @@ async def connect(
     return Kube(configuration, rate_limit)
 
 
-def _timeouts() -> aiohttp.ClientTimeout:
-    """A request's timeouts (not a watch's): no total, so a long answer is not cut off."""
+def _timeouts(silence: float | None = None) -> aiohttp.ClientTimeout:
+    """A request's timeouts: no total, so a long answer that keeps coming (a large list,
+    a watch) is not cut off; ``silence`` defaults to :data:`SILENCE_SECONDS`."""
     return aiohttp.ClientTimeout(
-        connect=CONNECT_SECONDS, sock_connect=CONNECT_SECONDS, sock_read=SILENCE_SECONDS
+        connect=CONNECT_SECONDS,
+        sock_connect=CONNECT_SECONDS,
+        sock_read=SILENCE_SECONDS if silence is None else silence,
     )
 
 
@@ -301,6 +304,9 @@ class Kube:
                     resource_version=resource_version,
                     allow_watch_bookmarks=True,
                     timeout_seconds=WATCH_SECONDS,
+                    # The server ends the watch after WATCH_SECONDS: silent for longer,
+                    # it is hung or gone, and the watch is given up as unreachable.
+                    _request_timeout=_timeouts(WATCH_SECONDS + SILENCE_SECONDS),
                     **query,
                 ) as events:
                     async for event in events:
@@ -321,10 +327,7 @@ class Kube:
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
         reason = str(error)
         if isinstance(error, TimeoutError):  # aiohttp's timeouts, with their own words
-            reason = (
-                f"no answer ({reason or 'timed out'}; a request waits {CONNECT_SECONDS:.0f} s"
-                f" for its connection and {SILENCE_SECONDS:.0f} s of silence): is it hung?"
-            )
+            reason = f"no answer ({reason or 'timed out'}): is it hung, or its host gone?"
         return ClusterUnreachable(
             f"cannot reach the Kubernetes API server at {self.host}: {reason}; check that it"
             " runs and that the kubeconfig's server address is right"

@@ -676,6 +676,10 @@ async def test_a_server_that_takes_the_connection_and_never_answers_is_transient
                 await asyncio.wait_for(target.list("", "pods", None, 500), 30)
             with pytest.raises(ClusterUnreachable, match="no answer"):
                 await asyncio.wait_for(target.kube.list("", "v1", "pods", None), 30)
+            monkeypatch.setattr(client_module, "WATCH_SECONDS", 0)
+            watch = target.kube.watch("", "v1", "pods", None, "1")
+            with pytest.raises(ClusterUnreachable, match="no answer"):
+                await asyncio.wait_for(anext(watch), 30)
 
 
 async def test_a_long_answer_that_keeps_coming_is_not_cut_off(
