@@ -51,7 +51,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from consumers.partitions import PartitionFollower, PartitionLost
-from kube.client import ApiError, ClusterUnreachable, Kube
+from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from kube.upstream import (
     CustomResource,
     Entry,
@@ -84,13 +84,14 @@ DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
 class Discovery:
     """Kinds of resources by (group, resource), from the API servers' discovery.
 
-    ``kube``'s discovery, and, for a kind it does not name, that of each of
-    ``apiservers`` (clients that reach one apiserver each). In a rolling upgrade the
-    newer apiservers publish entries for resources an older one does not serve, so the
-    server behind ``kube`` (an older one, or whichever a load balancer picks) may not
-    know their kinds. The apiservers are asked at once, each for
-    :data:`PEER_DISCOVERY_SECONDS` at most, as the collector's reports wait meanwhile;
-    one that does not answer (restarting, hung) is passed over until the next read.
+    ``kube``'s discovery, and that of each of ``apiservers`` (clients that reach one
+    apiserver each) at the first read and whenever a kind ``kube``'s does not name was
+    missed; what they named is kept. In a rolling upgrade the newer apiservers publish
+    entries for resources an older one does not serve, so the server behind ``kube``
+    (an older one, or whichever a load balancer picks) may not know their kinds. The
+    apiservers are asked at once, each for :data:`PEER_DISCOVERY_SECONDS` at most, as
+    the collector's reports wait meanwhile; one that does not answer (restarting, hung)
+    or cannot be trusted is passed over until the next read.
     """
 
     def __init__(self, kube: Kube, clock: Clock, apiservers: Iterable[Kube] = ()) -> None:
@@ -98,6 +99,7 @@ class Discovery:
         self._apiservers = tuple(apiservers)
         self._clock = clock
         self._kinds: dict[tuple[str, str], str] = {}
+        self._peer_kinds: dict[tuple[str, str], str] = {}  # what the apiservers named
         self._missed: set[tuple[str, str, str]] = set()  # (group, resource, stored group)
         self._read_at: datetime | None = None
 
@@ -116,14 +118,17 @@ class Discovery:
             not self._missed or (now - self._read_at).total_seconds() < DISCOVERY_SECONDS
         ):
             return
+        first = self._read_at is None
         self._read_at = now
         missed, self._missed = self._missed, set()
         kinds: dict[tuple[str, str], str] = {}
         await _read_kinds(self._kube, kinds)
-        if self._apiservers and any(_kind(kinds, *key) is None for key in missed):
+        if self._apiservers and (first or any(_kind(kinds, *key) is None for key in missed)):
             for found in await asyncio.gather(*map(_peer_kinds, self._apiservers)):
                 for key, kind in found.items():
-                    kinds.setdefault(key, kind)
+                    self._peer_kinds.setdefault(key, kind)
+        for key, kind in self._peer_kinds.items():
+            kinds.setdefault(key, kind)
         self._kinds = kinds
 
 
@@ -141,7 +146,7 @@ async def _peer_kinds(apiserver: Kube) -> dict[tuple[str, str], str]:
     kinds: dict[tuple[str, str], str] = {}
     try:
         await asyncio.wait_for(_read_kinds(apiserver, kinds, quiet=True), PEER_DISCOVERY_SECONDS)
-    except (ApiError, ClusterUnreachable, TimeoutError) as error:
+    except (ApiError, ClusterUnreachable, CertificateError, TimeoutError) as error:
         reason = str(error) or f"no answer within {PEER_DISCOVERY_SECONDS:.0f} s"
         log.info("discovery at %s: %s", apiserver.host, reason)
     return kinds

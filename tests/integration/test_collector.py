@@ -482,11 +482,12 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
 ) -> None:
     monkeypatch.setattr(collector, "DISCOVERY_SECONDS", 0.0)
     monkeypatch.setattr(collector, "PEER_DISCOVERY_SECONDS", 1.0)
-    asked: list[str] = []
+    asked: dict[str, int] = collections.Counter()
+    core = {"groupVersion": "v1", "resources": list[dict[str, str]]()}
 
-    def discovery(documents: dict[str, object]) -> web.Application:
+    def discovery(name: str, documents: dict[str, object]) -> web.Application:
         async def answer(request: web.Request) -> web.Response:
-            asked.append(request.path)
+            asked[name] += 1
             return web.json_response(documents[request.path])
 
         application = web.Application()
@@ -494,8 +495,9 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
             application.router.add_get(path, answer)
         return application
 
-    old = discovery({"/apis": {"groups": []}, "/api/v1": {"groupVersion": "v1", "resources": []}})
+    old = discovery("old", {"/apis": {"groups": []}, "/api/v1": core})
     new = discovery(
+        "new",
         {
             "/apis": {"groups": [{"versions": [{"groupVersion": "example.com/v1"}]}]},
             "/api/v1": {"groupVersion": "v1", "resources": []},
@@ -503,7 +505,7 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
                 "groupVersion": "example.com/v1",
                 "resources": [{"name": "things", "kind": "Thing"}],
             },
-        }
+        },
     )
     with socket.socket() as hung:  # takes connections, answers nothing
         hung.bind(("127.0.0.1", 0))
@@ -516,10 +518,17 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
             ]
             found = collector.Discovery(kube, SystemClock(), peers)
             try:
-                await found.refresh()  # nothing missed yet: the cluster's alone
-                assert asked == ["/apis", "/api/v1"]
-                assert found.kind_of("example.com", "things", "example.com/v1") is None
-                await asyncio.wait_for(found.refresh(), 30)
+                await asyncio.wait_for(found.refresh(), 30)  # the first read asks everyone
+                assert found.kind_of("example.com", "things", "example.com/v1") == "Thing"
+                await found.refresh()  # nothing missed: nothing read
+                assert asked == {"old": 2, "new": 3}
+                # A kind missed that the cluster names now: only the cluster is asked,
+                # and what the apiservers named is kept.
+                assert found.kind_of("", "pods", "v1") is None
+                core["resources"] = [{"name": "pods", "kind": "Pod"}]
+                await found.refresh()
+                assert asked == {"old": 4, "new": 3}
+                assert found.kind_of("", "pods", "v1") == "Pod"
                 assert found.kind_of("example.com", "things", "example.com/v1") == "Thing"
             finally:
                 for client in (kube, *peers):
