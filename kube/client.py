@@ -219,8 +219,7 @@ class Kube:
         the server refuses, :class:`ClusterUnreachable` when it does not answer
         (:data:`SILENCE_SECONDS`).
         """
-        if self._rate_limit is not None:
-            await self._rate_limit.wait()
+        await self._turn()
         with _counted(*request_labels(method, path)) as outcome:
             try:
                 response, status, _ = await self._api.call_api(
@@ -251,8 +250,7 @@ class Kube:
         self, group: str, version: str, plural: str, namespace: str | None, **query: Any
     ) -> dict[str, Any]:
         """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
-        if self._rate_limit is not None:
-            await self._rate_limit.wait()
+        await self._turn()
         with _counted("list", group_resource_string(group, plural)) as outcome:
             try:
                 if namespace is None:
@@ -323,6 +321,11 @@ class Kube:
             f"the API server at {self.host} is not trusted: {error}; give its CA in the"
             " kubeconfig (certificate-authority or certificate-authority-data)"
         )
+
+    async def _turn(self) -> None:
+        """Wait for the rate limit, if there is one (a watch does not)."""
+        if self._rate_limit is not None:
+            await self._rate_limit.wait()
 
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
         reason = str(error)

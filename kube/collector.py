@@ -79,6 +79,7 @@ MAX_BACKOFF_SECONDS: Final = 30.0
 GONE: Final = 410
 NOT_FOUND: Final = 404
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
+PEER_DISCOVERY_SECONDS: Final = 5.0  # an apiserver's own discovery is waited for this long
 
 
 class Discovery:
@@ -130,9 +131,6 @@ class Discovery:
         for key, kind in self._peer_kinds.items():
             kinds.setdefault(key, kind)
         self._kinds = kinds
-
-
-PEER_DISCOVERY_SECONDS: Final = 5.0
 
 
 def _kind(
