@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 from urllib.parse import quote
 
+from kubernetes_asyncio.client import Configuration
+
 from kube.client import Kube
 from kube.upstream import parse_lease, parse_storage_version
 from ledger.identity import IDENTITY_SELECTOR
@@ -108,3 +110,10 @@ async def eventually(
             return
         await asyncio.sleep(0.5)
     raise AssertionError(f"{what} within {timeout:.0f} s: {wrong}")
+
+
+def kube_at(url: str) -> Kube:
+    """A client of the server at ``url``, without credentials (a stand-in's, say)."""
+    configuration = Configuration()
+    configuration.host = url.rstrip("/")
+    return Kube(configuration)

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kubernetes_asyncio.client import Configuration
 
 from deploy.kube.cluster import LocalCluster
 from deploy.kube.rolling_upgrade import NEW, OLD
@@ -52,6 +51,7 @@ from tests.kube import (
     KUBE_LEASE_SECONDS,
     KUBE_RENEW_SECONDS,
     eventually,
+    kube_at,
     ledger_leases,
     ledger_views,
     upstream_leases,
@@ -511,7 +511,7 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
         hung.bind(("127.0.0.1", 0))
         hung.listen()
         async with TestServer(old) as cluster, TestServer(new) as upgraded:
-            kube = Kube(_configuration(str(cluster.make_url(""))))
+            kube = kube_at(str(cluster.make_url("")))
             peers = [
                 kube.at(f"http://127.0.0.1:{hung.getsockname()[1]}"),
                 kube.at(str(upgraded.make_url("")).rstrip("/")),
@@ -533,9 +533,3 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
             finally:
                 for client in (kube, *peers):
                     await client.close()
-
-
-def _configuration(url: str) -> Configuration:
-    configuration = Configuration()
-    configuration.host = url.rstrip("/")
-    return configuration

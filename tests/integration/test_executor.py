@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
 from deploy.kafka.broker import free_port
 from deploy.kube.cluster import LocalCluster
@@ -21,7 +20,7 @@ from kube.executor import GROUP, StorageMigrationExecutor, object_name
 from ledger.clock import SystemClock
 from ledger.events import Event, MigrationFailed, MigrationStarted
 from projections.state import Migration, Phase
-from tests.kube import eventually
+from tests.kube import eventually, kube_at
 
 START = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
@@ -29,9 +28,7 @@ START = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 @pytest.fixture
 async def away() -> AsyncIterator[Kube]:
     """A client of an API server that does not answer: nothing listens on its port."""
-    configuration = client.Configuration()
-    configuration.host = f"http://127.0.0.1:{free_port()}"
-    kube = Kube(configuration)
+    kube = kube_at(f"http://127.0.0.1:{free_port()}")
     yield kube
     await kube.close()
 

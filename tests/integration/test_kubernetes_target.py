@@ -37,7 +37,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubernetes_asyncio.client import Configuration
 from prometheus_client import REGISTRY
 
 from consumers.targets import Conflict, NotFound, ObjectRef, TooManyRequests, Transient
@@ -53,6 +52,7 @@ from ledger.events import (
     MigrationSucceeded,
 )
 from svledger.cli import main
+from tests.kube import kube_at
 from tests.unit.test_worker import StepClock, migration
 
 TOKEN = "token-1"
@@ -701,9 +701,7 @@ async def test_a_long_answer_that_keeps_coming_is_not_cut_off(
     application = web.Application()
     application.router.add_get("/api/v1/pods", slowly)
     async with TestServer(application) as server:
-        configuration = Configuration()
-        configuration.host = str(server.make_url("")).rstrip("/")
-        kube = Kube(configuration)
+        kube = kube_at(str(server.make_url("")))
         try:
             assert len((await kube.get("/api/v1/pods"))["items"]) == 9
         finally:
