@@ -58,8 +58,15 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   the views (their events stay in the log and in ``ledger_events``), as upstream's
   storage version migrator deletes a resource's migrations before it creates a new
   one. The fold's memory then grows with the resources, not with the log. A
-  migration that Failed stays: the migrator's back-off counts its attempts, and the
-  worker's next attempt resumes at its continue token (:func:`consumers.worker.resumed`).
+  migration that Failed stays while it is an attempt of the same request (the same
+  target hash and StorageVersion revision): the migrator's back-off counts those
+  attempts, and the worker's next attempt resumes at its continue token
+  (:func:`consumers.worker.resumed`); a request for anything else drops it too. A
+  fresh success (one that sets the persisted hashes) drops the resource's Failed
+  migrations as well: every object is stored in the target, so nothing is left to
+  resume or to back off from. Where upstream ends, the views end: once every
+  resource is migrated, each one's migrations are its last success (its e2e tests
+  assert "all migrations completed").
 * A StorageStateReset also cancels the resource's Pending and Running migrations
   (reason ``StorageStateReset``), as upstream's trigger deletes a resource's
   migrations when it finds its StorageState stale and starts afresh. Objects may be
@@ -559,8 +566,7 @@ def _migration_requested(
         revision=revision,
     )
     _store_migration(state, migration, changes)
-    for ended in state.ended_migrations_by_resource.pop(migration.resource_key, ()):
-        _delete(state.migrations, ended, changes.migrations)
+    _drop_inactive(state, migration.resource_key, changes, keep=migration.retries)
 
 
 def _migration_step(
@@ -649,6 +655,7 @@ def _refine_persisted_hashes(
             revision=revision,
         )
         _store(state.storage_states, key, refined, changes.storage_states)
+        _drop_inactive(state, key, changes)  # nothing left to resume or to back off from
         return
     _reject(
         changes,
@@ -661,16 +668,26 @@ def _refine_persisted_hashes(
 
 def _store_migration(state: State, migration: Migration, changes: Changes) -> None:
     _store(state.migrations, migration.key, migration, changes.migrations)
-    if migration.active:
-        state.active_migrations_by_resource.setdefault(migration.resource_key, set()).add(
-            migration.key
-        )
-        return
-    _discard(state.active_migrations_by_resource, migration.resource_key, migration.key)
-    if migration.ended:
-        state.ended_migrations_by_resource.setdefault(migration.resource_key, set()).add(
-            migration.key
-        )
+    into, out_of = (
+        (state.active_migrations_by_resource, state.inactive_migrations_by_resource)
+        if migration.active
+        else (state.inactive_migrations_by_resource, state.active_migrations_by_resource)
+    )
+    _discard(out_of, migration.resource_key, migration.key)  # a Failed one resumes
+    into.setdefault(migration.resource_key, set()).add(migration.key)
+
+
+def _drop_inactive(
+    state: State,
+    resource_key: ResourceKey,
+    changes: Changes,
+    keep: Callable[[Migration], bool] = lambda migration: False,
+) -> None:
+    """Drop the resource's migrations that are neither Pending nor Running, but ``keep``'s."""
+    for key in list(state.inactive_migrations_by_resource.get(resource_key, ())):
+        if not keep(state.migrations[key]):
+            _discard(state.inactive_migrations_by_resource, resource_key, key)
+            _delete(state.migrations, key, changes.migrations)
 
 
 def _store(rows: dict[_Key, _Row], key: _Key, row: _Row, touched: set[_Key]) -> None:

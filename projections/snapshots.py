@@ -67,8 +67,9 @@ SNAPSHOT_EVERY: Final = 50_000  # offsets of a partition between two snapshots
 # The log time of a partition with no event yet: before any event could occur.
 NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # Of the payload; a snapshot of another format is passed over. 2: StorageVersion entries
-# in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen.
-FORMAT: Final = 3
+# in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen. 4: no
+# Failed migration that a fresh success or another request has dropped since.
+FORMAT: Final = 4
 
 # The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
 # views), and the event IDs a repeated event would be found by (State.seen).

@@ -30,8 +30,6 @@ MESSAGE_UNSET: Final = "Common encoding version unset"
 
 Phase: TypeAlias = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 ACTIVE_PHASES: Final[frozenset[str]] = frozenset({"Pending", "Running"})
-# The phases no step leaves: a new request for the resource drops these (projections.fold).
-ENDED_PHASES: Final[frozenset[str]] = frozenset({"Succeeded", "Cancelled"})
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 
 LeaseKey: TypeAlias = tuple[str, str]  # (cluster, apiserver_id)
@@ -198,9 +196,14 @@ class Migration:
     def active(self) -> bool:
         return self.phase in ACTIVE_PHASES
 
-    @property
-    def ended(self) -> bool:
-        return self.phase in ENDED_PHASES
+    def retries(self, earlier: Migration) -> bool:
+        """Whether this migration is another attempt at the request ``earlier`` failed:
+        the same target and StorageVersion revision (the migrator's back-off counts those
+        attempts, and the worker resumes where the last one failed)."""
+        return earlier.phase == "Failed" and (
+            earlier.target_hash,
+            earlier.storage_version_revision,
+        ) == (self.target_hash, self.storage_version_revision)
 
 
 @_pickled_as_fields
@@ -319,8 +322,8 @@ class State:
     The indexes keep the fold's work per event proportional to the resource it
     touches: ``resources_by_apiserver`` finds the StorageVersions holding an entry of
     an apiserver whose lease ends, ``active_migrations_by_resource`` the Pending or
-    Running migrations of a resource, ``ended_migrations_by_resource`` its Succeeded
-    or Cancelled ones. They are built from the rows given to the
+    Running migrations of a resource, ``inactive_migrations_by_resource`` its other ones
+    (Succeeded, Failed, Cancelled). They are built from the rows given to the
     constructor, so a State loaded from the database is created with its rows, and
     the fold keeps the indexes in step from then on.
     """
@@ -337,7 +340,7 @@ class State:
     active_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
-    ended_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
+    inactive_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
 
@@ -347,15 +350,13 @@ class State:
             for entry in storage_version.entries:
                 by_apiserver.setdefault((key[0], entry.apiserver_id), set()).add(key)
         active: dict[ResourceKey, set[MigrationKey]] = {}
-        ended: dict[ResourceKey, set[MigrationKey]] = {}
+        inactive: dict[ResourceKey, set[MigrationKey]] = {}
         for migration_key, migration in self.migrations.items():
-            if migration.active:
-                active.setdefault(migration.resource_key, set()).add(migration_key)
-            elif migration.ended:
-                ended.setdefault(migration.resource_key, set()).add(migration_key)
+            index = active if migration.active else inactive
+            index.setdefault(migration.resource_key, set()).add(migration_key)
         self.resources_by_apiserver = by_apiserver
         self.active_migrations_by_resource = active
-        self.ended_migrations_by_resource = ended
+        self.inactive_migrations_by_resource = inactive
 
 
 @dataclasses.dataclass

@@ -839,13 +839,15 @@ def test_steps_of_unknown_migrations_and_reused_ids_are_rejected() -> None:
     assert "already taken" in changes.rejections[0].reason
 
 
-def test_a_new_request_drops_the_resources_ended_migrations_and_keeps_failed_ones() -> None:
+def test_a_new_request_drops_the_resources_ended_migrations_and_keeps_its_failed_attempts() -> None:
     log = agreed_on("v2")
     revision = log.storage_version().revision
     other = ("", "configmaps", "ConfigMap")
     log.report("1", "v1", resource=other)
     log.request("elsewhere", "v1", log.storage_version(other).revision, resource=other)
     log.step(MigrationCancelled, "elsewhere")
+    log.request("earlier", "v1", revision)  # of another target: cannot be resumed now
+    log.step(MigrationFailed, "earlier", reason="Timeout")
     log.request("done", "v2", revision)
     log.step(MigrationStarted, "done")
     log.step(MigrationSucceeded, "done")
@@ -865,7 +867,62 @@ def test_a_new_request_drops_the_resources_ended_migrations_and_keeps_failed_one
     rebuilt = State(
         log.state.leases, log.state.storage_versions, log.state.storage_states, log.state.migrations
     )
-    assert rebuilt.ended_migrations_by_resource == log.state.ended_migrations_by_resource
+    assert rebuilt.inactive_migrations_by_resource == log.state.inactive_migrations_by_resource
+
+
+def test_failed_attempts_are_dropped_by_a_request_for_another_revision() -> None:
+    log = agreed_on("v2")
+    log.request("m1", "v2", log.storage_version().revision)
+    log.step(MigrationFailed, "m1", reason="Timeout")
+    log.report("1", "v1")
+    log.report("1", "v2")  # agreement again, at a later revision
+
+    changes = log.request("m2", "v2", log.storage_version().revision)
+
+    assert {key[1] for key in log.state.migrations} == {"m2"}
+    assert changes.migrations == {("east", "m1"), ("east", "m2")}
+
+
+def test_a_fresh_success_leaves_the_resource_only_its_success() -> None:
+    """Upstream's e2e tests end asserting that every migration listed has succeeded: its
+    trigger deletes a resource's migrations before it requests one, failed ones too."""
+    log = agreed_on("v2")
+    revision = log.storage_version().revision
+    other = ("", "configmaps", "ConfigMap")
+    log.report("1", "v1", resource=other)
+    log.request("elsewhere", "v1", log.storage_version(other).revision, resource=other)
+    log.step(MigrationFailed, "elsewhere", reason="Timeout")
+    log.request("m1", "v2", revision)
+    log.step(MigrationFailed, "m1", reason="Timeout")
+    log.request("m2", "v2", revision)  # the migrator's next attempt, after its back-off
+    log.step(MigrationStarted, "m2")
+
+    changes = log.step(MigrationSucceeded, "m2")
+
+    assert {key[1]: m.phase for key, m in log.state.migrations.items()} == {
+        "elsewhere": "Failed",
+        "m2": "Succeeded",
+    }
+    assert changes.migrations == {("east", "m1"), ("east", "m2")}
+    assert "no migration 'm1'" in log.step(MigrationStarted, "m1").rejections[0].reason
+
+
+def test_a_stale_success_keeps_the_failed_attempts() -> None:
+    log = agreed_on("v2")
+    revision = log.storage_version().revision
+    log.request("m1", "v2", revision)
+    log.step(MigrationFailed, "m1", reason="Timeout")
+    log.request("m2", "v2", revision)
+    log.step(MigrationStarted, "m2")
+    log.report("1", "v1")
+    log.report("1", "v2")
+
+    log.step(MigrationSucceeded, "m2")
+
+    assert {key[1]: m.phase for key, m in log.state.migrations.items()} == {
+        "m1": "Failed",
+        "m2": "Succeeded",
+    }
 
 
 # --- clusters and revisions ------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_folding_in_two_batches_equals_folding_at_once(
     assert second == whole
     assert second.resources_by_apiserver == whole.resources_by_apiserver
     assert second.active_migrations_by_resource == whole.active_migrations_by_resource
-    assert second.ended_migrations_by_resource == whole.ended_migrations_by_resource
+    assert second.inactive_migrations_by_resource == whole.inactive_migrations_by_resource
     assert_changes_are_the_differences(rows(State()), first, first_changes)
     assert_changes_are_the_differences(at_split, second, second_changes)
     assert first_changes.rejections + second_changes.rejections == whole_changes.rejections
@@ -117,7 +117,7 @@ def test_invariants_hold_after_every_event(history: list[tuple[Event, Position]]
         rebuilt = reloaded(state)
         assert state.resources_by_apiserver == rebuilt.resources_by_apiserver
         assert state.active_migrations_by_resource == rebuilt.active_migrations_by_resource
-        assert state.ended_migrations_by_resource == rebuilt.ended_migrations_by_resource
+        assert state.inactive_migrations_by_resource == rebuilt.inactive_migrations_by_resource
         assert_storage_versions_consistent(state)
         assert_entries_keep_their_order(before, state)
         assert_persisted_hashes_only_grow(before, state, event, changes)

@@ -35,7 +35,7 @@ def test_the_snapshots_of_every_partition_make_the_state_again(
     assert rebuilt == state
     assert rebuilt.resources_by_apiserver == state.resources_by_apiserver
     assert rebuilt.active_migrations_by_resource == state.active_migrations_by_resource
-    assert rebuilt.ended_migrations_by_resource == state.ended_migrations_by_resource
+    assert rebuilt.inactive_migrations_by_resource == state.inactive_migrations_by_resource
 
 
 @given(histories(), st.data())
