@@ -104,6 +104,11 @@ class WriteGate:
     def completed(self) -> bool:
         return not self._pending
 
+    @property
+    def error(self) -> str | None:
+        """The last error met registering a pending resource, if any."""
+        return next((e for e in self._pending.values() if e is not None), None)
+
     def admits(self, request: RequestInfo) -> bool:
         """Upstream's precondition: reads pass, and so do writes to the StorageVersion
         API, the API server's own creation of namespaces and writes to leases in

@@ -733,7 +733,9 @@ class EventProducer:
     ) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.stop()
+            # Bounded: aiokafka delivers what it holds before it stops, and waits for a
+            # broker that is away as long as it stays away.
+            await stop_within(producer, "the event producer (holding unacknowledged events)")
 
     @property
     def producer(self) -> AIOKafkaProducer:

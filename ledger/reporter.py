@@ -37,8 +37,11 @@ by a re-report: one on a timer would only lengthen the log.
 The reporter keeps the resources it should report (*desired*) and the reports the
 log is known to hold (*acknowledged*); every change (start, ``update``, a re-join)
 sends the difference and opens the gate for what was acknowledged. A resource whose
-report failed stays closed and is retried after the next heartbeat. ``stop`` closes the
-gate and sends ``ApiserverLeaseReleased``, waiting at most ``shutdown_timeout`` seconds
+report failed stays closed, its 503 naming the error, and is retried after the next
+heartbeat. ``stop`` closes the gate for good (unlike upstream's, which stays open while
+the server drains: once the lease is released the others may agree without this
+server and a migration start, which a write in the old version would then escape) and
+sends ``ApiserverLeaseReleased``, waiting at most ``shutdown_timeout`` seconds
 (10, upstream's bound on deleting its lease at shutdown) for the acknowledgement: a
 release that does not land in time is logged, and the lease GC expires the lease. A
 ``stop`` while ``start`` is still trying to register ends that ``start`` (not ready, the
@@ -58,7 +61,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Final, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -222,6 +225,7 @@ class Reporter:
                         return
                     break
                 except BROKER_ERRORS as error:
+                    self._failed(error)
                     log.warning(
                         "apiserver %s cannot register yet (the write gate stays closed), "
                         "trying again in %.0f s: %s: %s",
@@ -361,13 +365,17 @@ class Reporter:
         try:
             await self._producer.send_many(events)
         except Exception as error:
-            # Upstream's message carries the error's own text; a blank one is named.
-            self.gate.fail([r.key for r in reports], str(error) or type(error).__name__)
+            self._failed(error)
             raise
         for key in withdrawn:
             del self._acknowledged[key]
         self._acknowledged.update((r.key, r) for r in reports)
         self._refresh_gate()
+
+    def _failed(self, error: BaseException) -> None:
+        """Name ``error`` in the 503 of every resource still pending: upstream's message
+        carries the last error its registration met (a blank one is named by its type)."""
+        self.gate.fail(self.gate.pending, str(error) or type(error).__name__)
 
     def _next_interval(self) -> float:
         return self._interval * (1.0 + self._rng.random() * self._jitter)
@@ -379,16 +387,13 @@ class Reporter:
                 async with self._lock:
                     await self._register()
             except Exception as error:
+                self._failed(error)
                 log.warning(
                     "apiserver %s: heartbeat or report failed, trying again next tick: %s: %s",
                     self.apiserver_id,
                     type(error).__name__,
                     error,
                 )
-
-
-#: How long a :class:`ThreadedReporter`'s stop waits for its producer to close.
-CLOSE_SECONDS: Final = 5.0
 
 
 async def _cancel_the_rest() -> None:
@@ -453,7 +458,15 @@ class ThreadedReporter:
         return self._reporter.apiserver_id
 
     def start(self) -> None:
-        self._run(self._start())
+        try:
+            self._run(self._start())
+        except TimeoutError:
+            raise TimeoutError(
+                f"apiserver {self.apiserver_id} did not register in {self._timeout:g} s and"
+                " stopped trying (its writes stay closed); last seen error:"
+                f" {self.gate.error or 'none yet'};"
+                f" is Kafka at {self._producer.settings.bootstrap_servers} reachable?"
+            ) from None
 
     async def _start(self) -> None:
         try:
@@ -464,7 +477,8 @@ class ThreadedReporter:
 
     def stop(self) -> None:
         """Release the lease, close the producer and end the loop's thread: within the
-        reporter's shutdown timeout and :data:`CLOSE_SECONDS`, Kafka reachable or not."""
+        reporter's shutdown timeout and the producer's (10 s each), Kafka reachable or
+        not."""
         try:
             self._run(self._stop())
         finally:
@@ -477,22 +491,17 @@ class ThreadedReporter:
         try:
             await self._reporter.stop()
         finally:
-            try:
-                await asyncio.wait_for(self._producer.__aexit__(None, None, None), CLOSE_SECONDS)
-            except TimeoutError:
-                # aiokafka flushes what it holds first: the broker is away.
-                log.warning(
-                    "apiserver %s: the reporter's producer did not close in %g s; events"
-                    " Kafka did not acknowledge are dropped",
-                    self._reporter.apiserver_id,
-                    CLOSE_SECONDS,
-                )
+            await self._producer.__aexit__(None, None, None)
 
     def update(self, resources: Iterable[ResourceReport]) -> None:
         self._run(self._reporter.update(list(resources)))
 
     def __enter__(self) -> ThreadedReporter:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # no exit follows a failed entry: end the thread here
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -296,6 +296,9 @@ async def test_a_reporter_whose_broker_is_down_opens_its_gate_once_registered(
         await asyncio.sleep(3)
         assert not starting.done()
         assert not reporter.gate.allows("POST", "", "pods")  # 503 until registered
+        if not connected:  # its connection attempts (1 s each) have failed: the 503 says so
+            assert reporter.gate.error is not None
+            assert f"last seen error: {reporter.gate.error}" in reporter.gate.reason("", "pods")
         await asyncio.to_thread(broker.restart)
         await asyncio.wait_for(starting, 120)
         assert reporter.ready and reporter.gate.allows("POST", "", "pods")
@@ -344,6 +347,33 @@ async def test_a_reporter_stopped_while_its_broker_is_down_stops_in_its_shutdown
     ]
     assert "StorageVersionReported" not in second
     assert not second or second[-1] == "ApiserverLeaseReleased", second
+
+
+async def test_leaving_a_producer_while_its_broker_hangs_gives_up_what_it_holds(
+    broker: LocalKafka,
+) -> None:
+    """aiokafka's stop delivers what the producer holds first, for as long as the broker
+    stays away: an API server leaving ``async with EventProducer`` would never end."""
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-leaving", partitions=1
+    )
+    await create_topics(settings)
+    producer = EventProducer(settings)
+    await producer.start()
+    await producer.send(heartbeat("h0"))
+    broker.hang()
+    try:
+        held = asyncio.create_task(producer.send(heartbeat("h1")))
+        await asyncio.sleep(1)
+        assert not held.done()
+        left = asyncio.create_task(producer.__aexit__(None, None, None))
+        done, _ = await asyncio.wait({left}, timeout=30)
+        assert done, "the producer waited for the hung broker"
+        left.result()
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+    finally:
+        broker.resume()
 
 
 def heartbeat(hostname: str) -> ApiserverHeartbeat:

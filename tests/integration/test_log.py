@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -591,6 +592,19 @@ def test_a_threaded_start_that_times_out_stops_trying(caplog: pytest.LogCaptureF
         assert not [r for r in caplog.records if address.split(":")[1] in r.getMessage()]
     assert not reporter.ready
     reporter.stop()
+
+
+def test_a_threaded_reporter_that_cannot_enter_ends_its_thread_and_says_why() -> None:
+    with socket.socket() as probe:  # a port nothing listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    settings = KafkaSettings(bootstrap_servers=address)
+    reporter = ThreadedReporter("prod", "unentered.example", RESOURCES, settings, timeout=1.0)
+    with pytest.raises(TimeoutError) as raised, reporter:
+        pass
+    assert reporter.apiserver_id in str(raised.value) and address in str(raised.value)
+    assert "svledger-reporter-unentered.example" not in {t.name for t in threading.enumerate()}
+    assert not reporter.ready
 
 
 async def test_unreachable_broker_fails_naming_the_address_and_what_to_check() -> None:
