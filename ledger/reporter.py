@@ -61,7 +61,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -96,6 +96,15 @@ class ResourceReport:
     served_versions: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        for name in ("group", "resource", "kind", "encoding_version"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidReport(name, getattr(self, name), "must be a string")
+        for name in ("decodable_versions", "served_versions"):
+            versions = getattr(self, name)
+            if not isinstance(versions, Iterable) or isinstance(versions, str):
+                raise InvalidReport(name, versions, "must be a list of versions, e.g. ['apps/v1']")
+            if not all(isinstance(version, str) for version in versions):
+                raise InvalidReport(name, versions, "must hold versions as strings")
         # Accept any sequence of versions but keep tuples, so reports compare by value.
         object.__setattr__(self, "decodable_versions", tuple(self.decodable_versions))
         object.__setattr__(self, "served_versions", tuple(self.served_versions))
@@ -124,6 +133,10 @@ def _by_key(resources: Iterable[ResourceReport]) -> dict[GroupResource, Resource
             )
         by_key[report.key] = report
     return by_key
+
+
+#: The longest lease a Lease object can hold: its leaseDurationSeconds is an int32.
+LEASE_DURATION_MAX: Final = 2**31 - 1
 
 
 class ReporterOptions(TypedDict, total=False):
@@ -162,6 +175,16 @@ class Reporter:
             raise ValueError(
                 f"heartbeat_interval={heartbeat_interval} must be positive and "
                 f"jitter={jitter} not negative"
+            )
+        if (
+            not isinstance(lease_duration_seconds, int)
+            or isinstance(lease_duration_seconds, bool)
+            or not 0 < lease_duration_seconds <= LEASE_DURATION_MAX
+        ):
+            raise ValueError(
+                f"lease_duration_seconds={lease_duration_seconds!r} must be a whole number of"
+                f" seconds from 1 to {LEASE_DURATION_MAX}, as a Lease's leaseDurationSeconds"
+                " (an int32)"
             )
         if heartbeat_interval >= lease_duration_seconds:
             raise ValueError(
@@ -426,6 +449,12 @@ class ThreadedReporter:
         timeout: float | None = 60.0,
         **options: Unpack[ReporterOptions],
     ) -> None:
+        if not isinstance(settings, KafkaSettings):
+            raise TypeError(
+                f"settings={settings!r} must be KafkaSettings (KafkaSettings.from_env() reads"
+                " SVLEDGER_KAFKA_BOOTSTRAP and the rest); the threaded reporter makes its own"
+                " producer"
+            )
         self._timeout = timeout
         self._producer = EventProducer(settings)
         self._reporter = Reporter(cluster, hostname, resources, self._producer, clock, **options)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import string
+import threading
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.reporter import ResourceReport
+from ledger.kafka import EventProducer
+from ledger.reporter import Reporter, ResourceReport, ThreadedReporter
+from ledger.settings import KafkaSettings
 from ledger.validation import InvalidReport
 
 ALNUM = string.ascii_lowercase + string.digits
@@ -157,6 +161,23 @@ def test_each_field_is_named_when_it_breaks_a_rule(field: str, value: object) ->
     assert str(raised.value).startswith(f"invalid {field} ")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("encoding_version", None),
+        ("kind", 7),
+        ("decodable_versions", "v1"),  # one string, not a list of one
+        ("served_versions", None),
+        ("decodable_versions", ("v1", 1)),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused_naming_it(field: str, value: object) -> None:
+    with pytest.raises(InvalidReport) as raised:
+        _report(**{field: value})
+    assert raised.value.field == field
+    assert repr(value) in str(raised.value)
+
+
 def test_reports_compare_by_value_whatever_sequence_was_given() -> None:
     assert _report(decodable_versions=["v1", "v1beta1"]) == _report(
         decodable_versions=("v1", "v1beta1")
@@ -224,3 +245,29 @@ def test_a_served_version_must_be_decodable() -> None:
         )
     assert (raised.value.field, raised.value.value) == ("served_versions", "apps/v2")
     assert "cannot serve a version it cannot decode" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lease_duration_seconds": 3600.5},
+        {"lease_duration_seconds": 2**31},  # past a Lease's int32
+        {"lease_duration_seconds": 0},
+        {"lease_duration_seconds": True},
+        {"heartbeat_interval": 0},
+        {"heartbeat_interval": 3600},  # as long as the lease: it would lapse
+    ],
+)
+def test_a_reporter_refuses_timings_a_lease_cannot_hold(options: dict[str, Any]) -> None:
+    producer = EventProducer(KafkaSettings())  # not started: nothing is sent
+    with pytest.raises(ValueError) as raised:
+        Reporter("east", "cp-0.example", [_report()], producer, **options)
+    [(name, value)] = options.items()
+    assert f"{name}={value!r}" in str(raised.value)
+
+
+def test_a_threaded_reporter_needs_kafka_settings_before_it_starts_a_thread() -> None:
+    threads = set(threading.enumerate())
+    with pytest.raises(TypeError, match="settings=None must be KafkaSettings"):
+        ThreadedReporter("east", "cp-0.example", [_report()], None)  # type: ignore[arg-type]
+    assert set(threading.enumerate()) <= threads
