@@ -20,7 +20,9 @@ identity is new on every ``start``.
 After ``start`` a heartbeat is sent every ``heartbeat_interval`` seconds plus up to
 ``jitter`` of it (upstream's ``wait.Jitter``; 0.04 by default, the factor of upstream's
 lease controller), measured from the end of the previous one. A failed heartbeat is
-logged and tried again on the next tick; the loop never dies of it. If a heartbeat is
+logged and tried again on the next tick; the loop never dies of it. One that Kafka
+holds instead (aiokafka keeps a send while the broker is away) is told of every
+interval until it lands. If a heartbeat is
 acknowledged at least half ``lease_duration_seconds`` (and two heartbeat intervals) after
 the previous acknowledged one, the lease may have been expired by the lease GC in
 between (which decides by its own clock: half a lease duration leaves room for the
@@ -408,7 +410,7 @@ class Reporter:
             await self._clock.sleep(self._next_interval())
             try:
                 async with self._lock:
-                    await self._register()
+                    await self._told_while_waiting(self._register())
             except Exception as error:
                 self._failed(error)
                 log.warning(
@@ -417,6 +419,28 @@ class Reporter:
                     type(error).__name__,
                     error,
                 )
+
+    async def _told_while_waiting(self, registering: Coroutine[Any, Any, None]) -> None:
+        """Await ``registering``, warning every heartbeat interval that Kafka has not
+        acknowledged it yet: aiokafka holds a send while the broker is away, so a heartbeat
+        waits rather than fails, and the lease lapses unless it lands in time."""
+        task = asyncio.ensure_future(registering)
+        waited = 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._interval)
+                if done:
+                    return task.result()
+                waited += self._interval
+                log.warning(
+                    "apiserver %s: Kafka has not acknowledged its heartbeat in %.0f s; still"
+                    " trying (its lease lapses %d s after the last renewal acknowledged)",
+                    self.apiserver_id,
+                    waited,
+                    self._lease_duration,
+                )
+        finally:
+            task.cancel()
 
 
 async def _cancel_the_rest() -> None:

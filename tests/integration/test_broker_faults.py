@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -347,6 +348,27 @@ async def test_a_reporter_stopped_while_its_broker_is_down_stops_in_its_shutdown
     ]
     assert "StorageVersionReported" not in second
     assert not second or second[-1] == "ApiserverLeaseReleased", second
+
+
+async def test_a_heartbeat_kafka_holds_while_its_broker_hangs_is_told_of_until_it_lands(
+    broker: LocalKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-held", partitions=1
+    )
+    await create_topics(settings)
+    async with EventProducer(settings) as producer:
+        reporter = Reporter("east", "a1", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
+        await reporter.start()
+        with caplog.at_level(logging.WARNING, logger="ledger.reporter"):
+            broker.hang()
+            try:
+                await asyncio.sleep(4)
+            finally:
+                broker.resume()
+            told = [r.getMessage() for r in caplog.records if r.name == "ledger.reporter"]
+            assert any("has not acknowledged its heartbeat in" in m for m in told), told
+        await reporter.stop()
 
 
 async def test_leaving_a_producer_while_its_broker_hangs_gives_up_what_it_holds(
