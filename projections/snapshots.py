@@ -24,7 +24,8 @@ way, from the latest sound snapshot at or before the partition's end
 (:class:`SnapshotSource`).
 
 The payload is the rows pickled (protocol 5) and compressed with zlib, under a
-BLAKE2b digest. It is read back with an unpickler that knows only the row classes
+BLAKE2b digest of it and of where it belongs (projection, topic, partition, offset, log
+time). It is read back with an unpickler that knows only the row classes
 and :mod:`datetime`'s, so a payload that was tampered with cannot run code; its
 digest is checked first.
 """
@@ -68,7 +69,8 @@ SNAPSHOT_EVERY: Final = 50_000  # offsets of a partition between two snapshots
 NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # Of the payload; a snapshot of another format is passed over. 2: StorageVersion entries
 # in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen. 4: no
-# Failed migration that a fresh success or another request has dropped since.
+# Failed migration that a fresh success or another request has dropped since, and a
+# digest that covers where the snapshot belongs too.
 FORMAT: Final = 4
 
 # The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
@@ -120,8 +122,8 @@ class Snapshot:
         """The rows it holds; :class:`CorruptSnapshot` if they are not what was written."""
         if self.format != FORMAT:
             raise CorruptSnapshot(f"format {self.format}, not {FORMAT}")
-        if _digest(self.payload) != self.digest:
-            raise CorruptSnapshot("its payload does not match its digest")
+        if self.computed_digest() != self.digest:
+            raise CorruptSnapshot("its payload or place does not match its digest")
         try:
             rows = _Unpickler(io.BytesIO(zlib.decompress(self.payload))).load()
         except Exception as error:  # whatever the bytes make the unpickler raise
@@ -132,6 +134,15 @@ class Snapshot:
 
     def describe(self) -> str:
         return f"snapshot of partition {self.partition} at offset {self.next_offset}"
+
+    def computed_digest(self) -> str:
+        """BLAKE2b of the payload and of where it belongs: a sound payload filed under
+        another partition, offset or log time (a row copied over another) is found."""
+        time = None if self.log_time is None else self.log_time.astimezone(UTC).isoformat()
+        place = (self.projection, self.topic, self.partition, self.next_offset, time)
+        digest = hashlib.blake2b(repr(place).encode(), digest_size=32)
+        digest.update(self.payload)
+        return digest.hexdigest()
 
 
 def take(
@@ -152,16 +163,10 @@ def take(
         _of((row for seen in state.seen.values() for row in seen.rows()), prefix),
     )
     payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
-    return Snapshot(
-        projection,
-        topic,
-        partition,
-        next_offset,
-        log_time,
-        sum(map(len, rows[:4])),
-        payload,
-        _digest(payload),
+    unsigned = Snapshot(
+        projection, topic, partition, next_offset, log_time, sum(map(len, rows[:4])), payload, ""
     )
+    return dataclasses.replace(unsigned, digest=unsigned.computed_digest())
 
 
 def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
@@ -321,10 +326,6 @@ def _of(rows: Iterable[Any], prefix: str) -> tuple[Any, ...]:
 
 def _keyed(rows: Iterable[Any], cluster: str | None) -> Iterator[tuple[Any, Any]]:
     return ((row.key, row) for row in rows if cluster is None or row.cluster == cluster)
-
-
-def _digest(payload: bytes) -> str:
-    return hashlib.blake2b(payload, digest_size=32).hexdigest()
 
 
 def _well_formed(rows: object) -> bool:
