@@ -290,6 +290,11 @@ async def _done_unless_stopped(
     return work.done()
 
 
+def group_id(topic: str, projection: str, database_id: str) -> str:
+    """The consumer group of ``projection``'s projectors of ``topic`` into one database."""
+    return f"svledger-projector.{topic}.{projection}.{database_id}"
+
+
 async def _read(call: Callable[[], _T], stop: asyncio.Event, what: str) -> _T | None:
     """``call()``, a read of the database, in a thread of its own: meanwhile the event
     loop goes on (the consumer group's heartbeats, the metrics, a stop). None once
@@ -315,8 +320,9 @@ class Projector:
     """Keeps one projection database up to date with the log; see the module docstring.
 
     With ``group`` (the default) instances of the same projection of the same topic
-    share a consumer group and split its partitions; projectors writing different
-    databases must use different projection names. ``group=False`` reads every
+    into the same database share a consumer group and split its partitions; the group
+    is named by the database's own ID (:func:`projections.store.database_id`), so
+    projectors of two databases each read every partition. ``group=False`` reads every
     partition by manual assignment: one instance, no rebalancing, and a restart
     after a crash does not wait for the broker to notice the dead group member.
     """
@@ -337,7 +343,8 @@ class Projector:
         self.snapshot_every = snapshot_every
         self.db_url = db_url
         self.projection = projection
-        self.group_id = f"svledger-projector.{settings.topic}.{projection}" if group else None
+        self.grouped = group
+        self.group_id: str | None = None  # named once the database is known
         self.max_batch = max_batch
         self.poll_ms = poll_ms
         self.log_interval = log_interval
@@ -431,11 +438,25 @@ class Projector:
                 await self._settle(stop)
 
     async def _database(self, stop: asyncio.Event) -> Engine | None:
+        def connect() -> tuple[Engine, str]:
+            db = engine(self.db_url)
+            try:
+                with db.connect() as connection:
+                    return db, store.database_id(connection)
+            except BaseException:
+                db.dispose()
+                raise
+
         while self._db is None and not stop.is_set():
             try:
-                self._db = await _read(lambda: engine(self.db_url), stop, "its schema")
-            except DatabaseUnreachable as error:
+                connected = await _read(connect, stop, "its schema")
+            except _DATABASE_DOWN as error:
                 await self._outage("database", self.db_url, error, stop)
+                continue
+            if connected is not None:
+                self._db, identity = connected
+                if self.grouped:
+                    self.group_id = group_id(self.settings.topic, self.projection, identity)
         return self._db
 
     async def _reload(self, stop: asyncio.Event) -> bool:

@@ -278,6 +278,16 @@ projection_checkpoints: Final = Table(
     PrimaryKeyConstraint("projection", "topic", "log_partition"),
 )
 
+# One row: the database's random ID (made by its migration 0006), which names the
+# consumer group of the projectors writing it, so that projectors of two databases
+# never split the partitions between them.
+database_identity: Final = Table(
+    "database_identity",
+    metadata,
+    Column("database_id", String, nullable=False),
+    PrimaryKeyConstraint("database_id"),
+)
+
 # The projector's fold snapshots (projections.snapshots): one partition's view rows as
 # of next_offset, which a replay may start from instead of the log's beginning.
 fold_snapshots: Final = Table(

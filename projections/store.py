@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import operator
 import typing
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
@@ -55,6 +56,7 @@ from ledger.events import EVENT_TYPES, ApiserverHeartbeat, Event, Position, type
 from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
+    database_identity,
     fold_snapshots,
     json_text,
     lease_renewals,
@@ -371,6 +373,17 @@ def _count_renewals(
             for (cluster, apiserver_id, holder), count in sorted(renewals.items())
         ],
     )
+
+
+def database_id(connection: Connection) -> str:
+    """The database's own random ID (``database_identity``), the same by every URL; a
+    new one if its row was deleted (the tables emptied by hand)."""
+    found: str | None = connection.execute(select(database_identity.c.database_id)).scalar()
+    if found is None:
+        found = uuid.uuid4().hex[:12]
+        connection.execute(insert(database_identity).values(database_id=found))
+        connection.commit()
+    return found
 
 
 def load_checkpoints(connection: Connection, topic: str, projection: str) -> dict[int, int]:

@@ -49,7 +49,8 @@ DEFAULT_TOPIC: Final = "svledger.events"
 
 # The consumer groups and transactional IDs of the code (consumers/, kube/collector.py,
 # projections/projector.py); tests/unit/test_acls.py checks that they agree.
-PROJECTOR_GROUP: Final = "svledger-projector.{topic}.views"
+# The projector's group ends in its database's ID (projections.projector.group_id).
+PROJECTOR_GROUP: Final = "svledger-projector.{topic}.views."
 LEASE_GC: Final = "svledger-lease-gc"
 MIGRATOR: Final = "svledger-migrator"
 WORKER: Final = "svledger-worker"
@@ -147,7 +148,7 @@ def grants(
             # for what it has, then writes in transactions (ledger.kafka.DeadLetters).
             return [
                 Grant("topic", topic, LITERAL, read),
-                Grant("group", PROJECTOR_GROUP.format(topic=topic), LITERAL, ("Read",)),
+                Grant("group", PROJECTOR_GROUP.format(topic=topic), PREFIXED, ("Read",)),
                 Grant("topic", dlq, LITERAL, read_write),
                 Grant("transactional-id", f"{DEAD_LETTERS}-{topic}-", PREFIXED, write),
             ]

@@ -69,12 +69,15 @@ from ledger.kafka import (
 )
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
+from projections.database import engine
+from projections.projector import DEFAULT_PROJECTION, group_id
 from projections.schema import (
     apiserver_leases,
     ledger_events,
     storage_states,
     storage_version_migrations,
 )
+from projections.store import database_id
 from tests.integration.test_admission import admitted_all, read_topic
 from tests.integration.test_collector import CLUSTER, agree
 from tests.integration.test_migrator import read_records
@@ -278,14 +281,17 @@ def test_the_projector_without_its_group_acl_names_its_role(
     group = grants("projector", TOPIC)[1]
     assert group.kind == "group"
     kafka.revoke("projector", [group])
+    url = f"sqlite:///{tmp_path / 'views.db'}"
     try:
-        done = svledger(kafka, "projector", "project", "--db", f"sqlite:///{tmp_path / 'views.db'}")
+        done = svledger(kafka, "projector", "project", "--db", url)
     finally:
         kafka.grant(TOPIC, {"projector": ("projector", None)})
+    with engine(url).connect() as connection:  # the group is named by the database's ID
+        named = group_id(TOPIC, DEFAULT_PROJECTION, database_id(connection))
     assert done.returncode == 69, done.stderr
     assert last_line(done) == (
-        f"svledger: error: principal User:projector may not Read group 'svledger-projector"
-        f".{TOPIC}.views' (Kafka: GroupAuthorizationFailed); `svledger project` runs as role"
+        f"svledger: error: principal User:projector may not Read group '{named}'"
+        " (Kafka: GroupAuthorizationFailed); `svledger project` runs as role"
         " projector: grant it with python deploy/kafka/acls.py --role projector --principal"
         f" User:projector --topic {TOPIC} (see docs/production.md, Security)"
     )

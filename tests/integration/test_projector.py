@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import HealthCheck, Phase, given, settings
@@ -159,6 +160,26 @@ async def test_clusters_spread_over_partitions_and_two_projectors_sharing_them(
     assert len({position.partition for _, position in records}) == 4
     assert one.metrics.events_folded + two.metrics.events_folded >= len(records)
     assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+
+
+async def test_projectors_of_two_databases_each_project_every_partition(
+    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+) -> None:
+    """Projectors of one database share a consumer group; of two, each reads every
+    partition (their groups are named by each database's own ID)."""
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=4)
+    await create_topics(settings)
+    urls = [f"sqlite:///{tmp_path / name}.db" for name in ("first", "second", "reference")]
+    for url in urls:
+        database.upgrade(url)
+    first, second, reference = (create_engine(url) for url in urls)
+    async with projecting(settings, urls[0]) as one, projecting(settings, urls[1]) as two:
+        records = await append(settings, list(mixed_events(2_000, clusters=12, seed=2)))
+        await caught_up(first, one, next_offsets(records))
+        await caught_up(second, two, next_offsets(records))
+    assert one.group_id != two.group_id
+    expected = reference_snapshot(reference, records, settings.topic)
+    assert snapshot(first) == expected and snapshot(second) == expected
 
 
 async def test_a_restarted_projector_resumes_from_its_checkpoint(

@@ -18,9 +18,9 @@ from ledger.kafka import EventConsumer, EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections.database import engine, upgrade
 from projections.fold import fold
-from projections.projector import STOP_GRACE_SECONDS, run_projector
+from projections.projector import DEFAULT_PROJECTION, STOP_GRACE_SECONDS, group_id, run_projector
 from projections.schema import projection_checkpoints
-from projections.store import load_state
+from projections.store import database_id, load_state
 from tests.frozen import freeze_database
 from tests.integration.test_migrator import DEADLINE, read_records
 from tests.workloads import mixed_events
@@ -152,10 +152,11 @@ async def test_a_projector_given_partitions_while_its_database_hangs_hears_its_s
     events = list(mixed_events(2500, clusters=4))
     log_path = tmp_path / "first.log"
     projector = await projecting(settings, postgres_url, events[:2000], log_path)
+    with engine(postgres_url).connect() as connection:
+        group = group_id(settings.topic, DEFAULT_PROJECTION, database_id(connection))
     try:
         freeze_database(engine(postgres_url), frozen)
         # Another member joins its group: the projector is given partitions again.
-        group = f"svledger-projector.{settings.topic}.views"
         async with EventConsumer(settings, group_id=group) as member:
             async with asyncio.timeout(DEADLINE):
                 while "cannot read checkpoints" not in log_path.read_text():

@@ -14,8 +14,7 @@ from deploy.kafka import acls
 from deploy.kafka.acls import LITERAL, PREFIXED, Grant, grants
 from kube import collector
 from ledger import kafka
-from ledger.settings import KafkaSettings
-from projections.projector import Projector
+from projections.projector import DEFAULT_PROJECTION, group_id
 
 TOPIC = "svledger.events"
 
@@ -27,8 +26,8 @@ def test_the_group_names_are_the_code_s() -> None:
     assert acls.COLLECTOR == collector.GROUP_ID
     assert acls.ADMISSION == admission.GROUP_ID
     assert acls.DEAD_LETTERS == kafka.DEAD_LETTER_SENDERS
-    projector = Projector(KafkaSettings(topic="t"), "sqlite://")
-    assert projector.group_id == acls.PROJECTOR_GROUP.format(topic="t")
+    named = group_id("t", DEFAULT_PROJECTION, "0123456789ab")  # by its database's ID
+    assert named.startswith(acls.PROJECTOR_GROUP.format(topic="t"))
 
 
 def _covers(grant: Grant, name: str) -> bool:
@@ -136,9 +135,9 @@ def test_one_kafka_acls_run_per_pattern_and_operations() -> None:
             *operands,
         ]
         for operands in (
-            ["literal", "--group", "svledger-projector.t.views", "--operation", "Read"],
             ["literal", "--topic", "t", "--operation", "Read", "--operation", "Describe"],
             ["literal", "--topic", "t.dlq", *_operations("Read", "Write", "Describe")],
+            ["prefixed", "--group", "svledger-projector.t.views.", "--operation", "Read"],
             [
                 "prefixed",
                 "--transactional-id",
