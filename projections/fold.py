@@ -240,12 +240,22 @@ def agreement(
     common = next(iter(versions)) if len(versions) == 1 else None
     status: Literal["True", "False"] = "False" if common is None else "True"
     reason, message = (REASON_UNSET, MESSAGE_UNSET) if common is None else (REASON_SET, MESSAGE_SET)
-    moved = previous_common is not None and common is not None and previous_common != common
-    if previous_condition is None or previous_condition.status != status or moved:
+    if previous_condition is None or transitions(previous_common, previous_condition, common):
         transition = now
     else:
         transition = previous_condition.last_transition_time
     return common, Condition(CONDITION_TYPE, status, reason, message, transition)
+
+
+def transitions(
+    previous_common: str | None, previous: Condition | None, common: str | None
+) -> bool:
+    """Whether the condition transitions as the common version goes from
+    ``previous_common`` to ``common``: there was none, its status flips, or the common
+    version moves from one value to another."""
+    status = "False" if common is None else "True"
+    moved = previous_common is not None and common is not None and previous_common != common
+    return previous is None or previous.status != status or moved
 
 
 def live_leases(state: State, cluster: str) -> list[Lease]:

@@ -48,7 +48,7 @@ from ledger.events import (
 )
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
-from projections.fold import STALE_SUCCESS
+from projections.fold import STALE_SUCCESS, agreement, transitions
 from projections.schema import (
     ledger_events,
     rejected_events,
@@ -60,10 +60,11 @@ from projections.state import (
     UNKNOWN_HASH,
     Migration,
     ResourceKey,
+    ServerStorageVersion,
     StorageState,
     StorageVersion,
 )
-from projections.store import load_state
+from projections.store import history_starts, load_state
 
 REPORTED: Final = StorageVersionReported.__name__
 WITHDRAWN: Final = StorageVersionWithdrawn.__name__
@@ -124,6 +125,9 @@ class Facts:
     storage_state: StorageState | None
     migrations: tuple[Migration, ...]  # of this resource, oldest request first
     history: tuple[HistoryEntry, ...]
+    # The StorageVersion as the history begins, where it begins at a fold snapshot (a
+    # replay started from one); None where it begins with the log, or had none then.
+    start: StorageVersion | None = None
 
 
 # ---------------------------------------------------------------- resolution
@@ -189,10 +193,26 @@ def history(
     connection: Connection, resource: str, cluster: str | None = None
 ) -> list[HistoryEntry]:
     """The events that touched ``resource``, in log order (see the module docstring)."""
-    return _history(connection, resolve(resource, cluster, known_resources(connection)))
+    key = resolve(resource, cluster, known_resources(connection))
+    return _history(connection, key, _start(connection, key))
 
 
-def _history(connection: Connection, key: ResourceKey) -> list[HistoryEntry]:
+def _start(connection: Connection, key: ResourceKey) -> StorageVersion | None:
+    """``key``'s StorageVersion in the fold snapshot its history begins at, if any."""
+    return next(
+        (
+            storage_version
+            for rows in history_starts(connection)
+            for storage_version in rows[1]
+            if storage_version.key == key
+        ),
+        None,
+    )
+
+
+def _history(
+    connection: Connection, key: ResourceKey, start: StorageVersion | None
+) -> list[HistoryEntry]:
     cluster, group, resource = key
     own = _entries(
         connection,
@@ -226,25 +246,31 @@ def _history(connection: Connection, key: ResourceKey) -> list[HistoryEntry]:
         )
     )
     migrations = _entries(connection, cluster, _MIGRATION_EVENTS, migration_ids)
+    holders = () if start is None else tuple(entry.apiserver_id for entry in start.entries)
     reporters = sorted(
         {entry.payload["apiserver_id"] for entry in own if entry.event_type == REPORTED}
+        | set(holders)
     )
     lease_ends = _entries(connection, cluster, _LEASE_ENDS, reporters)
     return sorted(
-        [*with_entry_removals(own, lease_ends), *migrations], key=lambda entry: entry.position
+        [*with_entry_removals(own, lease_ends, holders), *migrations],
+        key=lambda entry: entry.position,
     )
 
 
 def with_entry_removals(
-    resource_events: Iterable[HistoryEntry], lease_ends: Iterable[HistoryEntry]
+    resource_events: Iterable[HistoryEntry],
+    lease_ends: Iterable[HistoryEntry],
+    holders_at_start: Iterable[str] = (),
 ) -> list[HistoryEntry]:
     """A resource's own events plus the lease ends that removed one of its entries.
 
-    Walks both in log order, tracking which apiservers hold an entry: an applied
-    report adds one, an applied withdrawal or lease end removes it. A lease end
-    is kept only if its apiserver held an entry at that point.
+    Walks both in log order, tracking which apiservers hold an entry (from
+    ``holders_at_start``, those of a history that begins at a fold snapshot): an
+    applied report adds one, an applied withdrawal or lease end removes it. A lease
+    end is kept only if its apiserver held an entry at that point.
     """
-    holders: set[str] = set()
+    holders = set(holders_at_start)
     kept: list[HistoryEntry] = []
     for entry in sorted([*resource_events, *lease_ends], key=lambda e: e.position):
         apiserver: str = entry.payload.get("apiserver_id", "")
@@ -366,13 +392,15 @@ def explain(connection: Connection, resource: str, cluster: str | None = None) -
 
 def gather(connection: Connection, key: ResourceKey) -> Facts:
     state = load_state(connection, key)
-    history = _history(connection, key)
+    start = _start(connection, key)
+    history = _history(connection, key, start)
     return Facts(
         key=key,
         storage_version=state.storage_versions.get(key),
         storage_state=state.storage_states.get(key),
         migrations=in_request_order(state.migrations.values(), history),
         history=tuple(history),
+        start=start,
     )
 
 
@@ -451,18 +479,10 @@ def _agreement_lines(facts: Facts) -> list[str]:
             f" {', '.join(entry.decodable_versions)}; last reported by {_cite(report)}"
         )
     condition = storage_version.condition
-    # The fold stamps a transition with the time of the event that caused it.
-    cause = next(
-        (
-            e
-            for e in reversed(_applied(facts, REPORTED, WITHDRAWN, *_LEASE_ENDS))
-            if e.occurred_at == condition.last_transition_time
-        ),
-        None,
-    )
     since = (
         f"condition {condition.type}={condition.status} ({condition.reason}) since"
-        f" {condition.last_transition_time.isoformat(timespec='seconds')}, set by {_cite(cause)}."
+        f" {condition.last_transition_time.isoformat(timespec='seconds')}, set by"
+        f" {_cite(transition_cause(facts))}."
     )
     common = storage_version.common_encoding_version
     if common is not None:
@@ -476,6 +496,32 @@ def _agreement_lines(facts: Facts) -> list[str]:
         )
         lines.append(f"They disagree ({split}): there is no common encoding version; {since}")
     return lines
+
+
+def transition_cause(facts: Facts) -> HistoryEntry | None:
+    """The event whose fold last moved the condition: found by folding agreement along
+    the history, as the fold does (:func:`projections.fold.transitions`), not by the
+    transition's time, which several events may share."""
+    start = facts.start
+    encodings = {} if start is None else {e.apiserver_id: e.encoding_version for e in start.entries}
+    common = None if start is None else start.common_encoding_version
+    condition = None if start is None else start.condition
+    cause = None
+    for entry in _applied(facts, REPORTED, WITHDRAWN, *_LEASE_ENDS):
+        apiserver = entry.payload["apiserver_id"]
+        if entry.event_type == REPORTED:
+            encodings[apiserver] = entry.payload["encoding_version"]
+        elif encodings.pop(apiserver, None) is None:
+            continue  # it held no entry
+        if not encodings:  # the StorageVersion is deleted with its last entry
+            common = condition = None
+            continue
+        previous_common, previous = common, condition
+        entries = [ServerStorageVersion(a, v, (), ()) for a, v in encodings.items()]
+        common, condition = agreement(entries, common, condition, entry.occurred_at)
+        if transitions(previous_common, previous, common):
+            cause = entry
+    return cause
 
 
 def _removal_lines(facts: Facts) -> list[str]:
@@ -554,6 +600,8 @@ def _hash_lines(facts: Facts) -> list[str]:
         f"The current storage version hash is {current}."
         if current is not None
         else "There is no current storage version hash while the apiservers disagree."
+        if facts.storage_version is not None
+        else "There is no current storage version hash: no apiserver reports the resource."
     )
     return lines
 

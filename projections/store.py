@@ -68,7 +68,7 @@ from projections.schema import (
     storage_version_migrations,
     storage_versions,
 )
-from projections.snapshots import Snapshot, row_values
+from projections.snapshots import Rows, Snapshot, row_values
 from projections.snapshots import latest as latest_snapshot
 from projections.state import (
     Changes,
@@ -509,12 +509,17 @@ def _load_seen(connection: Connection) -> dict[str, SeenEvents]:
 
 
 def _seen_before_history(connection: Connection) -> list[SeenEvent]:
-    """The event IDs in the fold snapshots the database's history begins at: per
-    partition, the latest sound snapshot at or before its first ``ledger_events`` row
-    (any such snapshot holds only what happened before it, so taking one is never
-    wrong; one is needed where a replay started from it)."""
+    """The event IDs in the fold snapshots the database's history begins at."""
+    return [seen for rows in history_starts(connection) for seen in rows[4]]
+
+
+def history_starts(connection: Connection) -> list[Rows]:
+    """The rows of the fold snapshots the database's history begins at: per partition,
+    the latest sound snapshot at or before its first ``ledger_events`` row (any such
+    snapshot holds only what happened before it, so taking one is never wrong; one is
+    needed where a replay started from it, whose history has nothing before it)."""
     table = fold_snapshots
-    found: list[SeenEvent] = []
+    found: list[Rows] = []
     for projection, topic, partition in connection.execute(
         select(table.c.projection, table.c.topic, table.c.log_partition).distinct()
     ):
@@ -527,7 +532,7 @@ def _seen_before_history(connection: Connection) -> list[SeenEvent]:
             connection, projection, topic, partition, limit=_NO_LIMIT if first is None else first
         )
         if start is not None:
-            found.extend(start[1][4])
+            found.append(start[1])
     return found
 
 

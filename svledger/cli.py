@@ -174,6 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Its reader left (`svledger explain ... | head`): say nothing more, as a shell
+        # tool does, and let nothing flush into the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UsageError as error:
         command: argparse.ArgumentParser = args.command_parser
         command.print_usage(sys.stderr)

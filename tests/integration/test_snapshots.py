@@ -27,10 +27,20 @@ from sqlalchemy import Engine, select, update
 from consumers import partitions
 from consumers.migrator import run_migrator
 from consumers.partitions import PartitionFollower
-from ledger.events import ApiserverHeartbeat, Event, Meta, Position, StorageVersionReported
+from ledger.events import (
+    ApiserverHeartbeat,
+    ApiserverLeaseExpired,
+    Event,
+    Meta,
+    Position,
+    StorageVersionReported,
+)
 from ledger.kafka import create_topics
+from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections import database, store
+from projections.fold import fold
+from projections.history import history, known_resources
 from projections.replay import ReplayError, replay
 from projections.schema import fold_snapshots
 from projections.snapshots import SnapshotSource
@@ -72,6 +82,20 @@ async def projected(kafka_bootstrap: str, unique_topic: str, tmp_path: Path) -> 
     finally:
         source.dispose()
     return settings, records, source_url
+
+
+def expiries(events: list[Event]) -> list[Event]:
+    """The expiry of every lease ``events`` leave held: each drops its apiserver's entries."""
+    state = fold((event, Position(0, offset)) for offset, event in enumerate(events))
+    return [
+        ApiserverLeaseExpired(
+            Meta.new(lease.cluster, "svledger-lease-gc", lease.renew_time + timedelta(hours=1)),
+            lease.apiserver_id,
+            lease.renew_time,
+            lease.lease_duration_seconds,
+        )
+        for lease in state.leases.values()
+    ]
 
 
 @pytest.fixture
@@ -170,6 +194,38 @@ async def test_a_replay_from_snapshots_writes_the_views_of_a_replay_from_the_beg
     # Each partition is read from its snapshot on: less than EVERY and a batch of 60.
     assert result.events < 3 * (EVERY + 60)
     assert checkpoints_of(database_url, settings) == checkpoints_of(reference_url, settings)
+
+
+async def test_the_history_of_a_replay_from_snapshots_is_the_whole_history_from_there(
+    projected: Log, sqlite_url: str, reference_url: str
+) -> None:
+    """``svledger history`` on a database replayed from snapshots lists what the full
+    history lists from where it begins, the lease ends that remove an entry held then
+    included, though no report of it is there."""
+    settings, records, source_url = projected
+    # After the snapshots: each expiry drops its apiserver's entries, reported before them.
+    await append(settings, expiries([event for event, _ in records]))
+    await reference_replay(settings, reference_url)
+    await replay(settings, sqlite_url, snapshots_from=source_url, progress=False)
+    full, replayed = database.engine(reference_url), database.engine(sqlite_url)
+    lease_ends = 0
+    try:
+        begins = starts(replayed)
+        with full.connect() as whole, replayed.connect() as part:
+            for cluster, group, resource in sorted(known_resources(whole)):
+                name = resource_name(group, resource)
+                expected = [
+                    entry
+                    for entry in history(whole, name, cluster)
+                    if entry.position.offset >= begins[entry.position.partition]
+                ]
+                found = history(part, name, cluster) if expected else []
+                assert found == expected, (cluster, name)
+                lease_ends += sum("Lease" in entry.event_type for entry in found)
+    finally:
+        full.dispose()
+        replayed.dispose()
+    assert lease_ends > 0  # the case in question was there
 
 
 def checkpoints_of(url: str, settings: KafkaSettings) -> tuple[object, ...]:

@@ -12,12 +12,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Final
 
 import pytest
 
-from projections.database import shown
+from ledger.events import ApiserverHeartbeat, Event, Meta, Position, StorageVersionReported
+from projections import store
+from projections.database import engine, shown
+from projections.projector import Projection, fold_batch
+from projections.state import State
 from svledger.cli import LibraryRepeats, build_parser, configure_logging, main
+from tests.consumed import consumed_log
 
 
 @pytest.fixture(autouse=True)
@@ -373,6 +379,38 @@ def test_a_bad_bootstrap_variable_is_named_before_anything_is_reached(
     monkeypatch.setenv("SVLEDGER_KAFKA_BOOTSTRAP", "garbage:")
     assert main(["topics", "create"]) == 2
     assert "SVLEDGER_KAFKA_BOOTSTRAP='garbage:'" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: pathlib.Path) -> None:
+    """``svledger history ... | head``: the rest of the output is not wanted."""
+    url = f"sqlite:///{tmp_path / 'views.db'}"
+    assert main(["db", "upgrade", "--db", url]) == 0
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    events: list[Event] = [
+        ApiserverHeartbeat(Meta.new("east", "a", start), "a", "a_1", "a", 3600, start)
+    ]
+    for n in range(3000):  # far more lines than a pipe buffers
+        version = ("v1", "v2")[n % 2]
+        events.append(
+            StorageVersionReported(
+                Meta.new("east", "a", start), "a", "", "pods", "Pod", version, ("v1", "v2"), ("v1",)
+            )
+        )
+    records = [(event, Position(0, offset)) for offset, event in enumerate(events)]
+    folded = fold_batch(Projection("views", "t", State(), {}), consumed_log(records))
+    with engine(url).begin() as connection:
+        store.write(connection, folded.batch)
+    reading = subprocess.Popen(
+        [sys.executable, "-m", "svledger", "history", "pods", "--db", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reading.stdout is not None and reading.stderr is not None
+    reading.stdout.readline()
+    reading.stdout.close()  # as head does once it has its lines
+    error = reading.stderr.read().decode()
+    assert reading.wait(60) == 1
+    assert error == ""
 
 
 def test_a_database_a_newer_svledger_wrote_is_refused_not_upgraded(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
+    ApiserverLeaseReleased,
     Event,
     Meta,
     MigrationRequested,
@@ -326,3 +327,68 @@ def test_an_unknown_name_says_how_to_name_a_resource() -> None:
     expected = r"'widgets' in cluster 'prod'.*<group>\.<resource>"
     with pytest.raises(ResourceNameError, match=expected):
         resolve("widgets", "prod", {KEY})
+
+
+def test_the_agreement_is_set_by_the_event_that_moved_it_among_events_of_its_time() -> None:
+    s = Scenario()
+    s.heartbeat("a")
+    s.heartbeat("b")
+    s.report("a", "v2")
+    s.report("b", "v1")  # they disagree
+    moment = s.meta("b").occurred_at
+    released = s.add(
+        ApiserverLeaseReleased(dataclasses.replace(s.meta("b"), occurred_at=moment), "b", "b_1")
+    )
+    again = s.add(
+        StorageVersionReported(
+            dataclasses.replace(s.meta("a"), occurred_at=moment), "a", "apps", "deployments",
+            "Deployment", "apps/v2", ("apps/v1", "apps/v2"), ("apps/v1", "apps/v2"),
+        )
+    )  # fmt: skip
+    assert s.entries[again.offset].applied  # the same report again: it changes nothing
+
+    agreement = next(
+        line for line in explanation(s.facts()).splitlines() if line.startswith("They agree")
+    )
+    assert f"set by ApiserverLeaseReleased at {released} " in agreement
+
+
+def test_a_history_that_begins_at_a_fold_snapshot_starts_from_its_entries() -> None:
+    """A replay started from fold snapshots holds no report from before them: the lease
+    ends that remove the entries they held are still the resource's history."""
+    s = Scenario()
+    for apiserver in ("a", "b"):
+        s.heartbeat(apiserver)
+        s.report(apiserver, "v1")
+    start = s.state.storage_versions[KEY]
+    begins = len(s.entries)
+    s.report("a", "v2")
+    expired = s.add(
+        ApiserverLeaseExpired(s.meta("lease-gc"), "b", START + timedelta(minutes=2), 3600)
+    )
+    after = [e for e in s.entries[begins:] if e.event_type != "ApiserverHeartbeat"]
+    history = with_entry_removals(
+        [e for e in after if "Lease" not in e.event_type],
+        [e for e in after if "Lease" in e.event_type],
+        [entry.apiserver_id for entry in start.entries],
+    )
+    facts = Facts(
+        KEY, s.state.storage_versions[KEY], s.state.storage_states[KEY], (), tuple(history), start
+    )
+    assert expired in {e.position for e in history}
+    text = explanation(facts)
+    assert (
+        f"- b stopped renewing its lease; lease-gc expired it: ApiserverLeaseExpired at {expired} "
+        in text
+    )
+    assert f"set by ApiserverLeaseExpired at {expired} " in text  # a's v2 is common now
+
+
+def test_no_current_hash_is_put_down_to_no_apiserver_reporting_once_none_does() -> None:
+    s = Scenario()
+    s.heartbeat("a")
+    s.report("a", "v1")
+    s.add(StorageVersionWithdrawn(s.meta("a"), "a", "apps", "deployments"))
+    text = explanation(s.facts())
+    assert "no current storage version hash: no apiserver reports the resource" in text
+    assert "while the apiservers disagree" not in text
