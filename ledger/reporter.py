@@ -63,7 +63,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Final, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -79,7 +79,7 @@ from ledger.identity import apiserver_id, check_hostname, holder_identity
 from ledger.kafka import BROKER_ERRORS, EventProducer, unless_stopped
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
-from ledger.validation import InvalidReport, check_report
+from ledger.validation import LEASE_DURATION_MAX, InvalidReport, check_report
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,6 @@ def _by_key(resources: Iterable[ResourceReport]) -> dict[GroupResource, Resource
             )
         by_key[report.key] = report
     return by_key
-
-
-#: The longest lease a Lease object can hold: its leaseDurationSeconds is an int32.
-LEASE_DURATION_MAX: Final = 2**31 - 1
 
 
 class ReporterOptions(TypedDict, total=False):

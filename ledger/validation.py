@@ -39,6 +39,10 @@ LABEL_MAX: Final = 63
 SUBDOMAIN_MAX: Final = 253
 
 
+#: The longest lease a Lease object can hold: its leaseDurationSeconds is an int32.
+LEASE_DURATION_MAX: Final = 2**31 - 1
+
+
 class InvalidReport(UsageError):
     """A report field breaks a rule; names the field, the value and the rule.
 

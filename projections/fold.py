@@ -110,7 +110,12 @@ from ledger.events import (
 )
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name, storage_state_name
-from ledger.validation import InvalidReport, check_apiserver_id, check_report
+from ledger.validation import (
+    LEASE_DURATION_MAX,
+    InvalidReport,
+    check_apiserver_id,
+    check_report,
+)
 from projections.state import (
     CONDITION_TYPE,
     MESSAGE_SET,
@@ -293,6 +298,11 @@ def heartbeat_refusal(event: ApiserverHeartbeat) -> str | None:
         return (
             f"lease_duration_seconds {event.lease_duration_seconds} is not positive; a"
             " Lease's duration must be greater than 0"
+        )
+    if event.lease_duration_seconds > LEASE_DURATION_MAX:
+        return (
+            f"lease_duration_seconds {event.lease_duration_seconds} is more than a Lease"
+            f" can hold (an int32: {LEASE_DURATION_MAX} at most)"
         )
     return None
 

@@ -101,7 +101,9 @@ def lease_expired(renew_time: datetime | None, duration_seconds: int | None, now
     """
     if renew_time is None or duration_seconds is None:
         return True
-    return renew_time + timedelta(seconds=duration_seconds) < now
+    # Subtracted, not added: a renew time near the calendar's end plus a duration
+    # would overflow it.
+    return now - renew_time > timedelta(seconds=duration_seconds)
 
 
 @_pickled_as_fields

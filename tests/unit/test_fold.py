@@ -40,6 +40,7 @@ from projections.state import (
     State,
     StorageState,
     StorageVersion,
+    lease_expired,
 )
 from tests.histories import storage_version_hash
 
@@ -446,11 +447,14 @@ def test_a_heartbeat_under_an_id_no_lease_may_be_named_is_rejected(apiserver_id:
     assert repr(apiserver_id) in rejection.reason and "DNS-1123 subdomain" in rejection.reason
 
 
-@pytest.mark.parametrize("duration", [0, -60])
+@pytest.mark.parametrize(
+    ("duration", "why"), [(0, "is not positive"), (-60, "is not positive"), (2**62, "an int32")]
+)
 def test_a_heartbeat_with_a_duration_no_lease_may_have_leaves_the_lease_as_it_was(
-    duration: int,
+    duration: int, why: str
 ) -> None:
-    # Upstream's ValidateLeaseSpec: leaseDurationSeconds must be greater than 0.
+    # Upstream's ValidateLeaseSpec: leaseDurationSeconds must be greater than 0, and the
+    # field is an int32 (a longer one overflowed the lease GC's expiry check).
     log = joined("1")
     lease = log.state.leases[("east", "1")]
     meta = log.meta("1")
@@ -462,7 +466,9 @@ def test_a_heartbeat_with_a_duration_no_lease_may_have_leaves_the_lease_as_it_wa
 
     assert log.state.leases[("east", "1")] == lease
     [rejection] = changes.rejections
-    assert f"lease_duration_seconds {duration} is not positive" in rejection.reason
+    assert f"lease_duration_seconds {duration} " in rejection.reason and why in rejection.reason
+    # Nor does a renew time at the calendar's end overflow it.
+    assert not lease_expired(datetime.max.replace(tzinfo=UTC), 3600, meta.occurred_at)
 
 
 # --- reports ---------------------------------------------------------------------------------
