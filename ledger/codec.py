@@ -164,10 +164,16 @@ class Codec:
                 f"{type(event).__name__!r} is not an event type; "
                 f"events are instances of {', '.join(EVENT_TYPES)}"
             )
+        record = encoder.shape.to_avro(event)
+        if (field := _nul_field(record)) is not None:
+            raise CodecError(
+                f"cannot encode {event!r}: its {field} holds a NUL character, which no"
+                " database's text can store; remove it"
+            )
         out = io.BytesIO()
         out.write(encoder.header)
         try:
-            fastavro.schemaless_writer(out, encoder.schema, encoder.shape.to_avro(event))
+            fastavro.schemaless_writer(out, encoder.schema, record)
         except CodecError:
             raise
         except Exception as error:
@@ -205,6 +211,12 @@ class Codec:
                 f"is corrupt: {len(data) - stream.tell()} bytes left over after the event"
             )
         read = typing.cast(dict[str, Any], record)
+        if (field := _nul_field(read)) is not None:
+            raise CodecError(
+                f"{writer.type_name} record ({len(data)} bytes, schema v{writer.version}) "
+                f"holds a NUL character in {field}, which no database's text can store"
+                " (PostgreSQL refuses it): not an event any writer of the ledger makes"
+            )
         if writer.version < writer.newest:
             return upcast(writer.type_name, writer.version, writer.newest, read)
         return read
@@ -248,6 +260,24 @@ def default_codec() -> Codec:
 def encode(event: Event) -> bytes:
     """:meth:`Codec.encode` with the packaged schemas."""
     return default_codec().encode(event)
+
+
+def _nul_field(value: Any, name: str = "") -> str | None:
+    """The field (``meta.source``, ``served_versions[1]``) of a record (as Avro reads or
+    writes it) whose string holds a NUL character, if one does: about a microsecond."""
+    kind = type(value)
+    if kind is str:
+        return name if "\x00" in value else None
+    if kind is dict:
+        prefix = f"{name}." if name else ""
+        for key, item in value.items():
+            if (found := _nul_field(item, prefix + key)) is not None:
+                return found
+    elif kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            if (found := _nul_field(item, f"{name}[{index}]")) is not None:
+                return found
+    return None
 
 
 def decode(data: bytes) -> Event:

@@ -26,6 +26,7 @@ from ledger.events import (
     Event,
     Meta,
     StorageStateReset,
+    StorageVersionReported,
     heartbeat_term,
     micros,
     type_name,
@@ -402,3 +403,24 @@ def avro_long(value: int) -> bytes:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, "long", value)
     return out.getvalue()
+
+
+def test_a_nul_character_in_a_string_is_refused_both_ways_naming_the_field() -> None:
+    """PostgreSQL stores no NUL in text: a record holding one stopped the projector for
+    every cluster. No writer makes one, and every reader dead-letters one."""
+    event = ApiserverHeartbeat(
+        Meta.new("prod", "apiserver-x", T0), "apiserver-x", "apiserver-x_1", "cp-1", 3600, T0
+    )
+    with pytest.raises(CodecError, match=r"its hostname holds a NUL character"):
+        codec.encode(dataclasses.replace(event, hostname="cp\x001"))
+    forged = codec.encode(event).replace(b"cp-1", b"cp\x001")  # the same length
+    with pytest.raises(CodecError, match=r"ApiserverHeartbeat record .* NUL character in hostname"):
+        codec.decode(forged)
+    reported = codec.encode(
+        StorageVersionReported(
+            Meta.new("prod", "apiserver-x", T0), "apiserver-x", "apps", "deployments",
+            "Deployment", "apps/v1", ("apps/v1", "apps/v2"), ("apps/v1",),
+        )
+    )  # fmt: skip
+    with pytest.raises(CodecError, match=r"NUL character in decodable_versions\[1\]"):
+        codec.decode(reported.replace(b"apps/v2", b"apps/\x002"))
