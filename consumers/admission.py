@@ -17,7 +17,10 @@ when :func:`judge` finds the reporter may say it:
 * its ``meta.cluster`` is the inbox's cluster: no report for another cluster;
 * it is one a reporter emits (:data:`REPORTER_EVENTS`): heartbeats, lease releases,
   storage version reports and withdrawals. Lease expiry, storage state resets and
-  every migration event are decisions of svledger's own consumers or of an operator.
+  every migration event are decisions of svledger's own consumers or of an operator;
+* its ``meta.source`` is its apiserver, as the reporter writes it;
+* it is no larger than :data:`MAX_VALUE_BYTES` (checked first: a record near the
+  broker's limit could not go on as a dead letter, and would stop its inbox).
 
 A record refused goes to the dead-letter topic with the reason in its
 ``svledger-dlq-reason`` header, is counted in ``svledger_admission_refused_total``
@@ -75,17 +78,24 @@ from ledger.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 GROUP_ID: Final = "svledger-admission"
-REPORTER_EVENTS: Final = frozenset(
-    {ApiserverHeartbeat, ApiserverLeaseReleased, StorageVersionReported, StorageVersionWithdrawn}
+REPORTER_EVENTS: Final = (
+    ApiserverHeartbeat,
+    ApiserverLeaseReleased,
+    StorageVersionReported,
+    StorageVersionWithdrawn,
 )
 MAX_RECORDS: Final = 5_000
+# A reporter's event is a few hundred bytes. A record near the broker's limit (1 MiB)
+# could not go on as a dead letter (the headers make it larger), and its inbox would
+# stop behind it: one larger than this is refused, and only its beginning kept.
+MAX_VALUE_BYTES: Final = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Refused:
     """Why a record may not enter the ledger: the rule it breaks and a sentence."""
 
-    rule: str  # undecodable, key, cluster, type
+    rule: str  # undecodable, size, key, cluster, type, source
     reason: str
 
 
@@ -93,6 +103,12 @@ def judge(inbox_cluster: str, key: bytes | None, value: bytes | None) -> Event |
     """The event of an inbox record of ``inbox_cluster``, or why it is refused."""
     if value is None:
         return Refused("undecodable", "record has no value (a tombstone); the ledger never deletes")
+    if len(value) > MAX_VALUE_BYTES:
+        return Refused(
+            "size",
+            f"record of {len(value)} bytes, more than the {MAX_VALUE_BYTES} any reporter's"
+            f" event takes; its first {MAX_VALUE_BYTES} bytes are kept here",
+        )
     try:
         event = decode(value)
     except CodecError as error:
@@ -107,12 +123,18 @@ def judge(inbox_cluster: str, key: bytes | None, value: bytes | None) -> Event |
         )
     if key != cluster.encode():
         return Refused("key", f"record key {key!r} is not the event's meta.cluster {cluster!r}")
-    if type(event) not in REPORTER_EVENTS:
+    if not isinstance(event, REPORTER_EVENTS):
         allowed = ", ".join(sorted(kind.__name__ for kind in REPORTER_EVENTS))
         return Refused(
             "type",
             f"{type_name(event)} {event.meta.event_id} may not come from a reporter's inbox"
             f" (a reporter may say only {allowed})",
+        )
+    if event.meta.source != event.apiserver_id:
+        return Refused(
+            "source",
+            f"{type_name(event)} {event.meta.event_id} of apiserver {event.apiserver_id!r}"
+            f" names {event.meta.source!r} as its source: a reporter speaks as its apiserver",
         )
     return event
 
@@ -210,11 +232,10 @@ class Admission:
                     extra={"topic": tp.topic, "offset": message.offset, "rule": verdict.rule},
                 )
                 headers = dead_letter_headers(message, verdict.reason)
+                value = message.value and message.value[:MAX_VALUE_BYTES]
                 records.append(
                     Addressed(
-                        self.settings.dlq_topic,
-                        None,
-                        OutgoingRecord(message.key, message.value, headers),
+                        self.settings.dlq_topic, None, OutgoingRecord(message.key, value, headers)
                     )
                 )
                 continue

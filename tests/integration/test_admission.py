@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from consumers.admission import Admission
+from consumers.admission import MAX_VALUE_BYTES, Admission
 from ledger.codec import decode
 from ledger.events import (
     ApiserverHeartbeat,
@@ -207,6 +207,27 @@ async def test_forged_outcomes_and_reports_for_another_cluster_are_refused(
             assert "may not come from a reporter's inbox" in dead[forged[1].meta.event_id]
             assert "for cluster 'west'" in dead[for_west.meta.event_id]
             assert "inbox of cluster 'east'" in dead[for_west.meta.event_id]
+
+            # A record near the broker's limit, then a report: the report is admitted (its
+            # inbox stopped behind such a record, which could not go on as a dead letter).
+            raw = AIOKafkaProducer(**settings.client_kwargs())
+            await raw.start()
+            try:
+                await raw.send_and_wait(settings.inbox_topic("east"), bytes(1_000_000), key=b"east")
+            finally:
+                await raw.stop()
+            await reporters[("east", "a1")].update(pods("v1"))
+            await admitted_all(settings, ["east", "west"])
+            [(kept, headers)] = [
+                (value, dict(headers))
+                for value, headers in await read_topic(settings, settings.dlq_topic)
+                if not value.startswith(b"\xc3\x01")
+            ]
+            assert len(kept) == MAX_VALUE_BYTES
+            assert "record of 1000000 bytes" in headers[DLQ_REASON_HEADER].decode()
+            reports = [e for e, _ in await read_records(settings) if e.meta.cluster == "east"]
+            assert isinstance(reports[-1], StorageVersionReported)
+            assert reports[-1].encoding_version == "v1"
             for reporter in reporters.values():
                 await reporter.stop()
     finally:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.admission import REPORTER_EVENTS, Refused, judge
+from consumers.admission import MAX_VALUE_BYTES, REPORTER_EVENTS, Refused, judge
 from ledger.codec import encode
 from ledger.errors import UsageError
 from ledger.events import Event
@@ -20,8 +20,14 @@ def _in(event: Event, cluster: str) -> Event:
     return dataclasses.replace(event, meta=dataclasses.replace(event.meta, cluster=cluster))
 
 
+def _from_its_apiserver(event: Event) -> Event:
+    source = getattr(event, "apiserver_id", event.meta.source)
+    return dataclasses.replace(event, meta=dataclasses.replace(event.meta, source=source))
+
+
 @given(events(domains=FEW))
 def test_a_reporter_says_only_what_reporters_emit_and_for_its_own_cluster(event: Event) -> None:
+    event = _from_its_apiserver(event)
     cluster = event.meta.cluster
     verdict = judge(cluster, cluster.encode(), encode(event))
     if type(event) in REPORTER_EVENTS:
@@ -76,3 +82,24 @@ def test_inbox_is_read_from_the_environment_and_checked() -> None:
     assert not KafkaSettings.from_env({"SVLEDGER_INBOX": "0"}).inbox
     with pytest.raises(UsageError, match=r"SVLEDGER_INBOX='maybe': must be true or false"):
         KafkaSettings.from_env({"SVLEDGER_INBOX": "maybe"})
+
+
+@given(events(domains=FEW))
+def test_a_reporter_speaks_only_as_its_apiserver(event: Event) -> None:
+    """Its events name their apiserver as their source; one naming another (a service's
+    name, say) would be attributed to it."""
+    if type(event) not in REPORTER_EVENTS:
+        return
+    cluster = event.meta.cluster
+    forged = dataclasses.replace(
+        event, meta=dataclasses.replace(event.meta, source="svledger-migrator")
+    )
+    verdict = judge(cluster, cluster.encode(), encode(forged))
+    assert isinstance(verdict, Refused) and verdict.rule == "source"
+    assert "'svledger-migrator'" in verdict.reason
+
+
+def test_a_record_larger_than_any_event_is_refused_before_it_is_read() -> None:
+    verdict = judge("east", b"east", bytes(MAX_VALUE_BYTES + 1))
+    assert isinstance(verdict, Refused) and verdict.rule == "size"
+    assert f"{MAX_VALUE_BYTES + 1} bytes" in verdict.reason
