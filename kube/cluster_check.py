@@ -10,8 +10,9 @@ So before it starts a migration, the worker compares the holders of the target's
 kube-apiserver identity Leases (``kube-system``, label
 ``apiserver.kubernetes.io/identity=kube-apiserver``) with the holders of the ledger's
 leases of the cluster, which the collector copies from the same Leases. A holder
-identity is new on every start of an apiserver (``<apiserver ID>_<uuid>``), so one in
-common means the same cluster; the apiservers of two clusters may share IDs (the same
+identity (``<apiserver ID>_<uuid>``) is made at random when an apiserver creates its
+lease (from 1.35 at every start; before, a restart keeps the lease and its holder), so
+one in common means the same cluster; the apiservers of two clusters may share IDs (the same
 hostnames), never holders. With none in common the migration waits and is tried again
 (:data:`~consumers.worker.CHECK_RETRY_SECONDS`): just after every apiserver of a
 cluster restarted, the target holds the new holders a moment before the ledger has them.

@@ -32,6 +32,15 @@ collector's cache holds no other), so that is the version it is given, as the
   ``controller_wait_seconds`` is deleted and its migration fails with reason
   ``ControllerNotRunning``: before 1.37 the controller must be enabled, and a migration
   waiting for ever would hold the worker's slot;
+* once its outcome is appended, delete the object: the ledger keeps the record, and
+  objects of an alpha version left in etcd break the API after an upgrade (1.35 cannot
+  read 1.34's ``v1alpha1`` ones, and every list of them fails); an object that is
+  gone because its version is no longer served (an upgrade meanwhile) fails the
+  migration with reason ``NotServed``, not ``Deleted``;
+* ``events`` (core and ``events.k8s.io``) are rewritten by svledger itself, with the
+  ``rewrite`` executor: kube-controller-manager's garbage collector ignores them, and
+  its migrator, which lists objects from the collector's cache, can never migrate them
+  (it fails, or stays Running for ever);
 * on ``MigrationCancelled`` (the apiservers stopped agreeing), delete the object, as
   upstream's trigger deletes a migration it no longer wants. kube-controller-manager's
   controller does not look again at an object it is already running: its pass over
@@ -56,7 +65,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from consumers.targets import TargetError, Transient
-from consumers.worker import Append
+from consumers.worker import Append, Executor
 from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from kube.target import served_version
 from ledger.clock import Clock
@@ -70,6 +79,16 @@ GROUP: Final = "storagemigration.k8s.io"
 ALPHA: Final = f"{GROUP}/v1alpha1"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
+# Resources kube-controller-manager's garbage collector ignores (graph_builder.go's
+# ignoredResources): its storage version migrator cannot list them.
+UNMIGRATABLE: Final = frozenset({("", "events"), ("events.k8s.io", "events")})
+# What each release needs for the in-tree migrator, said where it is missing.
+ENABLE: Final = (
+    f"before 1.37 run every kube-apiserver with --runtime-config={GROUP}/v1beta1=true"
+    f" (1.35, 1.36; {GROUP}/v1alpha1=true from 1.30 to 1.34) and"
+    " --feature-gates=StorageVersionMigrator=true, and kube-controller-manager with that"
+    " gate too (from 1.30 to 1.34 also InformerResourceVersion=true)"
+)
 
 
 def object_name(migration: Migration) -> str:
@@ -115,6 +134,8 @@ class StorageMigrationExecutor:
 
     kube: Kube
     clock: Clock
+    #: Runs the migrations of :data:`UNMIGRATABLE` resources (the rewrite executor).
+    rewriter: Executor | None = None
     poll_seconds: float = 2.0
     #: How long an object may wait for a controller to take it (see :meth:`run`).
     controller_wait_seconds: float = 300.0
@@ -125,6 +146,21 @@ class StorageMigrationExecutor:
         def meta() -> Meta:
             return Meta.new(migration.cluster, SOURCE, self.clock.now())
 
+        if (migration.group, migration.resource) in UNMIGRATABLE:
+            if self.rewriter is not None:
+                log.info(
+                    "rewriting %s.%s itself: kube-controller-manager's migrator cannot list them",
+                    migration.resource,
+                    migration.group or "core",
+                )
+                await self.rewriter.run(migration, append=append, cancelled=cancelled)
+                return
+            message = (
+                "kube-controller-manager's migrator cannot migrate events (its garbage"
+                " collector ignores them); use --executor rewrite"
+            )
+            await append([self._failed(migration, meta(), "NotMigratable", message)])
+            return
         try:
             await self._run(migration, append, meta, cancelled)
         except CertificateError as error:  # as the rewrite target's RequestFailed
@@ -145,9 +181,7 @@ class StorageMigrationExecutor:
         except ApiError as error:  # 404: the cluster does not serve the API
             message = (
                 f"the cluster does not serve {GROUP} ({error}): from 1.37 it does by default;"
-                f" before, run every kube-apiserver with --runtime-config={GROUP}/v1beta1=true"
-                " (1.35, 1.36; v1alpha1 from 1.30 to 1.34) and"
-                " --feature-gates=StorageVersionMigrator=true, or use --executor rewrite"
+                f" {ENABLE}; or use --executor rewrite"
             )
             await append([self._failed(migration, meta(), "NotServed", message)])
             return
@@ -166,15 +200,14 @@ class StorageMigrationExecutor:
         taken = False
         while True:
             if cancelled():
-                await self._delete(path, name)
+                await self._delete(path, name, "cancelled")
                 return
             try:
                 obj = await self.kube.get(f"{path}/{name}")
             except ApiError as error:
                 if error.status == NOT_FOUND:
-                    await append(
-                        [self._failed(migration, meta(), "Deleted", f"{name} was deleted")]
-                    )
+                    reason, message = await self._gone(group_version, name, cancelled)
+                    await append([self._failed(migration, meta(), reason, message)])
                     return
                 log.warning("reading %s: %s; retrying", name, error)
                 obj = {}
@@ -188,17 +221,17 @@ class StorageMigrationExecutor:
                     await append([MigrationSucceeded(meta(), migration.migration_id)])
                 else:
                     await append([self._failed(migration, meta(), reason, message)])
+                await self._delete(path, name, kind.lower())
                 return
             taken = taken or bool((obj.get("status") or {}).get("resourceVersion"))
             waited = (self.clock.now() - following).total_seconds()
             if obj and not taken and waited >= self.controller_wait_seconds:
-                await self._delete(path, name)
+                await self._delete(path, name, "not taken")
                 message = (
                     f"no controller took {name} in {waited:.0f} s (its status has no"
                     " resourceVersion): run kube-controller-manager with its"
-                    " storage-version-migrator-controller and garbage collector (before 1.37"
-                    " also --feature-gates=StorageVersionMigrator=true), or use --executor"
-                    " rewrite"
+                    f" storage-version-migrator-controller and garbage collector ({ENABLE}),"
+                    " or use --executor rewrite"
                 )
                 await append([self._failed(migration, meta(), "ControllerNotRunning", message)])
                 return
@@ -258,7 +291,25 @@ class StorageMigrationExecutor:
         log.info("created StorageVersionMigration %s", name, extra={"migration": name})
         return True
 
-    async def _delete(self, path: str, name: str) -> None:
+    async def _gone(
+        self, group_version: str, name: str, cancelled: Callable[[], bool]
+    ) -> tuple[str, str]:
+        """Why ``name`` is not found: its API version is no longer served (the cluster
+        was upgraded meanwhile), or someone deleted it. The reason and message to fail
+        its migration with."""
+        try:
+            served = await self._served_version(cancelled)
+        except ApiError:
+            served = None
+        if served == group_version:
+            return "Deleted", f"{name} was deleted"
+        now = f"serves {GROUP} as {served}" if served else f"no longer serves {GROUP}"
+        return "NotServed", (
+            f"{name} is gone: the cluster {now}, not {group_version} (upgraded meanwhile?);"
+            " the migrator requests the migration again after its back-off"
+        )
+
+    async def _delete(self, path: str, name: str, why: str) -> None:
         while True:
             try:
                 await self.kube.request("DELETE", f"{path}/{name}")
@@ -270,7 +321,7 @@ class StorageMigrationExecutor:
                 if not isinstance(error, ApiError) or error.status != NOT_FOUND:
                     log.warning("deleting %s: %s", name, error)
             else:
-                log.info("deleted StorageVersionMigration %s: cancelled", name)
+                log.info("deleted StorageVersionMigration %s: %s", name, why)
             return
 
     @staticmethod

@@ -20,8 +20,9 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   appending its old renewal would bring it back, to be expired again at the next check;
 * a lease the ledger holds but the cluster no longer has -> ``ApiserverLeaseExpired``
   when it had expired by its own ``renewTime + leaseDurationSeconds``, else
-  ``ApiserverLeaseReleased`` (kube-apiserver deletes its own lease when it stops
-  gracefully, and again when it starts);
+  ``ApiserverLeaseReleased`` (from 1.35 kube-apiserver deletes its own lease when it
+  stops gracefully, and again when it starts; before, its lease stays, holder and all,
+  is renewed again by the restarted server, and expires only if it is not restarted);
 * a Lease object without ``renewTime`` or ``leaseDurationSeconds`` is expired, as
   upstream's lease GC (``isLeaseExpired``) holds it: not a member, and
   ``ApiserverLeaseExpired`` if the ledger holds its apiserver's lease. One without

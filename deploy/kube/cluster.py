@@ -137,18 +137,22 @@ def apiserver_feature_gates(version: str) -> dict[str, bool]:
 def apiserver_runtime_config(version: str) -> dict[str, bool]:
     """The ``--runtime-config`` every kube-apiserver of ``version`` runs with."""
     config = {"internal.apiserver.k8s.io/v1alpha1": True}
-    if minor_version(version) < 37:
-        # storagemigration.k8s.io/v1 is served by default from v1.37; v1beta1 is a beta
-        # API, off by default, before.
-        config["storagemigration.k8s.io/v1beta1"] = True
+    minor = minor_version(version)
+    if minor < 37:
+        # storagemigration.k8s.io/v1 is served by default from v1.37; v1beta1 (1.35,
+        # 1.36) and v1alpha1 (1.30 to 1.34, which know no v1beta1) are off by default.
+        config[f"storagemigration.k8s.io/{'v1beta1' if minor >= 35 else 'v1alpha1'}"] = True
     return config
 
 
 def controller_manager_feature_gates(version: str) -> dict[str, bool]:
     """The ``--feature-gates`` of ``start_controller_manager()``'s kube-controller-manager."""
     # The StorageVersion GC controller requires both gates; the migrator needs its own
-    # gate before v1.37.
-    return apiserver_feature_gates(version)
+    # gate before v1.37, and before v1.35 client-go's InformerResourceVersion (alpha).
+    gates = apiserver_feature_gates(version)
+    if minor_version(version) < 35:
+        gates["InformerResourceVersion"] = True
+    return gates
 
 
 @dataclass

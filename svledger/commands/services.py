@@ -260,13 +260,11 @@ def _worker(args: argparse.Namespace) -> int:
     async def work(stop: asyncio.Event) -> None:
         rate_limit = RateLimit(args.kube_api_qps, args.kube_api_burst)
         kube = await connect(args.kubeconfig, args.context, rate_limit=rate_limit)
-        executor: Executor
-        if args.executor == "rewrite":
-            executor = Rewriter(
-                KubernetesTarget(kube), clock, chunk_size=args.chunk_size or CHUNK_SIZE
-            )
-        else:
-            executor = StorageMigrationExecutor(kube, clock)
+        executor: Executor = Rewriter(
+            KubernetesTarget(kube), clock, chunk_size=args.chunk_size or CHUNK_SIZE
+        )
+        if args.executor == "storagemigration":  # events are still rewritten by svledger
+            executor = StorageMigrationExecutor(kube, clock, rewriter=executor)
         try:
             await run_worker(
                 settings,
