@@ -431,8 +431,9 @@ async def run_worker(
         def cancelled() -> bool:
             return migration_cancelled(partition_log.state, key, current_only=current_only)
 
-        if isinstance(executor, Rewriter):  # the in-tree executor cannot start mid-list
-            migration = resumed(partition_log.state, migration)
+        # Where the failed attempt before it stopped: the in-tree executor cannot start
+        # mid-list, but hands the resources it cannot migrate to the rewrite executor.
+        migration = resumed(partition_log.state, migration)
         await executor.run(migration, append=append, cancelled=cancelled)
         # Done only once its last event is folded, so it is not picked again.
         await partition_log.wait_folded(max(positions, default=0) + 1)

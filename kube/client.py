@@ -60,7 +60,9 @@ class ApiError(Exception):
         body: Mapping[str, Any] | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
+        # The server's words may quote what a request held, NUL included, which no event
+        # may carry (ledger.codec): shown escaped, as JSON writes it.
+        super().__init__(message.replace("\x00", "\\u0000"))
         self.status = status
         self.body: Mapping[str, Any] = body or {}
         self.retry_after = retry_after

@@ -79,6 +79,7 @@ GROUP: Final = "storagemigration.k8s.io"
 ALPHA: Final = f"{GROUP}/v1alpha1"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
+DELETE_ATTEMPTS: Final = 30  # a poll apart: a minute with the worker's 2 s
 # Resources kube-controller-manager's garbage collector ignores (graph_builder.go's
 # ignoredResources): its storage version migrator cannot list them.
 UNMIGRATABLE: Final = frozenset({("", "events"), ("events.k8s.io", "events")})
@@ -207,7 +208,8 @@ class StorageMigrationExecutor:
             except ApiError as error:
                 if error.status == NOT_FOUND:
                     reason, message = await self._gone(group_version, name, cancelled)
-                    await append([self._failed(migration, meta(), reason, message)])
+                    if not cancelled():  # a cancelled migration has its end already
+                        await append([self._failed(migration, meta(), reason, message)])
                     return
                 log.warning("reading %s: %s; retrying", name, error)
                 obj = {}
@@ -310,10 +312,22 @@ class StorageMigrationExecutor:
         )
 
     async def _delete(self, path: str, name: str, why: str) -> None:
-        while True:
+        """Delete ``name``, trying again for a while if the cluster is away: its migration
+        has ended, and must not hold the worker's slot for long over a leftover."""
+        for attempt in range(DELETE_ATTEMPTS):
             try:
                 await self.kube.request("DELETE", f"{path}/{name}")
             except ClusterUnreachable as error:  # an apiserver restarting: try again
+                if attempt + 1 == DELETE_ATTEMPTS:
+                    log.warning(
+                        "could not delete StorageVersionMigration %s (%s): %s; delete it"
+                        " by hand (kubectl delete storageversionmigrations %s)",
+                        name,
+                        why,
+                        error,
+                        name,
+                    )
+                    return
                 log.warning("deleting %s: %s; retrying", name, error)
                 await self.clock.sleep(self.poll_seconds)
                 continue

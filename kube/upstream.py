@@ -165,13 +165,17 @@ def parse_lease(obj: Mapping[str, Any]) -> Lease:
         )
     renew = spec.get("renewTime")
     duration = spec.get("leaseDurationSeconds")
+    holder = spec.get("holderIdentity") or ""
+    peer = (metadata.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION) or None
+    if "\x00" in holder or "\x00" in (peer or ""):
+        raise NotUpstream(f"lease {name!r} holds a NUL character, which no event may carry")
     return Lease(
         name,
-        spec.get("holderIdentity") or "",
+        holder,
         labels.get(HOSTNAME_LABEL, ""),
         int(duration) if duration and int(duration) > 0 else None,
         parse_time(renew) if renew else None,
-        (metadata.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION) or None,
+        peer,
     )
 
 

@@ -439,6 +439,10 @@ class Reporter:
             task.cancel()
 
 
+class _WaitedOut(TimeoutError):
+    """A :class:`ThreadedReporter` call's wait ran out (not the call's own timeout)."""
+
+
 async def _cancel_the_rest() -> None:
     """Cancel the loop's other tasks (a producer's that did not close) and let them end."""
     rest = asyncio.all_tasks() - {asyncio.current_task()}
@@ -489,10 +493,12 @@ class ThreadedReporter:
         try:
             return future.result(self._timeout)
         except TimeoutError:
+            if future.done():
+                raise  # the call's own
             # The work ends with the wait: a call the caller was told had failed must
             # not go on and change the gate later.
             future.cancel()
-            raise
+            raise _WaitedOut from None
 
     @property
     def gate(self) -> WriteGate:
@@ -509,9 +515,9 @@ class ThreadedReporter:
     def start(self) -> None:
         try:
             self._run(self._start())
-        except TimeoutError:
+        except _WaitedOut:
             raise TimeoutError(
-                f"apiserver {self.apiserver_id} did not register in {self._timeout:g} s and"
+                f"apiserver {self.apiserver_id} did not register in {self._timeout} s and"
                 " stopped trying (its writes stay closed); last seen error:"
                 f" {self.gate.error or 'none yet'};"
                 f" is Kafka at {self._producer.settings.bootstrap_servers} reachable?"
@@ -549,7 +555,8 @@ class ThreadedReporter:
         try:
             self.start()
         except BaseException:
-            self.stop()  # no exit follows a failed entry: end the thread here
+            with contextlib.suppress(TimeoutError):  # the start's error is the one to tell
+                self.stop()  # no exit follows a failed entry: end the thread here
             raise
         return self
 

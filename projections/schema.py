@@ -284,8 +284,9 @@ projection_checkpoints: Final = Table(
 database_identity: Final = Table(
     "database_identity",
     metadata,
+    Column("singleton", Integer, nullable=False),  # always 1: one row
     Column("database_id", String, nullable=False),
-    PrimaryKeyConstraint("database_id"),
+    PrimaryKeyConstraint("singleton"),
 )
 
 # The projector's fold snapshots (projections.snapshots): one partition's view rows as

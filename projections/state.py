@@ -91,6 +91,9 @@ class Lease:
         return (self.cluster, self.apiserver_id)
 
 
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
 def lease_expired(renew_time: datetime | None, duration_seconds: int | None, now: datetime) -> bool:
     """Upstream's ``isLeaseExpired``: renewed longer than its duration before ``now``, or
     without a renew time or a duration (a Lease object may lack either; the ledger's
@@ -101,9 +104,9 @@ def lease_expired(renew_time: datetime | None, duration_seconds: int | None, now
     """
     if renew_time is None or duration_seconds is None:
         return True
-    # Subtracted, not added: a renew time near the calendar's end plus a duration
-    # would overflow it.
-    return now - renew_time > timedelta(seconds=duration_seconds)
+    # In whole microseconds: a renew time near the calendar's end plus a duration, or a
+    # duration past what a timedelta holds, would overflow.
+    return (now - renew_time) // _MICROSECOND > duration_seconds * 1_000_000
 
 
 @_pickled_as_fields

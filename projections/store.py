@@ -51,6 +51,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 
 from ledger.events import EVENT_TYPES, ApiserverHeartbeat, Event, Position, type_name
 from projections.fold import subject
@@ -378,11 +379,16 @@ def _count_renewals(
 def database_id(connection: Connection) -> str:
     """The database's own random ID (``database_identity``), the same by every URL; a
     new one if its row was deleted (the tables emptied by hand)."""
-    found: str | None = connection.execute(select(database_identity.c.database_id)).scalar()
+    query = select(database_identity.c.database_id)
+    found: str | None = connection.execute(query).scalar()
     if found is None:
-        found = uuid.uuid4().hex[:12]
-        connection.execute(insert(database_identity).values(database_id=found))
-        connection.commit()
+        try:
+            row = {"singleton": 1, "database_id": uuid.uuid4().hex[:12]}
+            connection.execute(insert(database_identity).values(row))
+            connection.commit()
+        except IntegrityError:  # another projector made it meanwhile: the one row
+            connection.rollback()
+        found = connection.execute(query).scalar_one()
     return found
 
 

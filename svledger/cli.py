@@ -177,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # Its reader left (`svledger explain ... | head`): say nothing more, as a shell
         # tool does, and let nothing flush into the closed pipe at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 1
     except UsageError as error:
         command: argparse.ArgumentParser = args.command_parser

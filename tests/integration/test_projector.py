@@ -173,13 +173,17 @@ async def test_projectors_of_two_databases_each_project_every_partition(
     for url in urls:
         database.upgrade(url)
     first, second, reference = (create_engine(url) for url in urls)
-    async with projecting(settings, urls[0]) as one, projecting(settings, urls[1]) as two:
-        records = await append(settings, list(mixed_events(2_000, clusters=12, seed=2)))
-        await caught_up(first, one, next_offsets(records))
-        await caught_up(second, two, next_offsets(records))
-    assert one.group_id != two.group_id
-    expected = reference_snapshot(reference, records, settings.topic)
-    assert snapshot(first) == expected and snapshot(second) == expected
+    try:
+        async with projecting(settings, urls[0]) as one, projecting(settings, urls[1]) as two:
+            records = await append(settings, list(mixed_events(2_000, clusters=12, seed=2)))
+            await caught_up(first, one, next_offsets(records))
+            await caught_up(second, two, next_offsets(records))
+        assert one.group_id != two.group_id
+        expected = reference_snapshot(reference, records, settings.topic)
+        assert snapshot(first) == expected and snapshot(second) == expected
+    finally:
+        for db in (first, second, reference):
+            db.dispose()
 
 
 async def test_a_restarted_projector_resumes_from_its_checkpoint(

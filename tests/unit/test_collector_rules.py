@@ -359,6 +359,13 @@ def test_an_identity_lease_outside_kube_system_is_not_upstreams() -> None:
         parse_lease({**obj, "metadata": {**obj["metadata"], "namespace": "default"}})
 
 
+def test_a_lease_whose_holder_holds_a_nul_character_is_passed_over() -> None:
+    """No event may carry one (no database's text can store it): the lease is ignored,
+    as a malformed one is, rather than failing every append of the collector."""
+    with pytest.raises(NotUpstream, match="NUL character"):
+        parse_lease(lease_object("apiserver-a", "a\x00_1", T0))
+
+
 def test_another_components_lease_is_not_an_apiserver_identity_lease() -> None:
     # Upstream's apiserverleasegc Test_Controller: a lease labelled for another
     # component is never the apiserver lease GC's, however long expired.

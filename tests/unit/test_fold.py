@@ -467,8 +467,10 @@ def test_a_heartbeat_with_a_duration_no_lease_may_have_leaves_the_lease_as_it_wa
     assert log.state.leases[("east", "1")] == lease
     [rejection] = changes.rejections
     assert f"lease_duration_seconds {duration} " in rejection.reason and why in rejection.reason
-    # Nor does a renew time at the calendar's end overflow it.
+    # Nor does a renew time at the calendar's end, or such a duration (in a fold snapshot
+    # of an older svledger), overflow the expiry check.
     assert not lease_expired(datetime.max.replace(tzinfo=UTC), 3600, meta.occurred_at)
+    assert not lease_expired(meta.occurred_at, 2**62, meta.occurred_at + timedelta(days=1))
 
 
 # --- reports ---------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from kube.client import ApiError
 from kube.executor import ALPHA, GROUP, migration_object
+from ledger.codec import decode, encode
+from ledger.events import Meta, MigrationFailed
 from projections.state import Migration
 
 START = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
@@ -31,3 +34,14 @@ def test_v1alpha1_names_the_version_discovery_prefers_not_the_target() -> None:
     assert obj["spec"] == {
         "resource": {"group": "apps", "version": "v1", "resource": "deployments"}
     }
+
+
+def test_a_refusal_quoting_a_nul_character_can_still_fail_its_migration() -> None:
+    """An API server's Status may quote the value it refused; the MigrationFailed that
+    carries its words must still encode (the codec refuses NUL)."""
+    refused = ApiError(422, 'ConfigMap "a" is invalid: data[k]: Invalid value: "x\x00y"')
+    failed = MigrationFailed(
+        Meta.new("east", "svledger-worker", START), "0b7c", 0, None, "Invalid", str(refused)
+    )
+    assert decode(encode(failed)) == failed
+    assert "x\\u0000y" in str(refused)

@@ -26,10 +26,11 @@ depends_on = None
 def upgrade() -> None:
     table = op.create_table(
         "database_identity",
+        sa.Column("singleton", sa.Integer(), nullable=False),  # always 1: one row
         sa.Column("database_id", sa.String(), nullable=False),
-        sa.PrimaryKeyConstraint("database_id"),
+        sa.PrimaryKeyConstraint("singleton"),
     )
-    op.bulk_insert(table, [{"database_id": uuid.uuid4().hex[:12]}])
+    op.bulk_insert(table, [{"singleton": 1, "database_id": uuid.uuid4().hex[:12]}])
 
 
 def downgrade() -> None:
