@@ -136,7 +136,7 @@ class StorageMigrationExecutor:
     kube: Kube
     clock: Clock
     #: Runs the migrations of :data:`UNMIGRATABLE` resources (the rewrite executor).
-    rewriter: Executor | None = None
+    rewriter: Executor
     poll_seconds: float = 2.0
     #: How long an object may wait for a controller to take it (see :meth:`run`).
     controller_wait_seconds: float = 300.0
@@ -148,19 +148,12 @@ class StorageMigrationExecutor:
             return Meta.new(migration.cluster, SOURCE, self.clock.now())
 
         if (migration.group, migration.resource) in UNMIGRATABLE:
-            if self.rewriter is not None:
-                log.info(
-                    "rewriting %s.%s itself: kube-controller-manager's migrator cannot list them",
-                    migration.resource,
-                    migration.group or "core",
-                )
-                await self.rewriter.run(migration, append=append, cancelled=cancelled)
-                return
-            message = (
-                "kube-controller-manager's migrator cannot migrate events (its garbage"
-                " collector ignores them); use --executor rewrite"
+            log.info(
+                "rewriting %s.%s itself: kube-controller-manager's migrator cannot list them",
+                migration.resource,
+                migration.group or "core",
             )
-            await append([self._failed(migration, meta(), "NotMigratable", message)])
+            await self.rewriter.run(migration, append=append, cancelled=cancelled)
             return
         try:
             await self._run(migration, append, meta, cancelled)

@@ -198,11 +198,18 @@ def history(
 
 
 def _start(connection: Connection, key: ResourceKey) -> StorageVersion | None:
-    """``key``'s StorageVersion in the fold snapshot its history begins at, if any."""
+    """``key``'s StorageVersion in the fold snapshot its history begins at, if any: only
+    its cluster's partition's snapshot is read (a cluster's events are in one)."""
+    events = ledger_events.c
+    partition = connection.scalar(
+        select(events.log_partition).where(events.cluster == key[0]).limit(1)
+    )
+    if partition is None:
+        return None
     return next(
         (
             storage_version
-            for rows in history_starts(connection)
+            for rows in history_starts(connection, partition)
             for storage_version in rows[1]
             if storage_version.key == key
         ),

@@ -519,23 +519,25 @@ def _seen_before_history(connection: Connection) -> list[SeenEvent]:
     return [seen for rows in history_starts(connection) for seen in rows[4]]
 
 
-def history_starts(connection: Connection) -> list[Rows]:
+def history_starts(connection: Connection, partition: int | None = None) -> list[Rows]:
     """The rows of the fold snapshots the database's history begins at: per partition,
     the latest sound snapshot at or before its first ``ledger_events`` row (any such
     snapshot holds only what happened before it, so taking one is never wrong; one is
-    needed where a replay started from it, whose history has nothing before it)."""
+    needed where a replay started from it, whose history has nothing before it); with
+    ``partition``, of that partition only."""
     table = fold_snapshots
     found: list[Rows] = []
-    for projection, topic, partition in connection.execute(
-        select(table.c.projection, table.c.topic, table.c.log_partition).distinct()
-    ):
+    query = select(table.c.projection, table.c.topic, table.c.log_partition).distinct()
+    if partition is not None:
+        query = query.where(table.c.log_partition == partition)
+    for projection, topic, number in connection.execute(query):
         first = connection.scalar(
             select(func.min(ledger_events.c.log_offset)).where(
-                ledger_events.c.topic == topic, ledger_events.c.log_partition == partition
+                ledger_events.c.topic == topic, ledger_events.c.log_partition == number
             )
         )
         start = latest_snapshot(
-            connection, projection, topic, partition, limit=_NO_LIMIT if first is None else first
+            connection, projection, topic, number, limit=_NO_LIMIT if first is None else first
         )
         if start is not None:
             found.append(start[1])

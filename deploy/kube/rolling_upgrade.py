@@ -271,11 +271,9 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
         clients_stop = asyncio.Event()
         created: list[str] = []
         believed: dict[str, bool] = {}
-        executor: Executor = (
-            Rewriter(KubernetesTarget(kube), SystemClock(), chunk_size=50)
-            if executor_name == "rewrite"
-            else StorageMigrationExecutor(kube, SystemClock())
-        )
+        executor: Executor = Rewriter(KubernetesTarget(kube), SystemClock(), chunk_size=50)
+        if executor_name == "storagemigration":  # as `svledger worker` makes it
+            executor = StorageMigrationExecutor(kube, SystemClock(), executor)
         tasks: list[Coroutine[Any, Any, object]] = [
             run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock()),
             run_projector(settings, db_url, stop=stop, group=False),

@@ -264,7 +264,7 @@ def _worker(args: argparse.Namespace) -> int:
             KubernetesTarget(kube), clock, chunk_size=args.chunk_size or CHUNK_SIZE
         )
         if args.executor == "storagemigration":  # events are still rewritten by svledger
-            executor = StorageMigrationExecutor(kube, clock, rewriter=executor)
+            executor = StorageMigrationExecutor(kube, clock, executor)
         try:
             await run_worker(
                 settings,

@@ -42,6 +42,12 @@ class Appended(list[Event]):
         self.extend(events)
 
 
+def in_tree(kube: Kube, **options: float) -> StorageMigrationExecutor:
+    """The in-tree executor as the worker makes it: events go to the rewrite executor."""
+    clock = SystemClock()
+    return StorageMigrationExecutor(kube, clock, Rewriter(KubernetesTarget(kube), clock), **options)
+
+
 def migration(phase: Phase) -> Migration:
     return Migration(
         "east", "m-1", "apps", "deployments", "apps/v1", "h", "0:1", phase, 0, None, None,
@@ -61,7 +67,7 @@ async def test_a_migration_cancelled_while_its_cluster_is_away_ends(
         polls += 1
         return polls > 3  # cancelled after a few attempts to reach the cluster
 
-    executor = StorageMigrationExecutor(away, SystemClock(), poll_seconds=0.01)
+    executor = in_tree(away, poll_seconds=0.01)
     await asyncio.wait_for(
         executor.run(migration(phase), append=appended, cancelled=cancelled), timeout=30
     )
@@ -78,7 +84,7 @@ async def untrusted_fails(kubeconfig: Path, tmp_path: Path) -> None:
     kube = await connect(str(untrusted))
     appended = Appended()
     try:
-        executor = StorageMigrationExecutor(kube, SystemClock(), poll_seconds=0.2)
+        executor = in_tree(kube, poll_seconds=0.2)
         run = executor.run(migration("Pending"), append=appended, cancelled=lambda: False)
         await asyncio.wait_for(run, timeout=60)
     finally:
@@ -97,9 +103,7 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
     appended = Appended()
     with LocalCluster(1) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
-        executor = StorageMigrationExecutor(
-            kube, SystemClock(), poll_seconds=0.2, controller_wait_seconds=3
-        )
+        executor = in_tree(kube, poll_seconds=0.2, controller_wait_seconds=3)
         path = f"/apis/{GROUP}/v1/storageversionmigrations"
         try:
             # An API server the kubeconfig's CA does not verify: asking again would not help.
@@ -157,10 +161,7 @@ async def test_a_finished_migration_leaves_no_object_and_events_are_rewritten_by
     with LocalCluster(1) as cluster:
         cluster.start_controller_manager()
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
-        clock = SystemClock()
-        executor = StorageMigrationExecutor(
-            kube, clock, rewriter=Rewriter(KubernetesTarget(kube), clock), poll_seconds=0.5
-        )
+        executor = in_tree(kube, poll_seconds=0.5)
         path = f"/apis/{GROUP}/v1/storageversionmigrations"
         try:
             events = dataclasses.replace(
@@ -197,7 +198,7 @@ async def test_a_migration_on_a_cluster_that_does_not_serve_the_api_fails_saying
     off = [f"--runtime-config={GROUP}/v1=false"]
     with LocalCluster(1, extra_apiserver_args=off) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
-        executor = StorageMigrationExecutor(kube, SystemClock(), poll_seconds=0.2)
+        executor = in_tree(kube, poll_seconds=0.2)
         try:
             await asyncio.wait_for(
                 executor.run(migration("Pending"), append=appended, cancelled=lambda: False),
