@@ -69,6 +69,7 @@ import inspect
 import itertools
 import logging
 import operator
+import random
 import ssl
 from collections.abc import (
     AsyncGenerator,
@@ -139,6 +140,7 @@ TRANSACTION_TIMEOUT_SECONDS: Final = 60.0
 STOP_TIMEOUT_SECONDS: Final = 10.0
 METADATA_MAX_AGE_MS: Final = 5_000  # a reader's metadata refresh (ledger_consumer)
 DEAD_LETTER_SENDERS: Final = "svledger-dead-letters"  # prefix of their transactional IDs
+DEAD_LETTER_ATTEMPTS: Final = 10
 
 
 Headers: TypeAlias = list[tuple[str, bytes]]
@@ -146,6 +148,11 @@ Headers: TypeAlias = list[tuple[str, bytes]]
 
 class BrokerUnavailable(Unavailable):
     """Kafka could not be reached within the connect timeout."""
+
+
+class DeadLettersUnsent(BrokerUnavailable):
+    """A partition's dead letters could not be sent: the broker is away or refuses the
+    transaction. The records that hold them are read again, as after any broker outage."""
 
 
 class TopicMissing(Unavailable):
@@ -1630,7 +1637,7 @@ class DeadLetters:
         return sent
 
     async def _send_partition(self, partition: int, letters: list[tuple[Any, str]]) -> int:
-        for attempt in range(3):
+        for attempt in itertools.count(1):
             producer, sent_until = await self._sender(partition)
             todo = [(m, r) for m, r in letters if m.offset >= sent_until]
             if not todo:
@@ -1648,11 +1655,27 @@ class DeadLetters:
             try:
                 await producer.commit(records)
             except TransactionFailed as error:
-                log.warning("dead letters of partition %d: %s; checking again", partition, error)
                 await producer.stop()
                 del self._senders[partition]
-                if attempt == 2:
-                    raise
+                if attempt == DEAD_LETTER_ATTEMPTS:
+                    raise DeadLettersUnsent(
+                        f"the dead letters of {self.settings.topic}:{partition} were not sent"
+                        f" to {self.settings.dlq_topic} in {attempt} attempts (last: {error});"
+                        " check that the broker is up and its log; they are sent when the"
+                        " records are read again"
+                    ) from error
+                # Readers of one partition (projectors of two databases, replays) send its
+                # dead letters at once: each new producer fences the others, so they wait
+                # a random while, growing, before starting again, and one gets through.
+                pause = random.uniform(0, min(2.0, 0.05 * 2**attempt))
+                log.warning(
+                    "dead letters of %s:%d: %s; checking again in %.2f s",
+                    self.settings.topic,
+                    partition,
+                    error,
+                    pause,
+                )
+                await asyncio.sleep(pause)
                 continue
             self._senders[partition] = (producer, todo[-1][0].offset + 1)
             return len(todo)

@@ -7,16 +7,21 @@ prefix it names, a ``--cluster`` replay the fold of that cluster's events.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import os
 import re
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sqlalchemy import Engine
 
 from ledger.events import Event, Position
-from ledger.kafka import create_topics, partition_of
+from ledger.kafka import create_topics, partition_of, topic_partitions
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections import store
@@ -233,6 +238,87 @@ async def test_the_helpers_send_their_dead_letters_and_log_through_the_parent(
         db.dispose()
 
 
+async def test_replays_side_by_side_each_finish_and_send_each_dead_letter_once(
+    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+) -> None:
+    # Every reader of a partition sends its dead letters under one transactional ID,
+    # so readers side by side (replays, projectors of two databases) fence each other:
+    # the one fenced waits and checks again instead of failing.
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=2)
+    await create_topics(settings)
+    records = await append(settings, mixed_events(200, clusters=4, seed=6))
+    garbage = []
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for partition, number in itertools.product(range(settings.partitions), range(3)):
+            sent = await producer.send_and_wait(
+                settings.topic, b"\x00not avro %d" % number, key=b"c", partition=partition
+            )
+            garbage.append((sent.partition, sent.offset))
+    finally:
+        await producer.stop()
+    environment = dict(
+        os.environ, SVLEDGER_KAFKA_BOOTSTRAP=kafka_bootstrap, SVLEDGER_TOPIC=settings.topic
+    )
+    replays = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "svledger",
+            "--log-format",
+            "text",
+            "replay",
+            "--db",
+            f"sqlite:///{tmp_path / f'replay{number}.db'}",
+            "--no-progress",
+            env=environment,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for number in range(5)
+    ]
+    for process in replays:
+        _, stderr = await process.communicate()
+        assert process.returncode == 0, stderr.decode()
+    for number in range(5):
+        db = engine(f"sqlite:///{tmp_path / f'replay{number}.db'}")
+        try:
+            assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+        finally:
+            db.dispose()
+    assert sorted(await dead_letter_sources(settings)) == sorted(garbage)
+
+
+async def dead_letter_sources(settings: KafkaSettings) -> list[tuple[int, int]]:
+    """The source position of every dead letter in ``settings``' dead-letter topic."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(settings.dlq_topic, partition)
+            for partition in await topic_partitions(settings, settings.dlq_topic)
+        ]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        letters = []
+        for partition in partitions:
+            while await consumer.position(partition) < ends[partition]:
+                letters += (await consumer.getmany(partition, timeout_ms=1000)).get(partition, [])
+    finally:
+        await consumer.stop()
+    return [
+        (
+            int(dict(m.headers)["svledger-dlq-partition"]),
+            int(dict(m.headers)["svledger-dlq-offset"]),
+        )
+        for m in letters
+    ]
+
+
 async def test_a_replay_of_one_cluster_leaves_the_dead_letters_to_whole_readers(
     kafka_bootstrap: str, unique_topic: str, database_url: str, db: Engine
 ) -> None:
@@ -260,22 +346,7 @@ async def test_a_replay_of_one_cluster_leaves_the_dead_letters_to_whole_readers(
     clear(db)
     await replay(settings, database_url, progress=False)
     assert snapshot(db) == reference_snapshot(db, records, settings.topic)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    try:
-        partition = TopicPartition(settings.dlq_topic, 0)  # where partition 0's letters go
-        consumer.assign([partition])
-        end = (await consumer.end_offsets([partition]))[partition]
-        letters = []
-        while await consumer.position(partition) < end:
-            letters += (await consumer.getmany(timeout_ms=1000)).get(partition, [])
-    finally:
-        await consumer.stop()
-    assert sorted(int(dict(m.headers)["svledger-dlq-offset"]) for m in letters) == garbage
+    assert sorted(await dead_letter_sources(settings)) == [(0, offset) for offset in garbage]
 
 
 async def test_a_database_holding_a_projection_is_refused_without_from_snapshot(
