@@ -77,7 +77,6 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from ledger import metrics
-from ledger.codec import CodecError, decode
 from ledger.events import Event, Meta, Position, type_name
 from ledger.kafka import (
     BROKER_ERRORS,
@@ -638,16 +637,15 @@ class PartitionFollower:
         for message in messages:
             if partition_log.lost or message.offset < partition_log.position:
                 continue
-            try:
-                event = decode(message.value or b"")
-            except CodecError as error:
+            read = decode_message(message)  # refused as by every reader: folded by none
+            if isinstance(read, str):
                 log.warning(
                     "skipping undecodable record %d@%d: %s",
                     message.partition,
                     message.offset,
-                    error,
+                    read,
                 )
                 continue
-            changes = apply(partition_log.state, event, Position(message.partition, message.offset))
-            folded.append((event, changes))
+            changes = apply(partition_log.state, read.event, read.position)
+            folded.append((read.event, changes))
         return folded

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumers.partitions import PartitionFollower
 from ledger.clock import SystemClock, VirtualClock
 from ledger.codec import CodecError, decode
 from ledger.events import (
@@ -33,11 +34,13 @@ from ledger.events import (
     type_name,
 )
 from ledger.gate import WriteGateMiddleware
+from ledger.identity import apiserver_id
 from ledger.kafka import (
     DLQ_OFFSET_HEADER,
     DLQ_PARTITION_HEADER,
     DLQ_REASON_HEADER,
     DLQ_TOPIC_HEADER,
+    TIME_HEADER,
     TYPE_HEADER,
     BrokerUnavailable,
     EventConsumer,
@@ -415,6 +418,60 @@ async def test_undecodable_and_mislabelled_records_go_to_the_dlq_and_the_stream_
         assert int(headers[DLQ_PARTITION_HEADER]) == origin.partition
         assert int(headers[DLQ_OFFSET_HEADER]) == origin.offset
     assert dict(dead[0].headers)[TYPE_HEADER] == b"Nonsense"  # original headers kept
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [{"events": False}, {"renewals": False}, {}],
+    ids=["state (lease GC, worker)", "events but renewals (migrator)", "events (collector)"],
+)
+async def test_every_consumer_folds_none_of_the_records_the_projector_dead_letters(
+    kafka_bootstrap: str, unique_topic: str, mode: dict[str, bool]
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    await create_topics(settings)
+    now = SystemClock().now()
+
+    def heartbeat(host: str) -> ApiserverHeartbeat:
+        server = apiserver_id(host)
+        return ApiserverHeartbeat(
+            Meta.new("prod", server, now), server, f"{server}_1", host, 60, now
+        )
+
+    good, after = heartbeat("cp-0"), heartbeat("cp-1")
+    lying_time = to_record(heartbeat("cp-3"))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        sent = [
+            await producer.send_and_wait(unique_topic, value, key=key, headers=headers)
+            for key, value, headers in (
+                to_record(good),
+                to_record(heartbeat("cp-2"))._replace(key=None),
+                lying_time._replace(
+                    headers=[
+                        (name, b"\0" * 8) if name == TIME_HEADER else (name, value)
+                        for name, value in lying_time.headers
+                    ]
+                ),
+                to_record(after),
+            )
+        ]
+    finally:
+        await producer.stop()
+
+    follower = PartitionFollower(
+        settings, group_id=unique_topic, transactional_prefix=unique_topic, **mode
+    )
+    stop = asyncio.Event()
+    async with follower, asyncio.timeout(60):
+        async for folded in follower.batches(stop):
+            if folded.log.caught_up:
+                stop.set()
+        [partition_log] = follower.logs.values()
+        partition_log.settle()
+    expected = fold([(good, Position(0, sent[0].offset)), (after, Position(0, sent[3].offset))])
+    assert partition_log.state == expected
 
 
 async def test_one_clusters_log_is_read_by_key_passing_the_others_over_undecoded(
