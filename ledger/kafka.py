@@ -87,6 +87,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol, Self, TypeAlias, T
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as TopicPartition  # re-exported: a partition of any topic
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
@@ -130,7 +131,8 @@ DLQ_OFFSET_HEADER: Final = "svledger-dlq-offset"
 FENCE_HEADER: Final = "svledger-fence"
 
 # Retention forever and no compaction: the history is the product.
-TOPIC_CONFIG: Final = {"retention.ms": "-1", "cleanup.policy": "delete"}
+# Kept for ever, never compacted: the ledger's history is its records.
+TOPIC_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 _TOPIC_ALREADY_EXISTS: Final = 36
 _UNKNOWN_TOPIC: Final = 3
@@ -157,6 +159,11 @@ class DeadLettersUnsent(BrokerUnavailable):
 
 class TopicMissing(Unavailable):
     """The topic to consume does not exist on the broker."""
+
+
+class TopicForgets(Unavailable):
+    """The events topic exists but does not keep its records for ever (compacted, or a
+    finite retention): the broker would delete the ledger's history."""
 
 
 GRANT_HINT: Final = "grant its role's ACLs with deploy/kafka/acls.py (docs/production.md)"
@@ -545,8 +552,44 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
                     f"replication factor {settings.replication_factor}): {message}"
                 )
         await _await_leaders(admin, settings, list(wanted))
+        await _check_kept(admin, settings)
     finally:
         await admin.close()
+
+
+async def _check_kept(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> None:
+    """Raise :class:`TopicForgets` if the events topic would delete records.
+
+    A topic found, not created here, may have been made otherwise: by a producer on a
+    broker that creates topics on first use (Kafka's default), with the broker's
+    defaults (seven days' retention), or by hand.
+    """
+    topic = settings.topic
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, dict.fromkeys(TOPIC_CONFIG))
+    (response,) = await admin.describe_configs([resource])
+    for code, message, _, _, entries in response.resources:
+        if code == _TOPIC_AUTHORIZATION_FAILED:
+            raise NotAuthorized(
+                settings, "DescribeConfigs", f"topic {topic!r}", "TopicAuthorizationFailed"
+            )
+        if code:
+            raise KafkaError(
+                f"cannot read the settings of topic {topic!r}: "
+                f"{message or for_code(code).description}"
+            )
+        wrong = {
+            name: value for name, value, *_ in entries if TOPIC_CONFIG.get(name, value) != value
+        }
+        if wrong:
+            found = ", ".join(f"{name}={value}" for name, value in sorted(wrong.items()))
+            wanted = ",".join(f"{name}={value}" for name, value in TOPIC_CONFIG.items())
+            raise TopicForgets(
+                f"topic {topic!r} on {settings.bootstrap_servers!r} does not keep its records"
+                f" for ever ({found}): the broker would delete the ledger's history. Run"
+                f" kafka-configs.sh --bootstrap-server {settings.bootstrap_servers} --alter"
+                f" --entity-type topics --entity-name {topic} --add-config {wanted}; records"
+                " deleted already are gone (a replay then starts where the log does)"
+            )
 
 
 async def _await_leaders(
@@ -708,6 +751,7 @@ class EventProducer:
         self._max_batch_size = max_batch_size
         self._connect_timeout = connect_timeout
         self._producer: AIOKafkaProducer | None = None
+        self._found: set[str] = set()  # topics found to exist
 
     def _make(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -756,6 +800,17 @@ class EventProducer:
     async def _enqueue(self, event: Event) -> tuple[str, asyncio.Future[Any]]:
         key, value, headers = to_record(event)
         topic = self.settings.write_topic(event.meta.cluster)
+        if topic not in self._found:
+            # aiokafka asks for a topic's metadata in a way that has a broker which creates
+            # topics on first use (Kafka's default) create it, with the broker's defaults
+            # (one partition, seven days' retention): ask first, without creating it.
+            try:
+                await topic_partitions(self.settings, topic)
+            except NotAuthorized as refused:  # Describe, which Write would grant
+                raise NotAuthorized(
+                    self.settings, "Write", f"topic {topic!r}", "TopicAuthorizationFailed"
+                ) from refused
+            self._found.add(topic)
         with self._refusals(topic):
             future: asyncio.Future[Any] = await self.producer.send(
                 topic, value=value, key=key, headers=headers

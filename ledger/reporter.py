@@ -76,7 +76,7 @@ from ledger.events import (
 )
 from ledger.gate import GroupResource, WriteGate
 from ledger.identity import apiserver_id, check_hostname, holder_identity
-from ledger.kafka import BROKER_ERRORS, EventProducer, unless_stopped
+from ledger.kafka import BROKER_ERRORS, EventProducer, TopicMissing, unless_stopped
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from ledger.validation import LEASE_DURATION_MAX, InvalidReport, check_report
@@ -227,10 +227,11 @@ class Reporter:
     async def start(self) -> None:
         """Join (heartbeat acknowledged), report every resource, then open the gate.
 
-        While the broker cannot take the registration (down, restarting, unreachable) it
-        tries again every heartbeat interval, with the gate closed, and returns once the
-        registration has landed: the API server serves no write of a resource whose
-        storage version is not on record, and needs no restart when Kafka comes back.
+        While the broker cannot take the registration (down, restarting, unreachable, the
+        topic not created yet) it tries again every heartbeat interval, with the gate
+        closed, and returns once the registration has landed: the API server serves no
+        write of a resource whose storage version is not on record, and needs no restart
+        when Kafka comes back.
         A :meth:`stop` meanwhile ends it at once, not ready.
         """
         if self._loop_task is not None:
@@ -245,7 +246,7 @@ class Reporter:
                     if not await unless_stopped(self._connected_register(), self._stopping):
                         return
                     break
-                except BROKER_ERRORS as error:
+                except (*BROKER_ERRORS, TopicMissing) as error:  # may be created meanwhile
                     self._failed(error)
                     log.warning(
                         "apiserver %s cannot register yet (the write gate stays closed), "

@@ -166,7 +166,10 @@ def grants(
             return [Grant("topic", topic, LITERAL, read)]
         case _:  # setup
             return [
-                *(Grant("topic", name, LITERAL, ("Create", "Describe")) for name in (topic, dlq)),
+                # DescribeConfigs: ``topics create`` checks an events topic it finds keeps
+                # its records for ever
+                Grant("topic", topic, LITERAL, ("Create", "Describe", "DescribeConfigs")),
+                Grant("topic", dlq, LITERAL, ("Create", "Describe")),
                 Grant("topic", f"{topic}.inbox.", PREFIXED, ("Create", "Describe")),  # --inbox
             ]
 

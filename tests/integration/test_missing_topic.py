@@ -7,13 +7,26 @@ error per metadata attempt, before it gives up.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from deploy.kafka.broker import LocalKafka
+from ledger.events import Meta, StorageStateReset
+from ledger.kafka import (
+    TOPIC_CONFIG,
+    EventProducer,
+    TopicMissing,
+    create_topics,
+    topic_partitions,
+)
+from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 
 # Far below the client's 40 s request timeout, far above a normal start: a run past it
@@ -80,3 +93,65 @@ async def test_an_unreachable_broker_is_broker_unavailable_naming_it(
     settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", topic="svledger.events")
     with pytest.raises(kafka.BrokerUnavailable, match=r"cannot reach Kafka at '127\.0\.0\.1:1'"):
         await getattr(kafka, reader)(settings)
+
+
+async def test_a_producer_asks_for_its_topic_and_never_has_it_created() -> None:
+    # Kafka's default broker creates a topic a client asks metadata of, with the broker's
+    # defaults (one partition, seven days' retention): history would silently expire.
+    broker = LocalKafka(overrides={"auto.create.topics.enable": "true"}).start()
+    try:
+        settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic="svledger.events")
+        event = StorageStateReset(Meta.new("prod", "test", datetime.now(UTC)), "", "pods", "r")
+        async with EventProducer(settings) as producer:
+            with pytest.raises(TopicMissing, match="svledger topics create"):
+                await producer.send(event)
+        with pytest.raises(TopicMissing):
+            await topic_partitions(settings)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"cleanup.policy": "compact"}, {"retention.ms": "604800000"}, {"retention.bytes": "1000000"}],
+    ids=["compacted", "seven-days", "a-megabyte"],
+)
+async def test_topics_create_refuses_an_events_topic_that_does_not_keep_its_records(
+    config: dict[str, str], kafka_bootstrap: str, unique_topic: str
+) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        kept_but = {**TOPIC_CONFIG, **config}
+        await admin.create_topics([NewTopic(unique_topic, 3, 1, topic_configs=kept_but)])
+    finally:
+        await admin.close()
+    argv = ["topics", "create", "--bootstrap", kafka_bootstrap, "--topic", unique_topic]
+    done = subprocess.run(
+        [sys.executable, "-m", "svledger", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 69, done.stderr
+    [(name, value)] = config.items()
+    assert f"does not keep its records for ever ({name}={value})" in done.stderr
+    assert "--add-config cleanup.policy=delete,retention.ms=-1,retention.bytes=-1" in done.stderr
+
+
+async def test_a_reporter_started_before_its_topic_exists_opens_its_gate_once_it_does(
+    kafka_bootstrap: str, unique_topic: str
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=1)
+    pods = [ResourceReport("", "pods", "Pod", "v1", ["v1"], ["v1"])]
+    async with EventProducer(settings) as producer:
+        reporter = Reporter("east", "a1", pods, producer, heartbeat_interval=1.0, jitter=0)
+        starting = asyncio.create_task(reporter.start())
+        await asyncio.sleep(2)
+        assert not starting.done()
+        assert unique_topic in reporter.gate.reason("", "pods")  # the 503 names the topic
+        await create_topics(settings)
+        await asyncio.wait_for(starting, 30)
+        assert reporter.ready and reporter.gate.allows("POST", "", "pods")
+        await reporter.stop()
