@@ -76,7 +76,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ledger import metrics
-from ledger.errors import Unavailable
+from ledger.errors import Unavailable, UsageError
 from ledger.events import from_micros, micros
 from ledger.kafka import (
     BROKER_ERRORS,
@@ -85,6 +85,7 @@ from ledger.kafka import (
     Messages,
     Record,
     drop_fetch,
+    end_offsets,
     first_at,
     max_time,
 )
@@ -153,6 +154,36 @@ class Projection:
             {p: None if t is None else micros(t) for p, t in times.items()},
             snapshot_every,
         )
+
+    def check_within(self, ends: Mapping[int, int], db_shown: str) -> None:
+        """Raise :class:`NotThisLog` if a checkpoint is past its partition's end (``ends``:
+        last stable offsets, which a checkpoint never passes).
+
+        The checkpoints name the topic, not one incarnation of it: if the topic was
+        deleted and created again, its offsets start over, the consumer's position past
+        the end is reset to the beginning, and the fold would skip every record below the
+        old checkpoint as already in the views, silently. A topic that has grown past
+        the old checkpoints by then is not told apart (Kafka's topic IDs are not read).
+        """
+        past = {p: o for p, o in sorted(self.next_offsets.items()) if o > ends.get(p, 0)}
+        if past:
+            found = ", ".join(
+                f"partition {p} up to offset {o}, which now ends at {ends[p]}"
+                if p in ends
+                else f"partition {p}, which the topic no longer has"
+                for p, o in past.items()
+            )
+            raise NotThisLog(
+                f"the views in {db_shown} were projected from topic {self.topic!r} further"
+                f" than it reaches now ({found}): the topic was deleted and created again, or"
+                " this is another broker's. They are not this log's views: replay the topic"
+                " into a fresh database (svledger replay --db URL), or give the database of"
+                " this topic's views"
+            )
+
+
+class NotThisLog(UsageError):
+    """The database holds the views of a log that went further than the topic does now."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -380,6 +411,8 @@ class Projector:
         db = await self._database(stop)
         if db is None or not await self._reload(stop):
             return
+        assert self._state is not None
+        self._state.check_within(await end_offsets(self.settings), shown(db.url))
         async with EventConsumer(
             self.settings, group_id=self.group_id, start_offsets=self._start_offsets
         ) as consumer:

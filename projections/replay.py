@@ -226,6 +226,7 @@ async def replay(
             with fewer_collections():
                 async with BatchWriter(db_url) as writer:
                     ends = await end_offsets(settings)  # where the log ends as replay starts
+                    projection.check_within(ends, shown(db.url))
                     if snapshots_from is not None:
                         start = _from_snapshots(
                             settings.topic, ends, snapshots_from, projection, until, cluster
@@ -240,7 +241,7 @@ async def replay(
                         stream=sys.stderr,
                     )
                     own, *shares = span.split(1 + len(helpers.children))
-                    shown = _Shares(bar, 1 + len(shares))
+                    bars = _Shares(bar, 1 + len(shares))
                     result = await helpers.replay(
                         _replay(
                             settings,
@@ -249,12 +250,12 @@ async def replay(
                             projection,
                             until,
                             cluster,
-                            shown.of(0),
+                            bars.of(0),
                             max_batch,
                         ),
                         _Job(settings, db_url, own, until, max_batch, log.getEffectiveLevel()),
                         shares,
-                        shown,
+                        bars,
                     )
         finally:
             db.dispose()
@@ -343,6 +344,15 @@ def _starting_point(
         past = sorted(p for p, o in projection.next_offsets.items() if o > until + 1)
         shown_until = str(until)
     elif isinstance(until, datetime):  # an event before the checkpoint occurred after it
+        unknown = sorted(p for p, t in projection.log_times.items() if t is None)
+        if unknown:
+            raise ReplayError(
+                f"snapshot {db_shown} does not know when the events before its checkpoint"
+                f" occurred in partitions {unknown} (it was projected by an svledger that did"
+                " not record it), so whether it is past --until"
+                f" {until.isoformat()} cannot be told: replay into a fresh database, or give"
+                " --until an offset"
+            )
         limit = micros(until)
         past = sorted(p for p, t in projection.log_times.items() if t is not None and t > limit)
         shown_until = until.isoformat()

@@ -14,7 +14,9 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from hypothesis import HealthCheck, Phase, given, settings
 from sqlalchemy import Engine, create_engine, delete, func, select, text
 
@@ -28,7 +30,8 @@ from ledger.events import (
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database, store
-from projections.projector import Projection, Projector, fold_batch
+from projections.projector import NotThisLog, Projection, Projector, fold_batch
+from projections.replay import replay
 from projections.schema import ledger_events, metadata, rejected_events
 from projections.state import State
 from tests.consumed import consumed_log
@@ -202,6 +205,37 @@ async def test_a_restarted_projector_resumes_from_its_checkpoint(
     assert restarted.metrics.skipped == 0
     assert restarted.metrics.events_folded == len(rest)
     assert snapshot(db) == reference_snapshot(db, first + rest, settings.topic)
+
+
+async def test_views_of_a_topic_deleted_and_created_again_are_refused(
+    kafka_bootstrap: str, unique_topic: str, database_url: str, db: Engine
+) -> None:
+    # The new topic's offsets start over below the checkpoints: read from them, every
+    # record below them would have been skipped as already in the views.
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=2)
+    await create_topics(settings)
+    events = list(mixed_events(400, clusters=4, seed=3))
+    records = await append(settings, events[:300])
+    async with projecting(settings, database_url) as projector:
+        await caught_up(db, projector, next_offsets(records))
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([settings.topic])
+        async with asyncio.timeout(30):
+            while settings.topic in await admin.list_topics():
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    await create_topics(settings)
+    await append(settings, events[300:])
+    before = snapshot(db)
+
+    with pytest.raises(NotThisLog, match=r"deleted and created again.*svledger replay"):
+        await Projector(settings, database_url).run(asyncio.Event())
+    with pytest.raises(NotThisLog, match=f"from topic {settings.topic!r} further than"):
+        await replay(settings, database_url, from_snapshot=True, progress=False)
+    assert snapshot(db) == before
 
 
 async def test_an_undecodable_record_goes_to_the_dlq_and_projection_goes_on(

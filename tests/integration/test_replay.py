@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
 from ledger.events import Event, Position
 from ledger.kafka import create_topics, partition_of, topic_partitions
@@ -28,6 +28,7 @@ from projections import store
 from projections.database import engine, upgrade
 from projections.history import format_history, history
 from projections.replay import ReplayError, parse_until, replay
+from projections.schema import projection_checkpoints
 from tests.integration.test_projector import (
     append,
     clear,
@@ -175,6 +176,22 @@ async def test_a_snapshot_continues_from_its_checkpoint(
     rest = await replay(settings, database_url, from_snapshot=True, progress=False)
     assert 0 < rest.events < len(records)
     assert snapshot(db) == reference_snapshot(db, records, settings.topic)
+
+
+async def test_a_snapshot_that_does_not_know_its_time_is_not_continued_to_a_time(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]], database_url: str, db: Engine
+) -> None:
+    # Projected before the checkpoints recorded a time (schema revision 0003), it may be
+    # past any --until time: continued, it would silently stay past it.
+    settings, records = log
+    await replay(settings, database_url, until=EVENTS // 10, progress=False)
+    with db.begin() as connection:
+        connection.execute(update(projection_checkpoints).values(log_time=None))
+    latest = max(event.meta.occurred_at for event, _ in records)
+    with pytest.raises(ReplayError, match="does not know when the events before its checkpoint"):
+        await replay(settings, database_url, until=latest, from_snapshot=True, progress=False)
+    rest = await replay(settings, database_url, from_snapshot=True, progress=False)
+    assert 0 < rest.events < len(records)
 
 
 async def test_two_processes_replay_what_one_replays(
