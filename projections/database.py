@@ -223,6 +223,21 @@ def _redacted(text: str) -> str:
     return f"{scheme}{separator}{user}{':***' if colon else ''}@{rest}"
 
 
+def one_snapshot(connection: Connection) -> Connection:
+    """``connection``, set to read one snapshot of the database in each transaction.
+
+    For a command that reads in several statements (``explain``: the views, then the
+    history that led to them) while a projector commits batches. PostgreSQL's default,
+    READ COMMITTED, shows each statement the batches committed before it began, so the
+    views could come from one batch and the history from the next; REPEATABLE READ
+    shows the whole transaction what was committed before its first statement. SQLite's
+    transactions (:func:`_begin_sqlite`) read one snapshot already.
+    """
+    if connection.dialect.name == "postgresql":
+        return connection.execution_options(isolation_level="REPEATABLE READ")
+    return connection
+
+
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
     # pysqlite opens transactions implicitly, and only before writes, so a read
     # followed by a write would not be one transaction. Taking over BEGIN

@@ -273,7 +273,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _read_resource(args: argparse.Namespace, read: Callable[[Any], str]) -> str:
-    from projections.database import engine
+    from projections.database import engine, one_snapshot
 
     with engine(args.db).connect() as connection:
-        return read(connection)
+        return read(one_snapshot(connection))

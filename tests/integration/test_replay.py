@@ -7,6 +7,7 @@ prefix it names, a ``--cluster`` replay the fold of that cluster's events.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import logging
@@ -18,17 +19,20 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from sqlalchemy import Engine, update
+from sqlalchemy import Connection, Engine, insert, select, update
 
 from ledger.events import Event, Position
 from ledger.kafka import create_topics, partition_of, topic_partitions
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
+from projections import history as history_module
 from projections import store
 from projections.database import engine, upgrade
-from projections.history import format_history, history
+from projections.history import ResourceKey, format_history, gather, history
 from projections.replay import ReplayError, parse_until, replay
-from projections.schema import projection_checkpoints
+from projections.schema import ledger_events, projection_checkpoints
+from projections.state import StorageVersion
+from svledger.commands.log import _read_resource
 from tests.integration.test_projector import (
     append,
     clear,
@@ -405,6 +409,39 @@ async def test_history_lists_every_event_about_a_resource_in_log_order(
     assert positions == sorted(positions)
     assert own <= set(positions)
     assert all(str(entry.position) in format_history(entries) for entry in entries)
+
+
+async def test_explain_reads_the_views_and_their_history_as_of_one_commit(
+    log: tuple[KafkaSettings, list[tuple[Event, Position]]],
+    database_url: str,
+    db: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # explain reads the views, then the history that led to them: a batch the projector
+    # commits in between must not show in the history of views from before it.
+    settings, records = log
+    await replay(settings, database_url, progress=False)
+    key = (records[0][0].meta.cluster, "apps", "deployments")
+    with db.connect() as connection:
+        last = gather(connection, key).history[-1].position
+    events = ledger_events.c
+    read_start = history_module._start
+
+    def start_then_commit(connection: Connection, key: ResourceKey) -> StorageVersion | None:
+        with db.begin() as writer:  # the projector's next batch, say
+            row = writer.execute(
+                select(ledger_events).where(
+                    events.log_partition == last.partition, events.log_offset == last.offset
+                )
+            ).one()
+            writer.execute(insert(ledger_events).values(**{**row._asdict(), "log_offset": 10**9}))
+        return read_start(connection, key)
+
+    monkeypatch.setattr(history_module, "_start", start_then_commit)
+    arguments = argparse.Namespace(db=database_url)
+    facts = _read_resource(arguments, lambda connection: gather(connection, key))
+    assert facts.history, "a resource with a history"
+    assert all(entry.position.offset < 10**9 for entry in facts.history)
 
 
 def test_until_is_an_offset_or_a_zoned_time() -> None:
