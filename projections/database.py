@@ -58,7 +58,7 @@ def upgrade(url: str) -> None:
     """
     db = _create_engine(url)
     try:
-        with _connect(db) as connection, connection.begin():
+        with _connect(writing(db)) as connection, connection.begin():
             if connection.dialect.name == "postgresql":
                 connection.execute(
                     text("SELECT pg_advisory_xact_lock(:id)"), {"id": _UPGRADE_LOCK_ID}
@@ -257,5 +257,25 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+# The execution option :func:`writing` sets.
+_WRITES: Final = "svledger_writes"
+
+
+def writing(db: Engine) -> Engine:
+    """``db`` for transactions that write: on SQLite they take the write lock as they
+    begin, waiting for another writer's up to the busy timeout.
+
+    A transaction begun deferred takes the lock at its first write; if another
+    connection has written since its first read, SQLite fails that write at once with
+    "database is locked" (waiting could not help: its snapshot is stale), busy timeout
+    or not. Every writer here reads first (the checkpoints it checks, the schema's
+    revision), so two of them (projectors starting together, an upgrade beside a
+    projector) failed each other. Readers stay deferred: one holding the lock for the
+    length of a long read would stall the projector.
+    """
+    return db.execution_options(**{_WRITES: True})
+
+
 def _begin_sqlite(connection: Connection) -> None:
-    connection.exec_driver_sql("BEGIN")
+    writes = connection.get_execution_options().get(_WRITES, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")

@@ -54,7 +54,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from projections import store
-from projections.database import DatabaseUnreachable, engine
+from projections.database import DatabaseUnreachable, engine, writing
 
 PROCESS_AT: Final = 1_000  # events: batches at least this large go to the child
 _LENGTH: Final = 8  # bytes of the big-endian length before each pickled frame
@@ -185,7 +185,7 @@ class _Committer:
         """Commit ``batch``; a failure is returned as one the module docstring lists."""
         try:
             if self._db is None:
-                self._db = engine(self.db_url)
+                self._db = writing(engine(self.db_url))
             store.commit(self._db, batch)
         except store.StaleProjection as refused:
             return refused

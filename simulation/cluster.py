@@ -60,6 +60,7 @@ from ledger.clock import VirtualClock
 from ledger.kafka import EventProducer
 from ledger.names import group_version
 from ledger.reporter import Reporter, ResourceReport
+from projections.database import writing
 from simulation.scenario import (
     Binary,
     Crash,
@@ -92,7 +93,7 @@ class ObjectStore:
     """The objects of one simulated cluster, with the version each is encoded in."""
 
     def __init__(self, engine: Engine, cluster: str) -> None:
-        self._engine = engine
+        self._engine = writing(engine)
         self._cluster = cluster
         metadata.create_all(engine)
         self._revision = 0
