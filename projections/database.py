@@ -81,21 +81,26 @@ def engine(url: str) -> Engine:
             " the database with `svledger db upgrade --db URL`"
         )
     try:
-        with _connect(db) as connection:
-            current = set(MigrationContext.configure(connection).get_current_heads())
+        check_schema(db)
     except BaseException:
         db.dispose()
         raise
+    return db
+
+
+def check_schema(db: Engine) -> None:
+    """Raise :class:`DatabaseNotMigrated` unless ``db``'s schema is at this code's head
+    revision (an older one, or a newer svledger's)."""
+    with _connect(db) as connection:
+        current = set(MigrationContext.configure(connection).get_current_heads())
     expected = set(ScriptDirectory.from_config(_alembic_config()).get_heads())
     if current != expected:
-        db.dispose()
         _refuse_newer(db.url, current)
         found = ", ".join(sorted(current)) or "no schema"
         raise DatabaseNotMigrated(
             f"database {shown(db.url)} is at {found}, this svledger needs revision "
             f"{', '.join(sorted(expected))}; run `svledger db upgrade --db URL` first"
         )
-    return db
 
 
 def _refuse_newer(url: URL, current: Iterable[str]) -> None:

@@ -23,7 +23,10 @@ by :func:`projections.store.commit`. A failed commit reaches the caller as one o
 * :class:`~projections.database.DatabaseUnreachable`: the database is down or the
   connection broke;
 * :class:`WriterLost`: the child died (killed, out of memory). The next large
-  batch starts a new one.
+  batch starts a new one;
+* :class:`~projections.database.DatabaseNotMigrated`: a constraint refused the batch
+  and the schema is no longer the one this code writes (``svledger db upgrade`` of a
+  newer release ran under it): reloading cannot help, the caller stops.
 
 After any of them the caller must reload its state from the database: the batch
 may have committed or not (a child that died after its commit could not say so),
@@ -54,7 +57,13 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from projections import store
-from projections.database import DatabaseUnreachable, engine, writing
+from projections.database import (
+    DatabaseNotMigrated,
+    DatabaseUnreachable,
+    check_schema,
+    engine,
+    writing,
+)
 
 PROCESS_AT: Final = 1_000  # events: batches at least this large go to the child
 _LENGTH: Final = 8  # bytes of the big-endian length before each pickled frame
@@ -186,10 +195,17 @@ class _Committer:
         try:
             if self._db is None:
                 self._db = writing(engine(self.db_url))
-            store.commit(self._db, batch)
+            db = self._db
+            store.commit(db, batch)
         except store.StaleProjection as refused:
             return refused
         except IntegrityError as error:
+            try:  # a constraint of another schema (upgraded under a running projector)?
+                check_schema(db)
+            except DatabaseNotMigrated as changed:
+                return changed
+            except (OperationalError, InterfaceError, DatabaseUnreachable):
+                pass
             return store.StaleProjection(
                 f"the database already holds events of this batch: {_first_line(error)}"
             )

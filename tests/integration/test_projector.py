@@ -30,6 +30,7 @@ from ledger.events import (
 from ledger.kafka import EventProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database, store
+from projections.database import DatabaseNotMigrated
 from projections.projector import NotThisLog, Projection, Projector, fold_batch
 from projections.replay import replay
 from projections.schema import ledger_events, metadata, rejected_events
@@ -236,6 +237,47 @@ async def test_views_of_a_topic_deleted_and_created_again_are_refused(
     with pytest.raises(NotThisLog, match=f"from topic {settings.topic!r} further than"):
         await replay(settings, database_url, from_snapshot=True, progress=False)
     assert snapshot(db) == before
+
+
+async def test_a_projector_whose_schema_a_newer_release_upgraded_stops_saying_so(
+    kafka_bootstrap: str, unique_topic: str, database_url: str, db: Engine
+) -> None:
+    # A newer release's upgrade ran under it, adding a column this one does not write:
+    # its inserts are refused, and reloading (as after another projector's batch) would
+    # loop for ever.
+    settings = kafka_settings(kafka_bootstrap, unique_topic)
+    await create_topics(settings)
+    events = list(mixed_events(2_000, clusters=3, seed=4))
+    records = await append(settings, events[:1_000])
+    projector = Projector(settings, database_url, log_interval=3600)
+    stop = asyncio.Event()
+    running = asyncio.create_task(projector.run(stop))
+    try:
+        await caught_up(db, projector, next_offsets(records))
+        with db.begin() as connection:
+            connection.execute(
+                text("ALTER TABLE ledger_events ADD COLUMN newer TEXT NOT NULL DEFAULT ''")
+            )
+            connection.execute(text("UPDATE alembic_version SET version_num = '9999_newer'"))
+        if db.dialect.name == "postgresql":  # SQLite cannot drop a default: a trigger refuses
+            with db.begin() as connection:
+                connection.execute(
+                    text("ALTER TABLE ledger_events ALTER COLUMN newer DROP DEFAULT")
+                )
+        else:
+            with db.begin() as connection:
+                connection.execute(
+                    text(
+                        "CREATE TRIGGER newer BEFORE INSERT ON ledger_events"
+                        " BEGIN SELECT RAISE(ABORT, 'NOT NULL constraint failed: newer'); END"
+                    )
+                )
+        await append(settings, events[1_000:])
+        with pytest.raises(DatabaseNotMigrated, match="a newer svledger wrote it"):
+            await asyncio.wait_for(running, 60)
+    finally:
+        stop.set()
+        running.cancel()
 
 
 async def test_an_undecodable_record_goes_to_the_dlq_and_projection_goes_on(
