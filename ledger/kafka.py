@@ -107,7 +107,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from ledger import metrics
 from ledger.codec import CodecError, decode, encode
-from ledger.errors import AccessDenied, Unavailable
+from ledger.errors import AccessDenied, Unavailable, UsageError
 from ledger.events import (
     ApiserverHeartbeat,
     Event,
@@ -135,6 +135,8 @@ FENCE_HEADER: Final = "svledger-fence"
 TOPIC_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 _TOPIC_ALREADY_EXISTS: Final = 36
+# A topic's creation refused for the settings asked: partitions, replication factor.
+_REFUSED_SETTINGS: Final = frozenset({37, 38})  # INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR
 _UNKNOWN_TOPIC: Final = 3
 _TOPIC_AUTHORIZATION_FAILED: Final = TopicAuthorizationFailedError.errno
 # A transaction (or a producer's stop) that has not completed by then is given up.
@@ -547,10 +549,17 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
                 )
             if code and code != _TOPIC_ALREADY_EXISTS:
                 message = rest[0] if rest and rest[0] else for_code(code).description
-                raise KafkaError(
+                refused = (
                     f"cannot create topic {topic!r} ({wanted[topic]} partitions, "
                     f"replication factor {settings.replication_factor}): {message}"
                 )
+                if code in _REFUSED_SETTINGS:
+                    raise UsageError(
+                        f"{refused}; set SVLEDGER_KAFKA_PARTITIONS and"
+                        " SVLEDGER_KAFKA_REPLICATION_FACTOR to what the cluster can hold"
+                        " (a replication factor of at most its brokers)"
+                    )
+                raise BrokerUnavailable(f"{refused}; check the broker's log")
         await _await_leaders(admin, settings, list(wanted))
         await _check_kept(admin, settings)
     finally:
@@ -650,13 +659,15 @@ async def topic_partitions(settings: KafkaSettings, topic: str | None = None) ->
         await admin.close()
     _check_described(settings, described)
     if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
+        variable = "SVLEDGER_DLQ_TOPIC" if topic == settings.dlq_topic else "SVLEDGER_TOPIC"
         raise TopicMissing(
             f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: "
-            "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
+            f"create it first (`svledger topics create`) or check {variable}"
         )
     if described["error_code"]:
-        raise KafkaError(
-            f"cannot describe topic {topic!r}: {for_code(described['error_code']).description}"
+        raise BrokerUnavailable(
+            f"cannot describe topic {topic!r} on {settings.bootstrap_servers!r}:"
+            f" {for_code(described['error_code']).description}; check the broker's log"
         )
     return sorted(partition["partition"] for partition in described["partitions"])
 

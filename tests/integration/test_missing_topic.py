@@ -8,6 +8,7 @@ error per metadata attempt, before it gives up.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -155,3 +156,23 @@ async def test_a_reporter_started_before_its_topic_exists_opens_its_gate_once_it
         await asyncio.wait_for(starting, 30)
         assert reporter.ready and reporter.gate.allows("POST", "", "pods")
         await reporter.stop()
+
+
+def test_a_topic_the_broker_cannot_hold_is_refused_naming_the_setting(
+    kafka_bootstrap: str, unique_topic: str
+) -> None:
+    argv = ["topics", "create", "--bootstrap", kafka_bootstrap, "--topic", unique_topic]
+    done = subprocess.run(
+        [sys.executable, "-m", "svledger", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, SVLEDGER_KAFKA_REPLICATION_FACTOR="3"),  # one broker
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"cannot create topic {unique_topic!r} (6 partitions, replication factor 3)" in (
+        done.stderr
+    )
+    assert "set SVLEDGER_KAFKA_PARTITIONS and SVLEDGER_KAFKA_REPLICATION_FACTOR" in done.stderr
