@@ -69,6 +69,7 @@ from consumers.lease_gc import run_lease_gc
 from consumers.migrator import run_migrator
 from consumers.worker import Rewriter, next_migration, run_worker
 from ledger.clock import VirtualClock
+from ledger.errors import Unavailable, UsageError
 from ledger.events import (
     ApiserverLeaseExpired,
     Meta,
@@ -101,8 +102,12 @@ PROJECTION: Final = "views"
 SETTLE_TIMEOUT_SECONDS: Final = 60.0
 
 
-class SimulationError(RuntimeError):
-    """The simulation cannot run, or its system did not come to rest."""
+class SimulationError(UsageError):
+    """The simulation cannot run as asked (its cluster is not its own)."""
+
+
+class NeverSettled(Unavailable):
+    """The simulated system did not come to rest: the broker or the database lags."""
 
 
 async def simulate(
@@ -355,7 +360,7 @@ class _Run:
         deadline = asyncio.get_running_loop().time() + SETTLE_TIMEOUT_SECONDS
         while (waiting := await pending()) is not None:
             if asyncio.get_running_loop().time() > deadline:
-                raise SimulationError(
+                raise NeverSettled(
                     f"gave up waiting for {what} after {SETTLE_TIMEOUT_SECONDS:g} s, still"
                     f" waiting for {waiting}; check that the broker at"
                     f" {self.settings.bootstrap_servers!r} and the database are healthy"

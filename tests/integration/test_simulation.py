@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,11 @@ async def test_a_cluster_is_simulated_only_once_per_topic(
     await simulate(short, settings, postgres_url, out=None)
     with pytest.raises(SimulationError, match="cluster 'kep-walkthrough' already has events"):
         await simulate(short, settings, postgres_url, out=None)
+    argv = ["simulate", str(short), "--bootstrap", settings.bootstrap_servers]
+    argv += ["--topic", settings.topic, "--db", postgres_url]
+    again = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "svledger", *argv, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await again.communicate()
+    assert again.returncode == 2, stderr  # 1 says the simulation found pollution
+    assert b"already has events" in stderr and b"Traceback" not in stderr
