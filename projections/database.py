@@ -166,7 +166,14 @@ def _connect(db: Engine) -> Iterator[Connection]:
                 "file that `svledger db upgrade --db URL` created (it creates one where "
                 "the folder exists)"
             ) from error
-        if db.url.get_backend_name() == "postgresql" and "does not exist" in reason:
+        postgresql = db.url.get_backend_name() == "postgresql"
+        if postgresql and f'role "{db.url.username}" does not exist' in reason:
+            raise DatabaseUnreachable(
+                f"cannot connect to database {shown(db.url)}: {reason}; give the URL a user"
+                f" the server has, or create it (`CREATE ROLE {db.url.username} LOGIN` as a"
+                " user who may, or `createuser`)"
+            ) from error
+        if postgresql and f'database "{db.url.database}" does not exist' in reason:
             raise DatabaseUnreachable(
                 f"cannot connect to database {shown(db.url)}: {reason}; create it (`CREATE"
                 f" DATABASE {db.url.database}` as a user who may, or `createdb`), then run"

@@ -18,3 +18,15 @@ def test_a_database_the_server_does_not_have_is_named_with_how_to_create_it(
     assert 'database "svledger_never_created" does not exist' in error
     assert "CREATE DATABASE svledger_never_created" in error
     assert "svledger db upgrade" in error
+
+
+def test_a_user_the_server_does_not_have_is_named_with_how_to_create_it(
+    postgres_server: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stranger = postgres_server.set(username="svledger_never_created", password="pw")
+    url = stranger.render_as_string(hide_password=False)
+    assert main(["history", "core.pods", "--db", url]) == 69
+    error = capsys.readouterr().err
+    assert 'role "svledger_never_created" does not exist' in error
+    assert "CREATE ROLE svledger_never_created LOGIN" in error
+    assert "CREATE DATABASE" not in error
