@@ -29,6 +29,7 @@ what is drawn where.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import math
@@ -298,11 +299,12 @@ def ticks(start: datetime, end: datetime) -> tuple[timedelta, list[datetime]]:
         (step for step in _TICK_STEPS if span <= step * MAX_TICKS),
         _DAY * math.ceil(span / _DAY / MAX_TICKS),
     )
-    tick = EPOCH + -((EPOCH - start) // step) * step  # the first multiple of step from start
     found = []
-    while tick <= end:
-        found.append(tick)
-        tick += step
+    with contextlib.suppress(OverflowError):  # past the year 9999: a reporter's wild clock
+        tick = EPOCH + -((EPOCH - start) // step) * step  # the first multiple of step from start
+        while tick <= end:
+            found.append(tick)
+            tick += step
     return step, found or [start]
 
 

@@ -277,6 +277,16 @@ def test_the_axis_ticks_at_round_utc_times_and_dates_them_where_the_day_changes(
     ]  # fmt: skip
 
 
+def test_a_reporter_whose_clock_is_near_the_end_of_time_still_draws_a_page() -> None:
+    # The log keeps such an event for ever: the resource's page must still draw.
+    h = upgrade_history()
+    h.report((datetime(9999, 12, 31, 23, tzinfo=UTC) - T0) / timedelta(minutes=1), "b", "apps/v1")
+    svg = page_of(h)
+    assert len(by_class(svg)["apiserver-row"]) == 2
+    last = datetime.max.replace(tzinfo=UTC)
+    assert timeline.ticks(last - timedelta(seconds=1), last)[1]
+
+
 def test_a_cluster_without_events_draws_an_empty_page() -> None:
     svg = page_of(History())
     assert not by_class(svg).get("apiserver-row")
