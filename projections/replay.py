@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -717,6 +718,8 @@ class _Forward(logging.Handler):
             entry["exc_text"] = logging.Formatter().formatException(record.exc_info)
         try:
             self.reports.send(entry)
+        except BrokenPipeError:
+            os._exit(1)  # the parent is gone (stopped)
         except Exception:
             self.handleError(record)
 
@@ -738,6 +741,8 @@ async def _replay_share(job: _Job, reports: _Reports) -> ReplayResult:
 
 def main() -> None:
     """Replay the share read from stdin; progress, then the result (or why it failed) on stdout."""
+    # A terminal's Ctrl-C reaches the whole process group; the parent stops its helpers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The reports own the real stdout; anything printed goes to stderr instead.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -750,9 +755,12 @@ def main() -> None:
         logging.getLogger().addHandler(_Forward(reports))
         logging.getLogger().setLevel(job.log_level)
         reports.send(asyncio.run(_replay_share(job, reports)))
+    except BrokenPipeError:
+        os._exit(1)  # the parent is gone (stopped): no one to report to, nor to flush for
     except Exception as error:
         traceback.print_exc()
-        reports.send(f"{type(error).__name__}: {error}")
+        with contextlib.suppress(BrokenPipeError):
+            reports.send(f"{type(error).__name__}: {error}")
         sys.exit(1)
 
 
