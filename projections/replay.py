@@ -426,14 +426,17 @@ async def _replay(
         await writing
     if only is not None and only not in seen and not _holds_rows(projection.state):
         known = ", ".join(sorted(k.decode(errors="replace") for k in seen if k)[:10])
-        log.warning(
-            "cluster %r has no events in topic %s%s: check its name, as its reporters or"
-            " collector give it (clusters in its partition: %s)",
-            cluster,
-            settings.topic,
-            "" if until is None else " up to --until",
-            known or "none",
+        unknown = (
+            f"cluster {cluster!r} has no events in topic {settings.topic}"
+            f"{'' if until is None else ' up to --until'}: check its name, as its reporters"
+            f" or collector give it (clusters in its partition: {known or 'none'})"
         )
+        if until is None:  # a typo, most likely; as of a time, none may be the answer
+            raise ReplayError(
+                f"{unknown}; the database holds its partition's checkpoint alone: replay into"
+                " a fresh database"
+            )
+        log.warning("%s", unknown)
     bar.update(span.total, events)
     return ReplayResult(events, rejected, 0.0, dict(projection.next_offsets))
 

@@ -134,16 +134,24 @@ async def test_one_cluster_replays_that_cluster_alone(
 async def test_a_cluster_without_events_is_named_with_those_its_partition_has(
     log: tuple[KafkaSettings, list[tuple[Event, Position]]],
     database_url: str,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     settings, records = log
-    result = await replay(settings, database_url, cluster="no-such-cluster", progress=False)
-    assert result.events == 0
-    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "cluster 'no-such-cluster' has no events" in warning
+    with pytest.raises(ReplayError, match="cluster 'no-such-cluster' has no events") as refused:
+        await replay(settings, database_url, cluster="no-such-cluster", progress=False)
     partition = partition_of("no-such-cluster", range(3))
     there = {e.meta.cluster for e, p in records if p.partition == partition}
-    assert there and all(cluster in warning for cluster in there)
+    assert there and all(cluster in str(refused.value) for cluster in there)
+    # As of a time before its first event, a cluster may have none: said, not refused.
+    first = min(event.meta.occurred_at for event, _ in records)
+    until = first - timedelta(seconds=1)
+    result = await replay(settings, fresh, cluster="no-such-cluster", until=until, progress=False)
+    assert result.events == 0
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "cluster 'no-such-cluster' has no events in topic" in warning
+    assert "up to --until" in warning
 
 
 async def test_an_offset_past_every_partitions_end_is_warned_of_and_replays_to_the_end(
