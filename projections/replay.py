@@ -218,6 +218,12 @@ async def replay(
     started = time.monotonic()
     # SQLite takes one writer at a time, and one cluster is one partition: one process.
     alone = cluster is not None or parse_url(db_url).get_backend_name() == "sqlite"
+    if alone and processes > 1:
+        log.warning(
+            "--processes %d: replaying in one process, as %s",
+            processes,
+            "one cluster is one partition" if cluster is not None else "SQLite takes one writer",
+        )
     # Started first, so that their start-up overlaps this process's.
     async with _Helpers(0 if alone else processes - 1) as helpers:
         upgrade(db_url)

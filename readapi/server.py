@@ -196,12 +196,13 @@ async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) 
         ) from error
     scheme = "https" if context else "http"
     port = runner.addresses[0][1]  # the bound one, when --address asked for any (0)
+    host = f"[{options.host}]" if ":" in options.host else options.host  # IPv6, as URLs write it
     log.info(
         "serving the ledger's views on %s://%s:%d/clusters/CLUSTER",
         scheme,
-        options.host,
+        host,
         port,
-        extra={"address": f"{scheme}://{options.host}:{port}"},
+        extra={"address": f"{scheme}://{host}:{port}"},
     )
     try:
         await views.follow(stop)

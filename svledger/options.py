@@ -323,8 +323,15 @@ def run_until_signalled(
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stopping(signum: int) -> None:
+            if not stop.is_set():
+                name = signal.Signals(signum).name
+                log.info("%s: stopping, once the work in hand is done", name)
+            stop.set()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stopping, signum)
         log_tasks_on_signal(loop)
         stop_connecting_on(stop)
         try:
@@ -333,6 +340,9 @@ def run_until_signalled(
             if not stop.is_set():
                 raise
             log.info("stopped while waiting for Kafka to answer")
+        else:
+            if stop.is_set():
+                log.info("stopped")
 
     from ledger.kafka import stop_connecting_on
     from ledger.memory import fewer_collections

@@ -105,6 +105,9 @@ async def completed_again(settings: KafkaSettings, db_url: str, records: int, lo
         assert await asyncio.to_thread(projector.wait, DEADLINE) == 0
     finally:
         projector.kill()
+    said = log.read_text()  # why it stopped, and that it did
+    assert "SIGTERM: stopping, once the work in hand is done" in said
+    assert said.rstrip().endswith("stopped")
     with db.connect() as connection:
         assert load_state(connection) == fold(await read_records(settings))
     db.dispose()
