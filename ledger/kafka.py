@@ -634,17 +634,22 @@ async def _await_leaders(
         await asyncio.sleep(0.1)
 
 
-async def topic_partitions(settings: KafkaSettings, topic: str | None = None) -> list[int]:
+async def topic_partitions(
+    settings: KafkaSettings, topic: str | None = None, *, timeout: float = 30.0
+) -> list[int]:
     """The partitions of the events topic (or ``topic``); :class:`TopicMissing` at once if
-    there is none, :class:`BrokerUnavailable` if the broker cannot be reached or is lost
-    on the way (a killed broker's closed connection, a node not ready).
+    there is none, :class:`BrokerUnavailable` if the broker cannot be reached (within
+    ``timeout`` s) or is lost on the way (a killed broker's closed connection, a node not
+    ready).
 
     Asked of the admin client, whose metadata request neither creates the topic nor
     waits for it: a consumer or producer would retry for its whole request timeout,
     logging an error per attempt, before saying the topic is unknown.
     """
     topic = settings.topic if topic is None else topic
-    admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
+    admin = await connect(
+        lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings, timeout=timeout
+    )
     try:
         (described,) = await admin.describe_topics([topic])
     except KafkaError as error:
@@ -816,7 +821,7 @@ class EventProducer:
             # topics on first use (Kafka's default) create it, with the broker's defaults
             # (one partition, seven days' retention): ask first, without creating it.
             try:
-                await topic_partitions(self.settings, topic)
+                await topic_partitions(self.settings, topic, timeout=self._connect_timeout)
             except NotAuthorized as refused:  # Describe, which Write would grant
                 raise NotAuthorized(
                     self.settings, "Write", f"topic {topic!r}", "TopicAuthorizationFailed"
