@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -58,6 +58,11 @@ def upgrade(url: str) -> None:
     """
     db = _create_engine(url)
     try:
+        try:  # read first: a database at the head needs no write lock (a writer may hold it)
+            check_schema(db)
+            return
+        except DatabaseNotMigrated:
+            pass
         with _connect(writing(db)) as connection, connection.begin():
             if connection.dialect.name == "postgresql":
                 connection.execute(
@@ -271,11 +276,13 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 # The execution option :func:`writing` sets.
 _WRITES: Final = "svledger_writes"
+_Bound = TypeVar("_Bound", Engine, Connection)
 
 
-def writing(db: Engine) -> Engine:
-    """``db`` for transactions that write: on SQLite they take the write lock as they
-    begin, waiting for another writer's up to the busy timeout.
+def writing(db: _Bound) -> _Bound:
+    """``db`` (an engine, or a connection between transactions) for transactions that
+    write: on SQLite they take the write lock as they begin, waiting for another
+    writer's up to the busy timeout.
 
     A transaction begun deferred takes the lock at its first write; if another
     connection has written since its first read, SQLite fails that write at once with

@@ -93,7 +93,7 @@ from ledger.memory import Sweeper, fewer_collections
 from ledger.settings import KafkaSettings
 from ledger.tasks import in_daemon_thread
 from projections import store
-from projections.database import DatabaseUnreachable, engine, shown, writing
+from projections.database import DatabaseUnreachable, engine, shown
 from projections.snapshots import NO_EVENTS, SNAPSHOT_EVERY, Snapshot, take
 from projections.state import Changes, State
 from projections.store import StaleProjection, load_checkpoints, load_log_times, load_state
@@ -474,7 +474,7 @@ class Projector:
         def connect() -> tuple[Engine, str]:
             db = engine(self.db_url)
             try:
-                with writing(db).connect() as connection:  # its ID, made if missing
+                with db.connect() as connection:
                     return db, store.database_id(connection)
             except BaseException:
                 db.dispose()

@@ -54,6 +54,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from ledger.events import EVENT_TYPES, ApiserverHeartbeat, Event, Position, type_name
+from projections.database import writing
 from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
@@ -382,6 +383,8 @@ def database_id(connection: Connection) -> str:
     query = select(database_identity.c.database_id)
     found: str | None = connection.execute(query).scalar()
     if found is None:
+        connection.rollback()  # the read's transaction: the insert's begins as a writer
+        writing(connection)
         try:
             row = {"singleton": 1, "database_id": uuid.uuid4().hex[:12]}
             connection.execute(insert(database_identity).values(row))

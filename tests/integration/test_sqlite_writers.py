@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-from sqlalchemy import delete, select
-
-from projections import database, store
-from projections.schema import database_identity
+from projections import database
 
 
 def test_upgrades_of_one_file_at_once_all_succeed(tmp_path: Path) -> None:
@@ -34,35 +30,3 @@ def test_upgrades_of_one_file_at_once_all_succeed(tmp_path: Path) -> None:
         _, stderr = upgrade.communicate(timeout=120)
         assert upgrade.returncode == 0, stderr
     database.engine(url).dispose()  # at the head revision, or this refuses it
-
-
-def test_writers_that_read_first_wait_for_each_other(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'views.db'}"
-    database.upgrade(url)
-    db = database.engine(url)
-    try:
-        with db.begin() as connection:
-            connection.execute(delete(database_identity))  # emptied by hand, say
-        barrier = threading.Barrier(6)
-        found: list[str] = []
-        failed: list[BaseException] = []
-
-        def start() -> None:  # as a projector starts: its database's ID, made if missing
-            try:
-                barrier.wait()
-                with database.writing(db).connect() as connection:
-                    found.append(store.database_id(connection))
-            except BaseException as error:
-                failed.append(error)
-
-        threads = [threading.Thread(target=start) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert not failed
-        with db.connect() as connection:
-            [(made,)] = connection.execute(select(database_identity.c.database_id)).all()
-        assert found == [made] * 6
-    finally:
-        db.dispose()
