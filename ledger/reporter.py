@@ -63,7 +63,7 @@ import random
 import threading
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 from ledger.clock import Clock, SystemClock
 from ledger.events import (
@@ -82,6 +82,10 @@ from ledger.settings import KafkaSettings
 from ledger.validation import LEASE_DURATION_MAX, InvalidReport, check_report
 
 log = logging.getLogger(__name__)
+
+# What keeps a reporter's events from the log for now: the broker is away, or the topic
+# is not created yet (it may be meanwhile).
+_UNREACHABLE: Final = (*BROKER_ERRORS, TopicMissing)
 
 _T = TypeVar("_T")
 
@@ -246,7 +250,7 @@ class Reporter:
                     if not await unless_stopped(self._connected_register(), self._stopping):
                         return
                     break
-                except (*BROKER_ERRORS, TopicMissing) as error:  # may be created meanwhile
+                except _UNREACHABLE as error:
                     self._failed(error)
                     log.warning(
                         "apiserver %s cannot register yet (the write gate stays closed), "
@@ -285,7 +289,7 @@ class Reporter:
             )
             try:
                 await asyncio.wait_for(self._producer.send(release), shutdown_timeout)
-            except (TimeoutError, *BROKER_ERRORS) as error:
+            except (TimeoutError, *_UNREACHABLE) as error:
                 why = "no acknowledgement" if isinstance(error, TimeoutError) else error
                 log.warning(
                     "apiserver %s could not release its lease in %g s (%s: %s); the lease"

@@ -152,6 +152,13 @@ async def test_a_reporter_started_before_its_topic_exists_opens_its_gate_once_it
         await asyncio.sleep(2)
         assert not starting.done()
         assert unique_topic in reporter.gate.reason("", "pods")  # the 503 names the topic
+        # One stopped before the topic is made: its lease release is given up, not raised.
+        stopped = Reporter("east", "a2", pods, producer, heartbeat_interval=1.0, jitter=0)
+        stopping = asyncio.create_task(stopped.start())
+        await asyncio.sleep(1.5)
+        await stopped.stop(shutdown_timeout=2.0)
+        await asyncio.wait_for(stopping, 10)
+        assert not stopped.ready
         await create_topics(settings)
         await asyncio.wait_for(starting, 30)
         assert reporter.ready and reporter.gate.allows("POST", "", "pods")
