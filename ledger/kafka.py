@@ -93,9 +93,11 @@ from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     IllegalStateError,
+    InvalidProducerEpoch,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
+    ProducerFenced,
     SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
@@ -145,6 +147,7 @@ STOP_TIMEOUT_SECONDS: Final = 10.0
 METADATA_MAX_AGE_MS: Final = 5_000  # a reader's metadata refresh (ledger_consumer)
 DEAD_LETTER_SENDERS: Final = "svledger-dead-letters"  # prefix of their transactional IDs
 DEAD_LETTER_ATTEMPTS: Final = 10
+_FENCED: Final = (ProducerFenced, InvalidProducerEpoch)  # a newer producer of the ID began
 
 
 Headers: TypeAlias = list[tuple[str, bytes]]
@@ -1675,7 +1678,12 @@ class DeadLetters:
     (which fences any other sender of the partition and ends its open transaction),
     then reads the dead-letter partition once to learn the highest source offset sent,
     and from then on sends only records past it. If another sender fenced it meanwhile,
-    its transaction fails; it starts again, reads again and sends what is still missing.
+    its transaction fails; it waits a random, growing while (readers side by side, such
+    as projectors of two databases or replays, fence each other in turn otherwise),
+    reads, and sends what is still missing, if anything (read before it starts a
+    producer, which would fence the other again). After :data:`DEAD_LETTER_ATTEMPTS`
+    fenced attempts, or any other failure, it gives up (:class:`DeadLettersUnsent`, a
+    broker outage to its caller: the records are read and sent again later).
     The dead-letter topic is small (bad records are rare), so reading a partition of it
     is cheap, and nothing else has to remember what was sent.
     """
@@ -1709,6 +1717,12 @@ class DeadLetters:
 
     async def _send_partition(self, partition: int, letters: list[tuple[Any, str]]) -> int:
         for attempt in itertools.count(1):
+            if partition not in self._senders:
+                # Read before starting a producer, which would fence the sender that may
+                # be sending these very letters: if it sent them, there is nothing to do.
+                last = max(message.offset for message, _ in letters)
+                if last < await self._sent_until(partition):
+                    return 0
             producer, sent_until = await self._sender(partition)
             todo = [(m, r) for m, r in letters if m.offset >= sent_until]
             if not todo:
@@ -1728,10 +1742,10 @@ class DeadLetters:
             except TransactionFailed as error:
                 await producer.stop()
                 del self._senders[partition]
-                if attempt == DEAD_LETTER_ATTEMPTS:
+                if attempt == DEAD_LETTER_ATTEMPTS or not isinstance(error.__cause__, _FENCED):
                     raise DeadLettersUnsent(
                         f"the dead letters of {self.settings.topic}:{partition} were not sent"
-                        f" to {self.settings.dlq_topic} in {attempt} attempts (last: {error});"
+                        f" to {self.settings.dlq_topic} ({attempt} attempts, the last: {error});"
                         " check that the broker is up and its log; they are sent when the"
                         " records are read again"
                     ) from error
