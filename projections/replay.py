@@ -49,7 +49,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
@@ -515,6 +514,9 @@ class _Helpers:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 env=environment,
+                # Out of the terminal's process group: a Ctrl-C reaches this process
+                # alone, which stops its helpers (they would print its traceback each).
+                start_new_session=True,
             )
             self.children.append(child)
         return self
@@ -750,8 +752,6 @@ async def _replay_share(job: _Job, reports: _Reports) -> ReplayResult:
 
 def main() -> None:
     """Replay the share read from stdin; progress, then the result (or why it failed) on stdout."""
-    # A terminal's Ctrl-C reaches the whole process group; the parent stops its helpers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The reports own the real stdout; anything printed goes to stderr instead.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

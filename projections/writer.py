@@ -277,6 +277,8 @@ def main() -> None:
                 failure = RuntimeError(f"writer process: {type(error).__name__}: {error}")
             answers.write(frame(failure))
             answers.flush()
+    except BrokenPipeError:
+        os._exit(1)  # the parent is gone (stopped): no one to answer, nor to flush for
     finally:
         committer.dispose()
 

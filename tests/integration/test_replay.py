@@ -13,13 +13,15 @@ import itertools
 import logging
 import os
 import re
+import signal
+import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import Connection, Engine, insert, select, text, update
 
 from ledger.events import Event, Position
 from ledger.kafka import create_topics, partition_of, topic_partitions
@@ -346,6 +348,43 @@ async def dead_letter_sources(settings: KafkaSettings) -> list[tuple[int, int]]:
         )
         for m in letters
     ]
+
+
+async def test_a_replay_in_several_processes_interrupted_ends_quietly_leaving_none(
+    kafka_bootstrap: str, unique_topic: str, postgres_url: str
+) -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the helpers (and their writer
+    # processes) printed its traceback each, or a broken pipe's once the parent was gone.
+    settings = kafka_settings(kafka_bootstrap, unique_topic, partitions=3)
+    await create_topics(settings)
+    await append(settings, mixed_events(60_000, clusters=9, seed=1))
+    environment = dict(
+        os.environ, SVLEDGER_KAFKA_BOOTSTRAP=kafka_bootstrap, SVLEDGER_TOPIC=settings.topic
+    )
+    argv = ["--log-format", "text", "replay", "--processes", "3", "--no-progress"]
+    for delay in (0.8, 1.6, 2.5):  # starting, and replaying
+        replaying = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "svledger", *argv, "--db", postgres_url,
+            env=environment, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        await asyncio.sleep(delay)
+        os.killpg(replaying.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        _, stderr = await replaying.communicate()
+        assert replaying.returncode in (0, 130), stderr.decode()  # 0: done before it
+        assert b"Traceback" not in stderr, stderr.decode()
+        await asyncio.sleep(1)
+        listed = subprocess.run(["ps", "-eo", "ppid,args"], capture_output=True, text=True)
+        left = [  # not this test process's own writers (a projector's, in-process)
+            line
+            for line in listed.stdout.splitlines()
+            if re.search(r"-m projections\.(replay|writer)", line)
+            and int(line.split()[0]) != os.getpid()
+        ]
+        assert not left, f"helpers left running after {delay} s: {left}"
+        db = engine(postgres_url)
+        with db.begin() as connection:  # the next replay needs a fresh database
+            connection.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+        db.dispose()
 
 
 async def test_a_replay_of_one_cluster_leaves_the_dead_letters_to_whole_readers(
