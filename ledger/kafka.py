@@ -667,10 +667,14 @@ async def topic_partitions(
         await admin.close()
     _check_described(settings, described)
     if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
-        variable = "SVLEDGER_DLQ_TOPIC" if topic == settings.dlq_topic else "SVLEDGER_TOPIC"
+        create, variable = "svledger topics create", "SVLEDGER_TOPIC"
+        if topic == settings.dlq_topic:
+            variable = "SVLEDGER_DLQ_TOPIC"
+        elif topic.startswith(settings.inbox_prefix):
+            create += f" --inbox {topic.removeprefix(settings.inbox_prefix)}"
         raise TopicMissing(
             f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: "
-            f"create it first (`svledger topics create`) or check {variable}"
+            f"create it first (`{create}`) or check {variable}"
         )
     if described["error_code"]:
         raise BrokerUnavailable(

@@ -224,6 +224,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def format_address(host: str, port: int) -> str:
+    """``HOST:PORT`` as :func:`parse_address` reads it and URLs write it (``[::1]:9090``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def serve_metrics(address: str) -> tuple[str, int]:
     """Expose ``/metrics`` on ``address`` (port 0: any free one) from a background thread.
 
@@ -233,6 +238,6 @@ def serve_metrics(address: str) -> tuple[str, int]:
     host, port = parse_address(address)
     server, _ = start_http_server(port, addr=host)
     port = int(server.server_port)
-    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    shown = format_address(host, port)
     log.info("metrics on http://%s/metrics", shown, extra={"metrics_address": shown})
     return host, port

@@ -172,11 +172,14 @@ def _connect(db: Engine) -> Iterator[Connection]:
                 "the folder exists)"
             ) from error
         postgresql = db.url.get_backend_name() == "postgresql"
-        if postgresql and f'role "{db.url.username}" does not exist' in reason:
+        role = re.search(r'role "(.+)" does not exist', reason) if postgresql else None
+        if role is not None:
+            name = role.group(1).replace('"', '""')
+            password = " PASSWORD '...'" if db.url.password else ""
             raise DatabaseUnreachable(
                 f"cannot connect to database {shown(db.url)}: {reason}; give the URL a user"
-                f" the server has, or create it (`CREATE ROLE {db.url.username} LOGIN` as a"
-                " user who may, or `createuser`)"
+                f' the server has, or create it (`CREATE ROLE "{name}" LOGIN{password}` as'
+                " a user who may, or `createuser`)"
             ) from error
         if postgresql and f'database "{db.url.database}" does not exist' in reason:
             raise DatabaseUnreachable(

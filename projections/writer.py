@@ -194,9 +194,9 @@ class _Committer:
         """Commit ``batch``; a failure is returned as one the module docstring lists."""
         try:
             if self._db is None:
-                self._db = writing(engine(self.db_url))
+                self._db = engine(self.db_url)
             db = self._db
-            store.commit(db, batch)
+            store.commit(writing(db), batch)
         except store.StaleProjection as refused:
             return refused
         except IntegrityError as error:

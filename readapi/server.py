@@ -79,6 +79,7 @@ from aiohttp import web
 
 from ledger.errors import UsageError
 from ledger.identity import LEASE_NAMESPACE
+from ledger.metrics import format_address
 from projections.history import ResourceNameError
 from readapi import access, negotiation, openapi, resources
 from readapi.ledger import (
@@ -196,13 +197,12 @@ async def serve(views: LedgerViews, options: ServeOptions, stop: asyncio.Event) 
         ) from error
     scheme = "https" if context else "http"
     port = runner.addresses[0][1]  # the bound one, when --address asked for any (0)
-    host = f"[{options.host}]" if ":" in options.host else options.host  # IPv6, as URLs write it
+    address = format_address(options.host, port)
     log.info(
-        "serving the ledger's views on %s://%s:%d/clusters/CLUSTER",
+        "serving the ledger's views on %s://%s/clusters/CLUSTER",
         scheme,
-        host,
-        port,
-        extra={"address": f"{scheme}://{host}:{port}"},
+        address,
+        extra={"address": f"{scheme}://{address}"},
     )
     try:
         await views.follow(stop)

@@ -93,7 +93,8 @@ class ObjectStore:
     """The objects of one simulated cluster, with the version each is encoded in."""
 
     def __init__(self, engine: Engine, cluster: str) -> None:
-        self._engine = writing(engine)
+        self._engine = engine
+        self._writes = writing(engine)  # its transactions that write
         self._cluster = cluster
         metadata.create_all(engine)
         self._revision = 0
@@ -107,7 +108,7 @@ class ObjectStore:
 
     def clear(self) -> None:
         """Forget the cluster's objects (a fresh etcd for a fresh run)."""
-        with self._engine.begin() as connection:
+        with self._writes.begin() as connection:
             connection.execute(sim_objects.delete().where(sim_objects.c.cluster == self._cluster))
 
     def write(self, resource: Resource, name: str, version: str, writer: str) -> None:
@@ -131,7 +132,7 @@ class ObjectStore:
                 for k in ("encoded_version", "resource_version", "written_by")
             },
         )
-        with self._engine.begin() as connection:
+        with self._writes.begin() as connection:
             connection.execute(statement)
 
     def reencode(self, resource: Resource, name: str, version: str, writer: str) -> bool:
@@ -139,7 +140,7 @@ class ObjectStore:
 
         Stores nothing when the object is already encoded in ``version`` (same bytes).
         """
-        with self._engine.begin() as connection:
+        with self._writes.begin() as connection:
             stored = connection.execute(
                 select(sim_objects.c.encoded_version).where(
                     *self._where(resource), sim_objects.c.name == name

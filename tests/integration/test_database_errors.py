@@ -28,5 +28,5 @@ def test_a_user_the_server_does_not_have_is_named_with_how_to_create_it(
     assert main(["history", "core.pods", "--db", url]) == 69
     error = capsys.readouterr().err
     assert 'role "svledger_never_created" does not exist' in error
-    assert "CREATE ROLE svledger_never_created LOGIN" in error
+    assert """CREATE ROLE "svledger_never_created" LOGIN PASSWORD '...'""" in error
     assert "CREATE DATABASE" not in error

@@ -8,6 +8,7 @@ error per metadata attempt, before it gives up.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -108,6 +109,10 @@ async def test_a_producer_asks_for_its_topic_and_never_has_it_created() -> None:
                 await producer.send(event)
         with pytest.raises(TopicMissing):
             await topic_partitions(settings)
+        guarded = dataclasses.replace(settings, inbox=True)  # its inbox, as admission guards
+        async with EventProducer(guarded) as producer:
+            with pytest.raises(TopicMissing, match=r"`svledger topics create --inbox prod`"):
+                await producer.send(event)
     finally:
         broker.stop()
 

@@ -233,7 +233,8 @@ async def test_views_of_a_topic_deleted_and_created_again_are_refused(
     before = snapshot(db)
 
     with pytest.raises(NotThisLog, match=r"deleted and created again.*svledger replay"):
-        await Projector(settings, database_url).run(asyncio.Event())
+        async with asyncio.timeout(60):  # else it projects on for ever
+            await Projector(settings, database_url).run(asyncio.Event())
     with pytest.raises(NotThisLog, match=f"from topic {settings.topic!r} further than"):
         await replay(settings, database_url, from_snapshot=True, progress=False)
     assert snapshot(db) == before

@@ -201,3 +201,13 @@ def test_migrations_are_counted_by_cluster_and_phase_zeros_included() -> None:
 def test_every_long_running_command_takes_a_metrics_address(argv: list[str]) -> None:
     args = build_parser().parse_args([*argv, "--metrics-address", "127.0.0.1:0"])
     assert args.metrics_address == "127.0.0.1:0"
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "written"),
+    [("127.0.0.1", 9090, "127.0.0.1:9090"), ("::1", 0, "[::1]:0"), ("svledger", 80, "svledger:80")],
+)
+def test_an_address_is_written_as_it_is_read(host: str, port: int, written: str) -> None:
+    # The logged address of serve and of the metrics endpoint: an IPv6 host in brackets.
+    assert metrics.format_address(host, port) == written
+    assert metrics.parse_address(written) == (host, port)

@@ -284,7 +284,10 @@ def test_a_reporter_whose_clock_is_near_the_end_of_time_still_draws_a_page() -> 
     svg = page_of(h)
     assert len(by_class(svg)["apiserver-row"]) == 2
     last = datetime.max.replace(tzinfo=UTC)
-    assert timeline.ticks(last - timedelta(seconds=1), last)[1]
+    assert timeline.ticks(last - timedelta(seconds=1), last) == (
+        timedelta(seconds=1),
+        [datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)],
+    )
 
 
 def test_a_cluster_without_events_draws_an_empty_page() -> None:
