@@ -97,6 +97,21 @@ async def test_an_unreachable_broker_is_broker_unavailable_naming_it(
         await getattr(kafka, reader)(settings)
 
 
+def topics_create(
+    bootstrap: str, topic: str, **environment: str
+) -> subprocess.CompletedProcess[str]:
+    """``svledger topics create`` of ``topic``, with ``environment`` set too."""
+    argv = ["topics", "create", "--bootstrap", bootstrap, "--topic", topic]
+    return subprocess.run(
+        [sys.executable, "-m", "svledger", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **environment},
+    )
+
+
 async def test_a_producer_asks_for_its_topic_and_never_has_it_created() -> None:
     # Kafka's default broker creates a topic a client asks metadata of, with the broker's
     # defaults (one partition, seven days' retention): history would silently expire.
@@ -132,14 +147,7 @@ async def test_topics_create_refuses_an_events_topic_that_does_not_keep_its_reco
         await admin.create_topics([NewTopic(unique_topic, 3, 1, topic_configs=kept_but)])
     finally:
         await admin.close()
-    argv = ["topics", "create", "--bootstrap", kafka_bootstrap, "--topic", unique_topic]
-    done = subprocess.run(
-        [sys.executable, "-m", "svledger", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = topics_create(kafka_bootstrap, unique_topic)
     assert done.returncode == 69, done.stderr
     [(name, value)] = config.items()
     assert f"does not keep its records for ever ({name}={value})" in done.stderr
@@ -173,16 +181,8 @@ async def test_a_reporter_started_before_its_topic_exists_opens_its_gate_once_it
 def test_a_topic_the_broker_cannot_hold_is_refused_naming_the_setting(
     kafka_bootstrap: str, unique_topic: str
 ) -> None:
-    argv = ["topics", "create", "--bootstrap", kafka_bootstrap, "--topic", unique_topic]
-    done = subprocess.run(
-        [sys.executable, "-m", "svledger", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env=dict(os.environ, SVLEDGER_KAFKA_REPLICATION_FACTOR="3"),  # one broker
-    )
-    assert done.returncode == 2, done.stderr
+    done = topics_create(kafka_bootstrap, unique_topic, SVLEDGER_KAFKA_REPLICATION_FACTOR="3")
+    assert done.returncode == 2, done.stderr  # the broker is one
     assert "Traceback" not in done.stderr
     assert f"cannot create topic {unique_topic!r} (6 partitions, replication factor 3)" in (
         done.stderr
