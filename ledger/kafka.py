@@ -641,8 +641,8 @@ async def topic_partitions(
     settings: KafkaSettings, topic: str | None = None, *, timeout: float = 30.0
 ) -> list[int]:
     """The partitions of the events topic (or ``topic``); :class:`TopicMissing` at once if
-    there is none, :class:`BrokerUnavailable` if the broker cannot be reached (within
-    ``timeout`` s) or is lost on the way (a killed broker's closed connection, a node not
+    there is none, :class:`BrokerUnavailable` if the broker cannot be reached (connecting
+    is given ``timeout`` s) or is lost on the way (a killed broker's closed connection, a node not
     ready).
 
     Asked of the admin client, whose metadata request neither creates the topic nor

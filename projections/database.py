@@ -174,17 +174,17 @@ def _connect(db: Engine) -> Iterator[Connection]:
         postgresql = db.url.get_backend_name() == "postgresql"
         role = re.search(r'role "(.+)" does not exist', reason) if postgresql else None
         if role is not None:
-            name = role.group(1).replace('"', '""')
             password = " PASSWORD '...'" if db.url.password else ""
             raise DatabaseUnreachable(
                 f"cannot connect to database {shown(db.url)}: {reason}; give the URL a user"
-                f' the server has, or create it (`CREATE ROLE "{name}" LOGIN{password}` as'
-                " a user who may, or `createuser`)"
+                f" the server has, or create it (`CREATE ROLE {_identifier(role.group(1))}"
+                f" LOGIN{password}` as a user who may, or `createuser`)"
             ) from error
         if postgresql and f'database "{db.url.database}" does not exist' in reason:
             raise DatabaseUnreachable(
                 f"cannot connect to database {shown(db.url)}: {reason}; create it (`CREATE"
-                f" DATABASE {db.url.database}` as a user who may, or `createdb`), then run"
+                f" DATABASE {_identifier(db.url.database or '')}` as a user who may, or"
+                " `createdb`), then run"
                 " `svledger db upgrade --db URL`"
             ) from error
         raise DatabaseUnreachable(
@@ -194,6 +194,11 @@ def _connect(db: Engine) -> Iterator[Connection]:
         ) from error
     with connection:
         yield connection
+
+
+def _identifier(name: str) -> str:
+    """``name`` as PostgreSQL's SQL quotes an identifier (any case, any character)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _missing_sqlite_file(url: URL) -> bool:
@@ -283,9 +288,9 @@ _Bound = TypeVar("_Bound", Engine, Connection)
 
 
 def writing(db: _Bound) -> _Bound:
-    """``db`` (an engine, or a connection between transactions) for transactions that
-    write: on SQLite they take the write lock as they begin, waiting for another
-    writer's up to the busy timeout.
+    """``db`` for transactions that write: on SQLite they take the write lock as they
+    begin, waiting for another writer's up to the busy timeout. An engine is copied; a
+    connection (between transactions) is set so for as long as it is open.
 
     A transaction begun deferred takes the lock at its first write; if another
     connection has written since its first read, SQLite fails that write at once with

@@ -383,14 +383,13 @@ def database_id(connection: Connection) -> str:
     query = select(database_identity.c.database_id)
     found: str | None = connection.execute(query).scalar()
     if found is None:
-        connection.rollback()  # the read's transaction: the insert's begins as a writer
-        writing(connection)
-        try:
-            row = {"singleton": 1, "database_id": uuid.uuid4().hex[:12]}
-            connection.execute(insert(database_identity).values(row))
-            connection.commit()
+        connection.rollback()
+        row = {"singleton": 1, "database_id": uuid.uuid4().hex[:12]}
+        try:  # in a transaction that begins as a writer, on a connection of its own
+            with writing(connection.engine).begin() as writer:
+                writer.execute(insert(database_identity).values(row))
         except IntegrityError:  # another projector made it meanwhile: the one row
-            connection.rollback()
+            pass
         found = connection.execute(query).scalar_one()
     return found
 

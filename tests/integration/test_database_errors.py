@@ -16,7 +16,7 @@ def test_a_database_the_server_does_not_have_is_named_with_how_to_create_it(
     assert main(["history", "core.pods", "--db", url]) == 69
     error = capsys.readouterr().err
     assert 'database "svledger_never_created" does not exist' in error
-    assert "CREATE DATABASE svledger_never_created" in error
+    assert 'CREATE DATABASE "svledger_never_created"' in error
     assert "svledger db upgrade" in error
 
 
