@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from alembic import command
 from alembic.config import Config
@@ -284,13 +284,11 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 # The execution option :func:`writing` sets.
 _WRITES: Final = "svledger_writes"
-_Bound = TypeVar("_Bound", Engine, Connection)
 
 
-def writing(db: _Bound) -> _Bound:
-    """``db`` for transactions that write: on SQLite they take the write lock as they
-    begin, waiting for another writer's up to the busy timeout. An engine is copied; a
-    connection (between transactions) is set so for as long as it is open.
+def writing(db: Engine) -> Engine:
+    """A copy of ``db`` (the same pool) for transactions that write: on SQLite they take
+    the write lock as they begin, waiting for another writer's up to the busy timeout.
 
     A transaction begun deferred takes the lock at its first write; if another
     connection has written since its first read, SQLite fails that write at once with

@@ -189,14 +189,16 @@ class _Committer:
     def __init__(self, db_url: str) -> None:
         self.db_url = db_url
         self._db: Engine | None = None
+        self._writes: Engine | None = None  # the same, for the transactions that write
 
     def commit(self, batch: store.Batch) -> BaseException | None:
         """Commit ``batch``; a failure is returned as one the module docstring lists."""
         try:
-            if self._db is None:
+            if self._db is None or self._writes is None:
                 self._db = engine(self.db_url)
+                self._writes = writing(self._db)
             db = self._db
-            store.commit(writing(db), batch)
+            store.commit(self._writes, batch)
         except store.StaleProjection as refused:
             return refused
         except IntegrityError as error:
@@ -216,7 +218,7 @@ class _Committer:
     def dispose(self) -> None:
         if self._db is not None:
             self._db.dispose()
-            self._db = None
+            self._db = self._writes = None
 
 
 def frame(value: Any) -> bytes:
