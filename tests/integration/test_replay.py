@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from sqlalchemy import Connection, Engine, insert, select, text, update
+from sqlalchemy import Connection, Engine, create_engine, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from ledger.events import Event, Position
 from ledger.kafka import create_topics, partition_of, topic_partitions
@@ -362,22 +363,49 @@ async def test_a_replay_in_several_processes_interrupted_ends_quietly_leaving_no
         os.environ, SVLEDGER_KAFKA_BOOTSTRAP=kafka_bootstrap, SVLEDGER_TOPIC=settings.topic
     )
     argv = ["--log-format", "text", "replay", "--processes", "3", "--no-progress"]
-    for delay in (0.8, 1.6, 2.5):  # starting, and replaying
+    for moment in ("starting", "replaying"):
         replaying = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "svledger", *argv, "--db", postgres_url,
             env=environment, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
-        await asyncio.sleep(delay)
+        if moment == "starting":  # the helpers have just been started: they are importing
+            await helpers_started(f"SVLEDGER_TOPIC={settings.topic}")
+        else:  # the first batch is committed (a fixed delay could outlast the replay)
+            await first_checkpoint(postgres_url)
+        assert replaying.returncode is None, f"the replay ended before Ctrl-C ({moment})"
         os.killpg(replaying.pid, signal.SIGINT)  # as a terminal's Ctrl-C
         _, stderr = await replaying.communicate()
         assert replaying.returncode == 130, stderr.decode()
         assert b"Traceback" not in stderr, stderr.decode()
         await asyncio.sleep(1)
         left = processes_with(f"SVLEDGER_TOPIC={settings.topic}")
-        assert not left, f"helpers left running after {delay} s: {left}"
+        assert not left, f"helpers left running after Ctrl-C ({moment}): {left}"
         db = engine(postgres_url)
         with db.begin() as connection:  # the next replay needs a fresh database
             connection.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+        db.dispose()
+
+
+async def helpers_started(setting: str) -> None:
+    """Wait until a process whose environment holds ``setting`` has started another."""
+    for _ in range(600):
+        if len(processes_with(setting)) > 1:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the replay started no helper in 30 s")
+
+
+async def first_checkpoint(url: str) -> None:
+    """Wait until a replay into ``url`` has committed its first batch."""
+    db = create_engine(url)  # the schema may not be there yet
+    try:
+        for _ in range(600):
+            with contextlib.suppress(DBAPIError), db.connect() as connection:  # no table yet
+                if connection.execute(select(projection_checkpoints)).first():
+                    return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the replay committed nothing in 30 s")
+    finally:
         db.dispose()
 
 
