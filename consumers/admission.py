@@ -72,6 +72,7 @@ from ledger.kafka import (
     partition_of,
     to_record,
     topic_partitions,
+    while_away,
 )
 from ledger.settings import KafkaSettings
 
@@ -270,7 +271,15 @@ class Admission:
 async def run_admission(
     settings: KafkaSettings, *, stop: asyncio.Event, group_id: str = GROUP_ID
 ) -> None:
-    """Move inbox records into the ledger (or the dead-letter topic) until ``stop`` is set."""
-    async with Admission(settings, group_id) as admission:
+    """Move inbox records into the ledger (or the dead-letter topic) until ``stop`` is set,
+    waiting for a broker that is away at the start (as the other services do)."""
+    admission = await while_away(
+        stop, lambda: Admission(settings, group_id).__aenter__(), f"join group {group_id}"
+    )
+    if admission is None:
+        return
+    try:
         while not stop.is_set():
             await admission.step()
+    finally:
+        await admission.__aexit__(None, None, None)

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -81,7 +80,6 @@ from ledger.events import Event, Meta, Position, type_name
 from ledger.kafka import (
     BROKER_ERRORS,
     TRANSACTION_TIMEOUT_SECONDS,
-    BrokerUnavailable,
     GroupMember,
     PartitionProducer,
     Record,
@@ -89,6 +87,7 @@ from ledger.kafka import (
     decode_message,
     first_at,
     partition_of,
+    while_away,
 )
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
@@ -104,7 +103,6 @@ log = logging.getLogger(__name__)
 # once it has read this many records since (what it holds meanwhile).
 SETTLE_SECONDS: Final = 1.0
 SETTLE_RECORDS: Final = 50_000
-REJOIN_SECONDS: Final = 5.0  # between attempts to join the group while the broker is away
 REBUILD_BACKOFF_SECONDS: Final = 0.5  # before rebuilding a log lost to a failed transaction
 REBUILD_BACKOFF_MAX_SECONDS: Final = 300.0
 # How long a partition's rebuild waits for the fold snapshots' database before it reads
@@ -393,19 +391,13 @@ class PartitionFollower:
 
     async def _join(self, stop: asyncio.Event) -> GroupMember | None:
         """Join the group, trying again while the broker cannot be reached; None if stopped."""
-        while not stop.is_set():
-            try:
-                return await GroupMember(
-                    self.settings,
-                    self.group_id,
-                    self._lose,
-                    fetch_max_wait_ms=self._fetch_max_wait_ms,
-                ).__aenter__()
-            except BrokerUnavailable as error:
-                log.warning("%s cannot join its group yet: %s", self.group_id, error)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), REJOIN_SECONDS)
-        return None
+        return await while_away(
+            stop,
+            lambda: GroupMember(
+                self.settings, self.group_id, self._lose, fetch_max_wait_ms=self._fetch_max_wait_ms
+            ).__aenter__(),  # a fresh member per attempt
+            f"join group {self.group_id}",
+        )
 
     def _lose(self, partitions: set[int]) -> None:
         """Revoked and newly assigned partitions are rebuilt from scratch, and so are those

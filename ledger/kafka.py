@@ -332,6 +332,27 @@ async def unless_stopped(work: Awaitable[object], stop: asyncio.Event | None) ->
     return True
 
 
+RETRY_SECONDS: Final = 5.0  # between attempts to reach a broker that is away
+_T = TypeVar("_T")
+
+
+async def while_away(
+    stop: asyncio.Event, attempt: Callable[[], Awaitable[_T]], doing: str
+) -> _T | None:
+    """``attempt()``'s result, tried again every :data:`RETRY_SECONDS` while Kafka cannot
+    be reached (a warning names ``doing``, "join group x"), as services ride out an
+    outage; None if ``stop`` is set first. Refusals (a login, an ACL, a missing topic)
+    are raised at once: waiting does not mend them."""
+    while not stop.is_set():
+        try:
+            return await attempt()
+        except BrokerUnavailable as error:
+            log.warning("cannot %s yet: %s", doing, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RETRY_SECONDS)
+    return None
+
+
 async def _cancelled(task: asyncio.Future[Any]) -> None:
     """Cancel ``task`` and let it unwind (a client's start closes what it opened)."""
     task.cancel()

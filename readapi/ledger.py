@@ -56,6 +56,7 @@ from ledger.kafka import (
     first_at,
     message_time,
     topic_partitions,
+    while_away,
 )
 from ledger.names import resource_name
 from ledger.progress import CatchUp
@@ -259,39 +260,53 @@ class LedgerViews:
     # ------------------------------------------------------------------ following
 
     async def follow(self, stop: asyncio.Event) -> None:
-        """Fold the topic from its beginning and keep folding until ``stop`` is set."""
-        self._partitions = await topic_partitions(self.settings)
-        async with EndOffsets(self.settings) as ends:
-            targets = await ends()
-        lag = metrics.ReaderLag(READER)
+        """Fold the topic from its beginning and keep folding until ``stop`` is set,
+        waiting for a broker that is away at the start (as the other services do)."""
+        targets = await while_away(stop, self._ends, "read the events topic's end")
+        if targets is None:
+            return
         # Below these offsets renewals are thinned; the rest is folded one by one, so
         # watches can start from the tail of the log as it was at start-up.
         thinned = {p: end - self.watch_window for p, end in targets.items()}
-        async with EventConsumer(
-            self.settings, dead_letters=False, fetch_max_wait_ms=100
-        ) as consumer:
+        consumer = await while_away(
+            stop,
+            lambda: EventConsumer(
+                self.settings, dead_letters=False, fetch_max_wait_ms=100
+            ).__aenter__(),
+            "start reading the events topic",
+        )
+        if consumer is None:
+            return
+        lag = metrics.ReaderLag(READER)
+        try:
             catch_up = CatchUp(READER, targets, await consumer.positions())
             catch_up.update(self._positions)
             self._check_ready(targets)
-            try:
-                while not stop.is_set():
-                    batch = await consumer.fetch_for_fold(timeout_ms=200)
-                    dead: list[tuple[Message, str]] = []
-                    records: list[Record] = []
-                    for partition, messages in batch.items():
-                        cut = first_at(messages, thinned.get(partition, 0))
-                        dead += self._fold_thinned(partition, messages[:cut])
-                        decode_messages(messages[cut:], records, dead)
-                    await consumer.send_dead_letters(dead)  # logged and passed over
-                    self._fold(records)
-                    if folded := sum(map(len, batch.values())) - len(dead):
-                        metrics.EVENTS_FOLDED.labels(READER).inc(folded)
-                    await self._passed(await consumer.positions(), targets, bool(batch))
-                    catch_up.update(self._positions)
-                    lag.set(await consumer.lags())
-            finally:
-                lag.clear()
-                self._wake()  # watches look at the stop signal
+            while not stop.is_set():
+                batch = await consumer.fetch_for_fold(timeout_ms=200)
+                dead: list[tuple[Message, str]] = []
+                records: list[Record] = []
+                for partition, messages in batch.items():
+                    cut = first_at(messages, thinned.get(partition, 0))
+                    dead += self._fold_thinned(partition, messages[:cut])
+                    decode_messages(messages[cut:], records, dead)
+                await consumer.send_dead_letters(dead)  # logged and passed over
+                self._fold(records)
+                if folded := sum(map(len, batch.values())) - len(dead):
+                    metrics.EVENTS_FOLDED.labels(READER).inc(folded)
+                await self._passed(await consumer.positions(), targets, bool(batch))
+                catch_up.update(self._positions)
+                lag.set(await consumer.lags())
+        finally:
+            lag.clear()
+            self._wake()  # watches look at the stop signal
+            await consumer.__aexit__(None, None, None)
+
+    async def _ends(self) -> dict[int, int]:
+        """The events topic's partitions and their ends now (read_committed)."""
+        self._partitions = await topic_partitions(self.settings)
+        async with EndOffsets(self.settings) as ends:
+            return await ends()
 
     def _fold(self, batch: list[Record]) -> None:
         for record in batch:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -44,6 +45,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.cluster import ClusterMetadata
 
 from consumers import partitions
+from consumers.admission import run_admission
 from consumers.partitions import PartitionFollower, PartitionLost
 from deploy.kafka.broker import LocalKafka
 from deploy.kube.cluster import LocalCluster
@@ -66,6 +68,7 @@ from ledger.settings import KafkaSettings
 from projections.database import engine
 from projections.replay import cluster_log, replay
 from projections.store import load_checkpoints, views_snapshot
+from readapi.ledger import LedgerViews
 from tests.integration.test_collector import CLUSTER, agree, assert_nothing_twice, start_collector
 from tests.integration.test_consumer_crash import _fold, _spawn
 from tests.integration.test_migrator import read_records
@@ -745,6 +748,46 @@ async def test_a_collector_started_while_the_broker_is_down_collects_once_it_is_
         assert collector.wait(60) == 0, log.read_text()[-3000:]
     _, records = await cluster_log(settings, CLUSTER)
     assert_nothing_twice(records)
+
+
+async def test_the_read_api_and_admission_started_while_the_broker_is_down_go_on_once_it_is_back(
+    broker: LocalKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``serve`` and ``admit`` exited (69) when the broker was away at their start, where
+    the other services wait for it."""
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-serve-down", partitions=1
+    )
+    await create_topics(settings, ["east"])
+    broker.kill()
+    stop = asyncio.Event()
+    views = LedgerViews(settings)
+    following = asyncio.create_task(views.follow(stop))
+    admitting = asyncio.create_task(run_admission(settings, stop=stop))
+
+    def waited(doing: str) -> bool:
+        return any(f"cannot {doing}" in r.getMessage() for r in caplog.records)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="ledger.kafka"):
+            async with asyncio.timeout(120):  # one connect timeout (30 s), and a margin
+                while not (waited("read the events topic") and waited("join group")):
+                    assert not following.done(), following
+                    assert not admitting.done(), admitting
+                    await asyncio.sleep(0.5)
+            await asyncio.to_thread(broker.restart)
+            inbox = dataclasses.replace(settings, inbox=True)
+            async with EventProducer(inbox) as producer:
+                await producer.send(heartbeat("a1"))  # admitted, then folded by the views
+            async with asyncio.timeout(120):
+                while "east" not in views.clusters:
+                    assert not following.done(), following
+                    assert not admitting.done(), admitting
+                    await asyncio.sleep(0.5)
+        assert views.ready.is_set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(following, admitting), 60)
 
 
 async def test_a_follower_whose_transaction_coordinator_never_answers_says_so_and_goes_on(
