@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,14 @@ def freeze_database(db: Engine, frozen: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError):  # a backend ended meanwhile
             os.kill(pid, signal.SIGSTOP)
             frozen.append(pid)
+
+
+def asked(frozen: list[int]) -> bool:
+    """Whether a client has sent the frozen processes what they have not read (a query, a
+    connection waiting to be accepted): the Recv-Q of their sockets, as ``ss`` lists it."""
+    listing = subprocess.run(["ss", "-xpH"], capture_output=True, text=True, check=True).stdout
+    for line in listing.splitlines():
+        fields = line.split()
+        if int(fields[2]) > 0 and any(f"pid={pid}," in line for pid in frozen):
+            return True
+    return False

@@ -298,11 +298,13 @@ async def test_a_reporter_whose_broker_is_down_opens_its_gate_once_registered(
         reporter = Reporter("east", "a1", pods("v1"), producer, heartbeat_interval=1.0, jitter=0)
         starting = asyncio.create_task(reporter.start())
         await asyncio.sleep(3)
+        if not connected:  # its connection attempts (1 s each) fail: the 503 says so
+            async with asyncio.timeout(30):
+                while reporter.gate.error is None:
+                    await asyncio.sleep(0.05)
+            assert f"last seen error: {reporter.gate.error}" in reporter.gate.reason("", "pods")
         assert not starting.done()
         assert not reporter.gate.allows("POST", "", "pods")  # 503 until registered
-        if not connected:  # its connection attempts (1 s each) have failed: the 503 says so
-            assert reporter.gate.error is not None
-            assert f"last seen error: {reporter.gate.error}" in reporter.gate.reason("", "pods")
         await asyncio.to_thread(broker.restart)
         await asyncio.wait_for(starting, 120)
         assert reporter.ready and reporter.gate.allows("POST", "", "pods")
@@ -365,12 +367,16 @@ async def test_a_heartbeat_kafka_holds_while_its_broker_hangs_is_told_of_until_i
         await reporter.start()
         with caplog.at_level(logging.WARNING, logger="ledger.reporter"):
             broker.hang()
+
+            def told() -> list[str]:
+                return [r.getMessage() for r in caplog.records if r.name == "ledger.reporter"]
+
             try:
-                await asyncio.sleep(4)
+                async with asyncio.timeout(30):
+                    while not any("has not acknowledged its heartbeat in" in m for m in told()):
+                        await asyncio.sleep(0.1)
             finally:
                 broker.resume()
-            told = [r.getMessage() for r in caplog.records if r.name == "ledger.reporter"]
-            assert any("has not acknowledged its heartbeat in" in m for m in told), told
         await reporter.stop()
 
 

@@ -125,6 +125,17 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
 
             # With the controller, the object is taken at once, however long it then runs.
             cluster.start_controller_manager()
+            # It answers its health check before its informers have synced: one migration,
+            # given all the time it needs, shows it runs; the next must be taken in 3 s.
+            warm = dataclasses.replace(migration("Pending"), migration_id="m-warm")
+            patient, warmed = (
+                in_tree(kube, poll_seconds=0.2, controller_wait_seconds=120),
+                Appended(),
+            )
+            await asyncio.wait_for(
+                patient.run(warm, append=warmed, cancelled=lambda: False), timeout=180
+            )
+            assert isinstance(warmed[-1], MigrationSucceeded), warmed
             appended.clear()
             taken = dataclasses.replace(migration("Pending"), migration_id="m-2")
             stop = asyncio.Event()

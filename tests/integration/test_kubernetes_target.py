@@ -685,15 +685,16 @@ async def test_a_server_that_takes_the_connection_and_never_answers_is_transient
 async def test_a_long_answer_that_keeps_coming_is_not_cut_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A large list streams for longer than the silence a request waits through.
-    monkeypatch.setattr(client_module, "SILENCE_SECONDS", 1.0)
+    # A large list streams for longer than the silence a request waits through (a stall
+    # of this process short of that silence must not cut it off either).
+    monkeypatch.setattr(client_module, "SILENCE_SECONDS", 3.0)
 
     async def slowly(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         await response.write(b'{"items": [{}')
-        for _ in range(8):  # 2 s in all, never silent for 1 s
-            await asyncio.sleep(0.25)
+        for _ in range(40):  # 4 s in all, never silent for 3 s
+            await asyncio.sleep(0.1)
             await response.write(b", {}")
         await response.write(b'], "metadata": {}}')
         return response
@@ -703,7 +704,7 @@ async def test_a_long_answer_that_keeps_coming_is_not_cut_off(
     async with TestServer(application) as server:
         kube = kube_at(str(server.make_url("")))
         try:
-            assert len((await kube.get("/api/v1/pods"))["items"]) == 9
+            assert len((await kube.get("/api/v1/pods"))["items"]) == 41
         finally:
             await kube.close()
 

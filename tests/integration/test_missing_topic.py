@@ -162,13 +162,16 @@ async def test_a_reporter_started_before_its_topic_exists_opens_its_gate_once_it
     async with EventProducer(settings) as producer:
         reporter = Reporter("east", "a1", pods, producer, heartbeat_interval=1.0, jitter=0)
         starting = asyncio.create_task(reporter.start())
-        await asyncio.sleep(2)
+        async with asyncio.timeout(30):  # the 503 names the topic once it is found missing
+            while unique_topic not in reporter.gate.reason("", "pods"):
+                await asyncio.sleep(0.05)
         assert not starting.done()
-        assert unique_topic in reporter.gate.reason("", "pods")  # the 503 names the topic
         # One stopped before the topic is made: its lease release is given up, not raised.
         stopped = Reporter("east", "a2", pods, producer, heartbeat_interval=1.0, jitter=0)
         stopping = asyncio.create_task(stopped.start())
-        await asyncio.sleep(1.5)
+        async with asyncio.timeout(30):  # it has tried to register
+            while unique_topic not in stopped.gate.reason("", "pods"):
+                await asyncio.sleep(0.05)
         await stopped.stop(shutdown_timeout=2.0)
         await asyncio.wait_for(stopping, 10)
         assert not stopped.ready

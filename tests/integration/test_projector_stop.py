@@ -21,7 +21,7 @@ from projections.fold import fold
 from projections.projector import DEFAULT_PROJECTION, STOP_GRACE_SECONDS, group_id, run_projector
 from projections.schema import projection_checkpoints
 from projections.store import database_id, load_state
-from tests.frozen import freeze_database
+from tests.frozen import asked, freeze_database
 from tests.integration.test_migrator import DEADLINE, read_records
 from tests.workloads import mixed_events
 
@@ -127,7 +127,10 @@ async def test_a_projector_stopped_while_its_database_hangs_exits_in_its_grace_l
         freeze_database(engine(postgres_url), frozen)  # mid-session
         async with EventProducer(settings) as producer:
             await producer.send_many(events[2000:])
-        await asyncio.sleep(3)  # read, folded, and being written
+        async with asyncio.timeout(DEADLINE):  # read, folded, and being written
+            while not asked(frozen):
+                assert projector.poll() is None
+                await asyncio.sleep(0.1)
         assert projector.poll() is None
         code, took = await stopped(projector)
     finally:
