@@ -63,6 +63,7 @@ from ledger.events import (
 )
 from ledger.kafka import (
     Addressed,
+    BrokerUnavailable,
     OutgoingRecord,
     PatternMember,
     TopicPartition,
@@ -208,8 +209,13 @@ class Admission:
             producer = TransactionalProducer(
                 self.settings, f"{self.group_id}-{tp.topic}-{tp.partition}"
             )
-            await producer.start()  # fences the last owner: its offsets are final now
-            next_offset = await self._member.resume(tp)
+            try:
+                await producer.start()  # fences the last owner: its offsets are final now
+                next_offset = await self._member.resume(tp)
+            except BrokerUnavailable as error:  # an outage: tried again at the next step
+                log.warning("cannot move %s yet: %s", tp.topic, error)
+                await producer.stop()
+                continue
             if next_offset is None:  # revoked meanwhile
                 await producer.stop()
                 continue

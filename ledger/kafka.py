@@ -658,6 +658,22 @@ async def _await_leaders(
         await asyncio.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _lost(settings: KafkaSettings, doing: str) -> Iterator[None]:
+    """A request that failed as the broker went away after the connection was made (a
+    killed broker's closed connection, a partition without a leader yet, the request's
+    timeout) raises :class:`BrokerUnavailable`: an outage, as at connect."""
+    try:
+        yield
+    except KafkaError as error:
+        if not (error.retriable or isinstance(error, KafkaTimeoutError)):
+            raise
+        raise BrokerUnavailable(
+            f"lost Kafka at {settings.bootstrap_servers!r} while {doing}: {error}. Check"
+            " that the broker is running; services try again."
+        ) from error
+
+
 async def topic_partitions(
     settings: KafkaSettings, topic: str | None = None, *, timeout: float = 30.0
 ) -> list[int]:
@@ -675,15 +691,8 @@ async def topic_partitions(
         lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings, timeout=timeout
     )
     try:
-        (described,) = await admin.describe_topics([topic])
-    except KafkaError as error:
-        if not (error.retriable or isinstance(error, KafkaTimeoutError)):
-            raise
-        # The broker went away after the connection was made: an outage, as at connect.
-        raise BrokerUnavailable(
-            f"lost Kafka at {settings.bootstrap_servers!r} while describing topic"
-            f" {topic!r}: {error}. Check that the broker is running; services try again."
-        ) from error
+        with _lost(settings, f"describing topic {topic!r}"):
+            (described,) = await admin.describe_topics([topic])
     finally:
         await admin.close()
     _check_described(settings, described)
@@ -761,8 +770,12 @@ class EndOffsets:
         assert self._consumer is not None, "use 'async with EndOffsets(...)'"
         topic = self.settings.topic
         wanted = self.partitions if partitions is None else partitions
-        with _refusals(self.settings, topic=("Describe", topic)):
-            ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in wanted])
+        tps = [TopicPartition(topic, p) for p in wanted]
+        with (
+            _lost(self.settings, f"asking the ends of topic {topic!r}"),
+            _refusals(self.settings, topic=("Describe", topic)),  # first: refusals are not lost
+        ):
+            ends = await self._consumer.end_offsets(tps)
         return {tp.partition: offset for tp, offset in ends.items()}
 
 
@@ -1345,15 +1358,17 @@ class PatternMember(_Member):
 
     async def resume(self, tp: TopicPartition) -> int | None:
         """Seek ``tp`` to the group's committed offset (else its beginning) and return it;
-        None if the partition was revoked meanwhile."""
-        committed: int | None = await self._kafka.committed(tp)
-        if tp not in self._kafka.assignment():
-            return None
-        if committed is None:
-            await self._kafka.seek_to_beginning(tp)
-            committed = await self._kafka.position(tp)
-        else:
-            self._kafka.seek(tp, committed)
+        None if the partition was revoked meanwhile; :class:`BrokerUnavailable` if the
+        broker is lost on the way."""
+        with _lost(self.settings, f"asking group {self.group_id}'s offset of {tp.topic}"):
+            committed: int | None = await self._kafka.committed(tp)
+            if tp not in self._kafka.assignment():
+                return None
+            if committed is None:
+                await self._kafka.seek_to_beginning(tp)
+                committed = await self._kafka.position(tp)
+            else:
+                self._kafka.seek(tp, committed)
         return committed
 
     async def fetch(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:

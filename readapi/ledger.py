@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Final, Literal, TypeAlias
 
 from ledger import metrics
-from ledger.errors import UsageError
+from ledger.errors import Unavailable, UsageError
 from ledger.events import Event, Position, from_micros, micros
 from ledger.kafka import (
     EndOffsets,
@@ -81,6 +81,11 @@ READER: Final = "serve"  # its label in the Prometheus metrics (ledger.metrics)
 
 class UnknownCluster(UsageError):
     """No event of the cluster is in the log."""
+
+
+class NotCaughtUp(Unavailable):
+    """A cluster not folded yet by views still reading the log up to where it ended at
+    their start (the broker may be away): it may be further on."""
 
 
 class PointOutOfRange(UsageError):
@@ -262,21 +267,13 @@ class LedgerViews:
     async def follow(self, stop: asyncio.Event) -> None:
         """Fold the topic from its beginning and keep folding until ``stop`` is set,
         waiting for a broker that is away at the start (as the other services do)."""
-        targets = await while_away(stop, self._ends, "read the events topic's end")
-        if targets is None:
+        started = await while_away(stop, self._start, "start reading the events topic")
+        if started is None:
             return
+        consumer, targets = started
         # Below these offsets renewals are thinned; the rest is folded one by one, so
         # watches can start from the tail of the log as it was at start-up.
         thinned = {p: end - self.watch_window for p, end in targets.items()}
-        consumer = await while_away(
-            stop,
-            lambda: EventConsumer(
-                self.settings, dead_letters=False, fetch_max_wait_ms=100
-            ).__aenter__(),
-            "start reading the events topic",
-        )
-        if consumer is None:
-            return
         lag = metrics.ReaderLag(READER)
         try:
             catch_up = CatchUp(READER, targets, await consumer.positions())
@@ -302,11 +299,19 @@ class LedgerViews:
             self._wake()  # watches look at the stop signal
             await consumer.__aexit__(None, None, None)
 
-    async def _ends(self) -> dict[int, int]:
-        """The events topic's partitions and their ends now (read_committed)."""
-        self._partitions = await topic_partitions(self.settings)
-        async with EndOffsets(self.settings) as ends:
-            return await ends()
+    async def _start(self) -> tuple[EventConsumer, dict[int, int]]:
+        """A consumer of every partition, from the beginning, and the partitions' ends
+        now (read_committed): the views are ready once they have read that far."""
+        consumer = await EventConsumer(
+            self.settings, dead_letters=False, fetch_max_wait_ms=100
+        ).__aenter__()
+        try:
+            self._partitions = await topic_partitions(self.settings)
+            async with EndOffsets(self.settings) as ends:
+                return consumer, await ends()
+        except BaseException:
+            await consumer.__aexit__(None, None, None)
+            raise
 
     def _fold(self, batch: list[Record]) -> None:
         for record in batch:
@@ -429,6 +434,11 @@ class LedgerViews:
     def fold(self, cluster: str) -> ClusterFold:
         fold = self.clusters.get(cluster)
         if fold is None:
+            if not self.ready.is_set():
+                raise NotCaughtUp(
+                    f"cluster {cluster!r} is not folded yet: the views have not read topic "
+                    f"{self.settings.topic} up to its end yet; try again once /readyz is ok"
+                )
             known = ", ".join(sorted(self.clusters)[:10]) or "none yet"
             raise UnknownCluster(
                 f"cluster {cluster!r} has no events in topic {self.settings.topic} "

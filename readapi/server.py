@@ -86,6 +86,7 @@ from readapi.ledger import (
     Change,
     ClusterFold,
     LedgerViews,
+    NotCaughtUp,
     PointOutOfRange,
     UnknownCluster,
     timeline_page,
@@ -221,6 +222,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _status(request, error.code, error.reason, str(error), error.details)
     except UnknownCluster as error:
         return _status(request, 404, "NotFound", str(error))
+    except NotCaughtUp as error:
+        return _status(request, 503, "ServiceUnavailable", str(error), {"retryAfterSeconds": 1})
     except PointOutOfRange as error:
         return _status(request, 400, "BadRequest", str(error))
     except web.HTTPMethodNotAllowed:

@@ -301,6 +301,7 @@ async def test_a_reporter_whose_broker_is_down_opens_its_gate_once_registered(
         if not connected:  # its connection attempts (1 s each) fail: the 503 says so
             async with asyncio.timeout(30):
                 while reporter.gate.error is None:
+                    assert not starting.done(), starting
                     await asyncio.sleep(0.05)
             assert f"last seen error: {reporter.gate.error}" in reporter.gate.reason("", "pods")
         assert not starting.done()
@@ -777,7 +778,7 @@ async def test_the_read_api_and_admission_started_while_the_broker_is_down_go_on
     try:
         with caplog.at_level(logging.WARNING, logger="ledger.kafka"):
             async with asyncio.timeout(120):  # one connect timeout (30 s), and a margin
-                while not (waited("read the events topic") and waited("join group")):
+                while not (waited("start reading the events topic") and waited("join group")):
                     assert not following.done(), following
                     assert not admitting.done(), admitting
                     await asyncio.sleep(0.5)
@@ -794,6 +795,48 @@ async def test_the_read_api_and_admission_started_while_the_broker_is_down_go_on
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(following, admitting), 60)
+
+
+async def test_admission_whose_broker_dies_in_a_transaction_moves_the_record_once_it_is_back(
+    broker: LocalKafka, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction given up, the inbox's next producer cannot start while the broker
+    is away: admission exited (69) there."""
+    settings = KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic="svledger-admit-down", partitions=1
+    )
+    await create_topics(settings, ["east"])
+    monkeypatch.setattr(kafka, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
+    commit = kafka.TransactionalProducer.commit
+    killed = asyncio.Event()
+
+    async def kill_then_commit(self: Any, *args: Any, **options: Any) -> Any:
+        if not killed.is_set():
+            killed.set()
+            broker.kill()
+        return await commit(self, *args, **options)
+
+    monkeypatch.setattr(kafka.TransactionalProducer, "commit", kill_then_commit)
+    stop = asyncio.Event()
+    admitting = asyncio.create_task(run_admission(settings, stop=stop))
+    try:
+        async with EventProducer(dataclasses.replace(settings, inbox=True)) as producer:
+            sent = heartbeat("a1")
+            await producer.send(sent)
+        with caplog.at_level(logging.WARNING, logger="consumers.admission"):
+            async with asyncio.timeout(120):  # the transaction's 3 s, a connect's 30 s
+                while not any("cannot move" in r.getMessage() for r in caplog.records):
+                    assert not admitting.done(), admitting
+                    await asyncio.sleep(0.5)
+        await asyncio.to_thread(broker.restart)
+        async with asyncio.timeout(120):
+            while not (records := await read_records(settings)):
+                assert not admitting.done(), admitting
+                await asyncio.sleep(0.5)
+        assert [event.meta.event_id for event, _ in records] == [sent.meta.event_id]
+    finally:
+        stop.set()
+        await asyncio.wait_for(admitting, 60)
 
 
 async def test_a_follower_whose_transaction_coordinator_never_answers_says_so_and_goes_on(

@@ -135,7 +135,7 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
             await asyncio.wait_for(
                 patient.run(warm, append=warmed, cancelled=lambda: False), timeout=180
             )
-            assert isinstance(warmed[-1], MigrationSucceeded), warmed
+            assert warmed and isinstance(warmed[-1], MigrationSucceeded), warmed
             appended.clear()
             taken = dataclasses.replace(migration("Pending"), migration_id="m-2")
             stop = asyncio.Event()

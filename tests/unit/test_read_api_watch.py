@@ -229,6 +229,26 @@ async def test_a_namespaced_object_is_found_under_its_namespace_only(
         assert listed.status == 200
 
 
+async def test_a_cluster_not_folded_before_the_views_are_ready_is_unavailable_not_missing(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    # Views still reading the log up to its end (or waiting for the broker) cannot say a
+    # cluster has no events: a client is told to try again, as upstream's 503s do.
+    client, views = served
+    other = STORAGE_VERSIONS.replace("cluster-000", "cluster-later")
+    views.ready.clear()
+    async with client.get(other) as response:
+        status = await response.json()
+        assert (response.status, status["reason"]) == (503, "ServiceUnavailable")
+        assert response.headers["Retry-After"] == "1"
+        assert "'cluster-later' is not folded yet" in status["message"]
+    async with client.get(STORAGE_VERSIONS) as known:  # a cluster folded is served
+        assert known.status == 200
+    views.ready.set()
+    async with client.get(other) as response:
+        assert (response.status, (await response.json())["reason"]) == (404, "NotFound")
+
+
 async def test_a_field_selector_on_one_objects_watch_must_pin_its_name(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
