@@ -55,7 +55,6 @@ from ledger.kafka import (
     decode_messages,
     first_at,
     message_time,
-    topic_partitions,
     while_away,
 )
 from ledger.names import resource_name
@@ -306,8 +305,8 @@ class LedgerViews:
             self.settings, dead_letters=False, fetch_max_wait_ms=100
         ).__aenter__()
         try:
-            self._partitions = await topic_partitions(self.settings)
             async with EndOffsets(self.settings) as ends:
+                self._partitions = ends.partitions
                 return consumer, await ends()
         except BaseException:
             await consumer.__aexit__(None, None, None)
