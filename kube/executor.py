@@ -28,10 +28,14 @@ collector's cache holds no other), so that is the version it is given, as the
   migration with reason ``RequestFailed``, as the ``rewrite`` executor does: asking
   again would be refused again until the kubeconfig is mended;
 * an object no controller has taken (``status.resourceVersion``, which
-  kube-controller-manager sets as soon as it sees the object) after
+  kube-controller-manager sets as soon as it runs the object) after
   ``controller_wait_seconds`` is deleted and its migration fails with reason
   ``ControllerNotRunning``: before 1.37 the controller must be enabled, and a migration
-  waiting for ever would hold the worker's slot;
+  waiting for ever would hold the worker's slot. Unless it is queued: from 1.36 the
+  controller runs one object per resource at a time, the oldest first (its
+  ``Running`` condition), and sets ``status.resourceVersion`` only on the one it runs
+  (1.35 set it on every object at once); while another object of the resource runs
+  (one an operator made, say), the wait starts again;
 * once its outcome is appended, delete the object: the ledger keeps the record, and
   objects of an alpha version left in etcd break the API after an upgrade (1.35 cannot
   read 1.34's ``v1alpha1`` ones, and every list of them fails); an object that is
@@ -129,6 +133,11 @@ def outcome(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
+def _group_resource(obj: Mapping[str, Any]) -> tuple[str, str]:
+    resource = (obj.get("spec") or {}).get("resource") or {}
+    return resource.get("group", ""), resource.get("resource", "")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StorageMigrationExecutor:
     """Runs a migration as a StorageVersionMigration and follows it (see the module doc)."""
@@ -186,10 +195,11 @@ class StorageMigrationExecutor:
             if not await self._create(migration, group_version, name, append, meta, cancelled):
                 return
             await append([MigrationStarted(meta(), migration.migration_id)])
-        # kube-controller-manager's controllers set status.resourceVersion first, at once
-        # (queued behind another migration of the resource too). An object still without
-        # it after controller_wait_seconds has no controller: before 1.37 it must be
-        # enabled, and a migration that waited for ever would hold the worker's slot.
+        # kube-controller-manager's controllers set status.resourceVersion first, once
+        # they run the object. An object still without it after controller_wait_seconds
+        # has no controller, unless it is queued behind another of its resource: before
+        # 1.37 the controller must be enabled, and a migration that waited for ever
+        # would hold the worker's slot.
         following = self.clock.now()
         taken = False
         while True:
@@ -221,6 +231,17 @@ class StorageMigrationExecutor:
             taken = taken or bool((obj.get("status") or {}).get("resourceVersion"))
             waited = (self.clock.now() - following).total_seconds()
             if obj and not taken and waited >= self.controller_wait_seconds:
+                try:
+                    ahead = await self._running(path, name, obj)
+                except (ApiError, ClusterUnreachable) as error:
+                    log.warning("listing %s: %s; retrying", path, error)
+                    await self.clock.sleep(self.poll_seconds)
+                    continue
+                if ahead is not None:
+                    log.info("%s is queued behind %s, which a controller runs", name, ahead)
+                    following = self.clock.now()
+                    await self.clock.sleep(self.poll_seconds)
+                    continue
                 await self._delete(path, name, "not taken")
                 message = (
                     f"no controller took {name} in {waited:.0f} s (its status has no"
@@ -231,6 +252,20 @@ class StorageMigrationExecutor:
                 await append([self._failed(migration, meta(), "ControllerNotRunning", message)])
                 return
             await self.clock.sleep(self.poll_seconds)
+
+    async def _running(self, path: str, name: str, obj: Mapping[str, Any]) -> str | None:
+        """Another object of ``obj``'s resource that a controller runs (``Running=True``,
+        not ended), which ``name`` is queued behind, if one is."""
+        resource = _group_resource(obj)
+        listed = await self.kube.get(path)
+        for item in listed.get("items") or ():
+            other = (item.get("metadata") or {}).get("name")
+            if other == name or _group_resource(item) != resource or outcome(item) is not None:
+                continue
+            conditions = (item.get("status") or {}).get("conditions") or ()
+            if any(c.get("type") == "Running" and c.get("status") == "True" for c in conditions):
+                return str(other)
+        return None
 
     async def _served_version(self, cancelled: Callable[[], bool]) -> str | None:
         """The group version of StorageVersionMigration the cluster prefers (see the

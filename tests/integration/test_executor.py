@@ -123,6 +123,48 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
                 await kube.get(f"{path}/{object_name(alone)}")
             assert gone.value.status == 404  # deleted, as a cancelled one is
 
+            # Queued: from 1.36 the controller runs one object of a resource at a time and
+            # sets status.resourceVersion only on that one. Behind an object it runs (its
+            # Running condition, set here as the controller sets it), the wait goes on.
+            appended.clear()
+            ahead = await kube.request(
+                "POST",
+                path,
+                {
+                    "apiVersion": f"{GROUP}/v1",
+                    "kind": "StorageVersionMigration",
+                    "metadata": {"name": "operators-own"},
+                    "spec": {"resource": {"group": "apps", "resource": "deployments"}},
+                },
+            )
+            ahead["status"] = {
+                "conditions": [
+                    {
+                        "type": "Running",
+                        "status": "True",
+                        "reason": "MigrationRunning",
+                        "message": "running",
+                        "lastTransitionTime": "2026-11-29T12:00:00Z",
+                    }
+                ]
+            }
+            await kube.request("PUT", f"{path}/operators-own/status", ahead)
+            queued = dataclasses.replace(migration("Pending"), migration_id="m-queued")
+            stop = asyncio.Event()
+            waiting = asyncio.create_task(
+                executor.run(queued, append=appended, cancelled=stop.is_set)
+            )
+            await asyncio.sleep(8)  # well past controller_wait_seconds
+            assert [type(e) for e in appended] == [MigrationStarted], appended
+            assert not waiting.done()
+            await kube.request("DELETE", f"{path}/operators-own")
+            # Nothing runs it now, and no controller takes it: it fails as one alone does.
+            await asyncio.wait_for(waiting, 60)
+            assert [type(e) for e in appended] == [MigrationStarted, MigrationFailed]
+            assert isinstance(appended[1], MigrationFailed)
+            assert appended[1].reason == "ControllerNotRunning"
+            appended.clear()
+
             # With the controller, the object is taken at once, however long it then runs.
             cluster.start_controller_manager()
             # It answers its health check before its informers have synced: one migration,
