@@ -74,17 +74,19 @@ _UID_NAMESPACE: Final = uuid.UUID("6c1f7c8e-5a0b-4f5e-9a43-3f0e2f1b7d21")
 
 
 class ApiError(UsageError):
-    """A request the API refuses; rendered as a Kubernetes ``Status``."""
+    """A request the API refuses; rendered as a Kubernetes ``Status`` (with ``details``
+    if given, empty ones too)."""
 
     def __init__(self, code: int, reason: str, message: str, details: JSON | None = None):
         super().__init__(message)
         self.code = code
         self.reason = reason
-        self.details = details or {}
+        self.details = details
 
 
 def status(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
-    """A ``meta/v1`` Status, as every Kubernetes error body is."""
+    """A ``meta/v1`` Status, as every Kubernetes error body is; ``details`` left out
+    when None, as upstream leaves out a nil pointer, and ``{}`` kept when empty."""
     body: JSON = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -94,9 +96,21 @@ def status(code: int, reason: str, message: str, details: JSON | None = None) ->
         "reason": reason,
         "code": code,
     }
-    if details:
+    if details is not None:
         body["details"] = details
     return body
+
+
+# What Go's json.Marshal escapes that Python's json.dumps leaves as it is.
+_GO_ESCAPES: Final = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def go_json(value: str) -> str:
+    """``value`` as Go's ``json.Marshal`` writes a string (how upstream's field errors
+    show a value of a named string type): UTF-8 kept, HTML characters escaped."""
+    return json.dumps(value, ensure_ascii=False).translate(_GO_ESCAPES)
 
 
 def invalid(kind: str, group: str, causes: list[tuple[str, str, str]]) -> ApiError:
@@ -896,10 +910,11 @@ def table(
 ) -> JSON:
     """A ``meta.k8s.io`` Table of ``rows`` (fold row, object), as ``kubectl get`` prints;
     each row's object in full, as ``PartialObjectMetadata`` or left out (``include_object``
-    ``Object``, ``Metadata`` or ``None``)."""
+    ``Object``, ``Metadata`` or ``None``: null, as upstream's empty ``RawExtension``
+    encodes)."""
     table_rows = []
     for row, obj in rows:
-        table_row: JSON = {"cells": kind.cells(row, view)}
+        table_row: JSON = {"cells": kind.cells(row, view), "object": None}
         if include_object == "Object":
             table_row["object"] = obj
         elif include_object == "Metadata":

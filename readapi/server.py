@@ -262,12 +262,14 @@ def _status(
 
 
 def _method_not_allowed(request: web.Request) -> web.Response:
+    """Upstream's generic 405, whose details name no resource: ``{}``."""
     return _status(
         request,
         405,
         "MethodNotAllowed",
         f"the server does not allow this method on the requested resource: {request.method} "
         f"{request.path} (the ledger is read-only here; it is appended to by its producers)",
+        {},
     )
 
 
@@ -673,13 +675,14 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
     causes: list[tuple[str, str, str]] = []  # (field, reason, message)
 
     # Each message as upstream's field.Error.ErrorBody writes it: "Forbidden: ..." and
-    # 'Unsupported value: "x": supported values: ...'.
+    # 'Unsupported value: "x": supported values: ...', the value a ResourceVersionMatch,
+    # so in JSON (a plain string would be Go-quoted).
     def forbid(message: str, field: str = "resourceVersionMatch") -> None:
         causes.append((field, "Forbidden", f"Forbidden: {message}"))
 
     def unsupported(*supported: str) -> None:
         listed = ", ".join(f'"{value}"' for value in supported)
-        message = f'Unsupported value: "{match}": supported values: {listed}'
+        message = f"Unsupported value: {resources.go_json(match)}: supported values: {listed}"
         causes.append(("resourceVersionMatch", "NotSupported", message))
 
     if watch:
@@ -733,6 +736,8 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     # Everything in the request's namespace, as upstream's list reads its key range; the
     # selectors choose among them.
     scope = kind.selected(view, Selection(namespace=selection.namespace))
+    if _one_key(kind, selection):
+        limit = None  # upstream reads the one key, never a page of a range
     chosen, last = resources.page([obj for _, obj in scope], after, limit, selection.matches)
     names = {obj["metadata"]["name"] for obj in chosen}
     next_token = resources.continue_token(view.offset, last) if last else ""
@@ -762,6 +767,17 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     else:
         body = resources.object_list(kind, chosen, view.offset, next_token, remaining)
     return _respond(output, body)
+
+
+def _one_key(kind: Kind, selection: Selection) -> bool:
+    """Whether upstream's store lists a single key for ``selection``: its field selector
+    pins ``metadata.name`` and the key is whole (the kind is cluster-scoped, or the list
+    is of one namespace). It then ignores ``limit``: one object at most, no ``continue``."""
+    pinned = any(
+        r.key == "metadata.name" and r.operator == "=" and len(r.values) == 1
+        for r in selection.fields
+    )
+    return pinned and (not kind.namespaced or selection.namespace is not None)
 
 
 # --------------------------------------------------------------------------- negotiation
@@ -796,7 +812,7 @@ def _include_object(request: web.Request) -> str:
             400,
             "BadRequest",
             "Unable to convert to Table as requested: "
-            f"includeObject: Invalid value: {json.dumps(value)}: "
+            f"includeObject: Invalid value: {resources.go_json(value)}: "
             "must be 'Metadata', 'Object', 'None', or empty",
         )
     return value or "Metadata"

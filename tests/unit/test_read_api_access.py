@@ -105,6 +105,7 @@ def test_a_review_names_exactly_one_kind_of_attributes(spec: dict[str, Any], sho
     )
     assert str(error).endswith(detail)
     assert f"Invalid value: {shown}: {detail}" in str(error)
+    assert error.details is not None
     assert error.details["causes"][0]["field"] == "spec"
 
 

@@ -155,6 +155,11 @@ async def test_a_plain_watch_ends_its_initial_events_with_the_bookmark_too(
         ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless"),
         ("resourceVersion=0&resourceVersionMatch=Exact", 'forbidden for resourceVersion "0"'),
         ("resourceVersion=5&resourceVersionMatch=Newest", 'Unsupported value: "Newest"'),
+        # A ResourceVersionMatch is shown as Go's json.Marshal writes it.
+        (
+            "resourceVersion=5&resourceVersionMatch=a%22%3Cb%26%C3%A9",
+            'Unsupported value: "a\\"\\u003cb\\u0026é": supported',
+        ),
         ("sendInitialEvents=true", "sendInitialEvents is forbidden for list"),
         ("watch=true&resourceVersionMatch=NotOlderThan", "unless sendInitialEvents is provided"),
         ("watch=true&sendInitialEvents=true", "requires setting resourceVersionMatch"),
@@ -318,7 +323,9 @@ async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
     async with client.post(review) as response:
         assert response.status == 404  # as a server without that API: kubectl says so
     async with client.post(LEASES) as response:
-        assert (response.status, (await response.json())["reason"]) == (405, "MethodNotAllowed")
+        refused = await response.json()
+        assert (response.status, refused["reason"]) == (405, "MethodNotAllowed")
+        assert refused["details"] == {}  # upstream's generic 405 names no resource
     async with client.get("/api") as response:  # kubectl get --raw drops the cluster's path
         assert response.status == 404
         assert "/clusters/CLUSTER" in (await response.json())["message"]
@@ -476,6 +483,32 @@ async def test_a_page_counts_the_items_after_it_unless_a_selector_is_given(
         page = await response.json()
     assert len(page["items"]) == 1 and page["metadata"]["continue"]
     assert "remainingItemCount" not in page["metadata"]
+
+
+async def test_a_list_whose_field_selector_pins_one_key_is_never_paged(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """Upstream's store reads the one key a ``metadata.name`` selector names (store.go's
+    ``MatchesSingle``) when the key is whole: no ``continue`` for a page that the limit
+    filled. Leases of every namespace have no whole key, and page as any list."""
+    client, _ = served
+    for path, equals in ((STORAGE_VERSIONS, "%3D"), (LEASES, "%3D%3D")):
+        async with client.get(path) as response:
+            name = (await response.json())["items"][0]["metadata"]["name"]
+        async with client.get(
+            f"{path}?limit=1&fieldSelector=metadata.name{equals}{name}"
+        ) as response:
+            page = await response.json()
+        assert [item["metadata"]["name"] for item in page["items"]] == [name]
+        assert "continue" not in page["metadata"]
+    everywhere = LEASES.replace("/namespaces/kube-system", "")
+    assert everywhere != LEASES
+    async with client.get(everywhere) as response:
+        lease = (await response.json())["items"][0]["metadata"]["name"]
+    async with client.get(
+        f"{everywhere}?limit=1&fieldSelector=metadata.name%3D{lease}"
+    ) as response:
+        assert (await response.json())["metadata"]["continue"]
 
 
 @pytest.mark.parametrize("text", ["2024-01-01", "2024-01-01T10:00:00", "2024-01-01 10:00"])
