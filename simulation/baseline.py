@@ -45,7 +45,11 @@ class DiscoveryHashTrigger:
     one the load balancer picks). On first sight the StorageState is created with
     persisted hashes ``["Unknown"]`` and a migration is requested; when the hash differs
     from the current one, the running migration is cancelled, a migration to the new
-    version is requested and the hash is appended to the persisted hashes. When its
+    version is requested and the hash is appended to the persisted hashes (as upstream's
+    ``updateStorageState`` appends it, present or not); while the resource is not
+    migrated (its persisted hashes are not the current one alone) and no migration of
+    it is pending or running (the last one failed, or was cancelled), a migration is
+    requested again at the next poll (upstream's ``needsMigration``). When its
     migration succeeds, the persisted hashes become the current hash alone.
     """
 
@@ -72,8 +76,9 @@ class DiscoveryHashTrigger:
             found = storage_version_hash(resource.group, version, resource.kind)
             belief = self.beliefs.get(resource.name)
             if belief is not None and belief.current_hash == found:
-                continue
-            if belief is None:
+                if belief.persisted_hashes == [found] or self._in_flight(state, belief):
+                    continue
+            elif belief is None:
                 belief = self.beliefs[resource.name] = _Belief(found, [UNKNOWN_HASH], None)
             else:
                 running = state.migrations.get((self._cluster, belief.migration_id or ""))
@@ -88,8 +93,7 @@ class DiscoveryHashTrigger:
                         )
                     )
                 belief.current_hash = found
-                if found not in belief.persisted_hashes:
-                    belief.persisted_hashes.append(found)
+                belief.persisted_hashes.append(found)
             storage_version = state.storage_versions.get(
                 (self._cluster, resource.group, resource.resource)
             )
@@ -108,6 +112,14 @@ class DiscoveryHashTrigger:
                 )
             )
         return events
+
+    def _in_flight(self, state: State, belief: _Belief) -> bool:
+        """Whether the resource's last migration is pending or running (or requested
+        and not folded yet)."""
+        if belief.migration_id is None:
+            return False
+        migration = state.migrations.get((self._cluster, belief.migration_id))
+        return migration is None or migration.active
 
     def observe(self, state: State) -> None:
         """Watch the migrations (the KEP's informer): a success refines persisted hashes."""
