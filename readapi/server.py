@@ -20,7 +20,8 @@ What it speaks, as kube-apiserver does:
   ``resourceVersionMatch=Exact`` (the past, as under ``/at``);
 * ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
   current objects when it is absent or ``0``), a deletion at its own resourceVersion,
-  BOOKMARK events with ``allowWatchBookmarks``, an ERROR event with a 410 Expired
+  BOOKMARK events with ``allowWatchBookmarks`` (after a quiet spell, and once 2 s
+  before ``timeoutSeconds`` ends, as upstream's watch cache), an ERROR event with a 410 Expired
   Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
   or 0: 30 to 60 minutes), of a collection (one object by a ``metadata.name`` field
   selector, as client-go watches one); the deprecated ``/apis/GROUP/VERSION/watch/...``
@@ -96,6 +97,7 @@ from readapi.resources import JSON, ApiError, Kind, Selection, View
 log = logging.getLogger(__name__)
 
 BOOKMARK_SECONDS: Final = 10.0
+PRE_TIMEOUT_BOOKMARK_SECONDS: Final = 2.0  # upstream's cacheWatcher.nextBookmarkTime
 WATCH_TIMEOUT_SECONDS: Final = 1800.0  # upstream's --min-request-timeout
 FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
@@ -880,6 +882,10 @@ async def _watch(
             cursor = fold.offset if start is None else start
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
+        # As upstream's watch cache, one bookmark right before the deadline, so that the
+        # client resumes from as close to now as it can; none if that is already past.
+        pre_timeout = deadline - PRE_TIMEOUT_BOOKMARK_SECONDS
+        pre_timeout_sent = pre_timeout <= quiet_since
         while True:
             if cursor < fold.horizon:
                 await stream.expired(cursor, fold.horizon)
@@ -888,12 +894,18 @@ async def _watch(
             if sent:
                 quiet_since = loop.time()
             cursor = max(cursor, reached)  # a watch from ahead of the fold waits for it
-            if loop.time() >= deadline:
+            now = loop.time()
+            if now >= deadline:
                 break
-            if bookmarks and loop.time() - quiet_since >= request.app[_BOOKMARKS]:
+            due = now - quiet_since >= request.app[_BOOKMARKS]
+            if bookmarks and (due or (now >= pre_timeout and not pre_timeout_sent)):
                 await stream.bookmark(cursor)
-                quiet_since = loop.time()
-            wait = min(request.app[_BOOKMARKS], max(0.0, deadline - loop.time()))
+                quiet_since = now
+                pre_timeout_sent = pre_timeout_sent or now >= pre_timeout
+            wake = deadline - now
+            if bookmarks and not pre_timeout_sent:
+                wake = pre_timeout - now
+            wait = min(request.app[_BOOKMARKS], max(0.0, wake))
             await views.changed(wait)
             transport = request.transport
             if stop.is_set() or transport is None or transport.is_closing():

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
 from readapi import server
 from readapi.ledger import LedgerViews
@@ -132,6 +132,29 @@ async def test_send_initial_events_ends_with_the_annotated_bookmark(
         "sendInitialEvents=false&resourceVersionMatch=NotOlderThan&resourceVersion=0",
     )
     assert [e for e in none if e["type"] != "BOOKMARK"] == []
+
+
+async def test_a_watch_with_bookmarks_gets_one_right_before_its_timeout(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """Upstream's watch cache sends a bookmark 2 s before the watch's deadline, so the
+    client resumes from as close to now as it can; none if the watch is shorter."""
+    _, views = served
+    offset = views.clusters["cluster-000"].offset
+    quiet = f"{STORAGE_VERSIONS}?watch=true&resourceVersion={offset}&allowWatchBookmarks=true"
+    # The periodic bookmarks of quiet spells a minute apart, as upstream's.
+    client = TestClient(TestServer(server.app(views, server.ServeOptions(bookmark_seconds=60))))
+    await client.start_server()
+    try:
+        async with client.get(f"{quiet}&timeoutSeconds=3") as response:
+            lines = (await response.text()).splitlines()
+        events = [json.loads(line) for line in lines if line]
+        assert [e["type"] for e in events] == ["BOOKMARK"]
+        assert events[0]["object"]["metadata"]["resourceVersion"] == str(offset)
+        async with client.get(f"{quiet}&timeoutSeconds=2") as response:
+            assert await response.text() == ""
+    finally:
+        await client.close()
 
 
 async def test_a_plain_watch_ends_its_initial_events_with_the_bookmark_too(
