@@ -71,7 +71,7 @@ def negotiate(accept: str, *, convert: bool = True) -> Output:
     """
     if not accept:
         return Output()
-    for media_type, subtype, params in _clauses(accept):
+    for media_type, subtype, params in clauses(accept):
         if media_type == "*" and subtype != "*":
             continue
         for served in SERVED:
@@ -135,7 +135,7 @@ def _served_message(media_types: tuple[str, ...]) -> str:
     return f"only the following media types are accepted: {', '.join(media_types)}"
 
 
-def _clauses(accept: str) -> list[tuple[str, str, dict[str, str]]]:
+def clauses(accept: str) -> list[tuple[str, str, dict[str, str]]]:
     """The header's clauses (type, subtype, parameters), best first, as upstream's
     ``goautoneg.ParseAccept`` orders them; a clause without a subtype but ``*`` is
     skipped, and an unreadable ``q`` counts as 0."""

@@ -8,8 +8,9 @@ in the cluster's partition, the resourceVersion the API shows, or an RFC 3339 ti
 
 What it speaks, as kube-apiserver does:
 
-* discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 or v2beta1
-  when the client asks for it first, as kubectl does, else the legacy lists),
+* discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 when the
+  client asks for it first, as kubectl does, else the legacy lists; v2beta1 asked
+  first is a 404, as upstream's from 1.35),
   ``/apis/GROUP`` and ``/apis/GROUP/VERSION`` (each kind with its ``storageVersionHash``);
 * ``/openapi/v3`` and a document per group version, which ``kubectl explain`` reads
   (:mod:`readapi.openapi`; JSON only);
@@ -101,7 +102,11 @@ PRE_TIMEOUT_BOOKMARK_SECONDS: Final = 2.0  # upstream's cacheWatcher.nextBookmar
 WATCH_TIMEOUT_SECONDS: Final = 1800.0  # upstream's --min-request-timeout
 FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
-DISCOVERY_TYPES: Final = {"v2": "apidiscovery.k8s.io/v2", "v2beta1": "apidiscovery.k8s.io/v2beta1"}
+AGGREGATED_DISCOVERY: Final = "apidiscovery.k8s.io"
+# Aggregated discovery's v2beta1 is answered 404 with no body, as upstream's from 1.35
+# (AggregatedDiscoveryRemoveBetaType, locked on): a client that asks for it first is
+# told to move to v2.
+REMOVED_DISCOVERY_VERSIONS: Final = frozenset({"v2beta1"})
 _OPEN_PATHS: Final = frozenset({"/healthz", "/livez", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
 _TOKENS: Final = web.AppKey("tokens", dict[str, access.User])
@@ -363,11 +368,17 @@ def _json(body: JSON) -> web.Response:
 
 
 def _aggregated_version(request: web.Request) -> str | None:
-    """The ``apidiscovery.k8s.io`` version the client asks for first, if it asks for one."""
-    for media in _accepted(request):
-        if media.get("as") == "APIGroupDiscoveryList" and media.get("v") in DISCOVERY_TYPES:
-            return media["v"]
-        if media["type"] in ("application/json", "*/*"):
+    """The ``apidiscovery.k8s.io`` version the client asks for first (its Accept
+    header's clauses ranked as upstream ranks them), if it asks for one before plain
+    JSON."""
+    for media_type, subtype, params in negotiation.clauses(request.headers.get("Accept", "")):
+        if (
+            params.get("as") == "APIGroupDiscoveryList"
+            and params.get("g") == AGGREGATED_DISCOVERY
+            and params.get("v") in ("v2", *REMOVED_DISCOVERY_VERSIONS)
+        ):
+            return params["v"]
+        if f"{media_type}/{subtype}" in ("application/json", "*/*"):
             return None
     return None
 
@@ -377,8 +388,10 @@ def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Respons
     version = _aggregated_version(request)
     if version is None:
         return _json(legacy)
-    body = resources.aggregated_discovery(DISCOVERY_TYPES[version], core=core)
-    content_type = f"application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList"
+    if version in REMOVED_DISCOVERY_VERSIONS:
+        return web.Response(status=404)
+    body = resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/{version}", core=core)
+    content_type = f"application/json;g={AGGREGATED_DISCOVERY};v={version};as=APIGroupDiscoveryList"
     return web.Response(
         body=json.dumps(body).encode(), headers={"Content-Type": content_type}, status=200
     )
@@ -783,19 +796,6 @@ def _one_key(kind: Kind, selection: Selection) -> bool:
 
 
 # --------------------------------------------------------------------------- negotiation
-
-
-def _accepted(request: web.Request) -> list[dict[str, str]]:
-    """The Accept header's media types in order, each with its parameters."""
-    accepted = []
-    for part in request.headers.get("Accept", "application/json").split(","):
-        fields = [field.strip() for field in part.split(";")]
-        media = {"type": fields[0].lower()}
-        for field in fields[1:]:
-            key, _, value = field.partition("=")
-            media[key.strip()] = value.strip()
-        accepted.append(media)
-    return accepted
 
 
 def _output(request: web.Request) -> negotiation.Output:

@@ -252,6 +252,28 @@ async def test_an_unknown_include_object_is_a_bad_request_for_tables_only(
         assert policy != "None" or all(row["object"] is None for row in rows)
 
 
+async def test_aggregated_discovery_is_v2_if_ranked_first_and_v2beta1_is_gone(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """As upstream's discovery negotiates (its Accept clauses ranked by quality), and
+    answers v2beta1 404 with no body from 1.35 on (AggregatedDiscoveryRemoveBetaType)."""
+    client, _ = served
+    v2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
+    for accept, kind in (
+        (f"{v2},{beta},application/json", "APIGroupDiscoveryList"),  # kubectl's
+        (f"{beta};q=0.9,{v2},application/json", "APIGroupDiscoveryList"),
+        (f"{v2};q=0.5,application/json", "APIGroupList"),
+        ("application/json", "APIGroupList"),
+    ):
+        async with client.get(f"{CLUSTER}/apis", headers={"Accept": accept}) as response:
+            assert (response.status, (await response.json())["kind"]) == (200, kind), accept
+    gone = {"Accept": f"{beta},application/json"}
+    for path in ("/api", "/apis"):
+        async with client.get(f"{CLUSTER}{path}", headers=gone) as response:
+            assert (response.status, await response.read()) == (404, b"")
+
+
 async def test_the_version_fills_the_fields_of_upstreams_version_info(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
