@@ -88,7 +88,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka import TopicPartition as TopicPartition  # re-exported: a partition of any topic
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.conn import create_conn
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
@@ -107,7 +112,7 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest
 
-from ledger import metrics
+from ledger import assignment, metrics
 from ledger.codec import CodecError, decode, encode
 from ledger.errors import AccessDenied, Unavailable, UsageError
 from ledger.events import (
@@ -1447,6 +1452,9 @@ class EventConsumer:
       instead of copying it to the dead-letter topic again.
     * ``fetch_max_wait_ms``: how long the broker may hold a fetch for data; a reader
       that follows the log live wants it short.
+    * ``backlog``: with a group, deal the partitions among its members by the records
+      each has left to read, as this callable reports them each time the consumer
+      joins (:class:`BacklogAssignor`), instead of by count.
 
     It reads committed records only (:func:`ledger_consumer`).
     """
@@ -1461,6 +1469,7 @@ class EventConsumer:
         partitions: Iterable[int] | None = None,
         dead_letters: bool = True,
         fetch_max_wait_ms: int = 500,
+        backlog: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         if (until is not None or partitions is not None) and group_id is not None:
             raise ValueError(
@@ -1473,6 +1482,7 @@ class EventConsumer:
         self._partitions = None if partitions is None else sorted(partitions)
         self._with_dead_letters = dead_letters
         self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._assignors = () if backlog is None else (BacklogAssignor(backlog),)
         self._consumer: AIOKafkaConsumer | None = None
         self._dead_letters: DeadLetters | None = None
         self._ends: dict[TopicPartition, int] = {}  # until-mode partitions not finished yet
@@ -1484,6 +1494,7 @@ class EventConsumer:
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024,
             fetch_max_wait_ms=self._fetch_max_wait_ms,
+            **({"partition_assignment_strategy": self._assignors} if self._assignors else {}),
         )
 
     async def __aenter__(self) -> Self:
@@ -1950,6 +1961,45 @@ def max_time(messages: Iterable[Message], latest: int | None) -> int | None:
         if moment is not None and moment > latest:
             latest = moment
     return latest
+
+
+class BacklogAssignor:
+    """aiokafka's side of :mod:`ledger.assignment`: offers this member's backlog (what
+    ``backlog()`` returns each time the member joins) and, as the group's leader, deals
+    the partitions by every member's report."""
+
+    name: Final = assignment.NAME
+    version: Final = 0
+
+    def __init__(self, backlog: Callable[[], Mapping[int, int]]) -> None:
+        self._backlog = backlog
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        return ConsumerProtocolMemberMetadata(
+            self.version, sorted(topics), assignment.report(self._backlog())
+        )
+
+    def assign(
+        self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        backlog = assignment.merged(member.user_data for member in members.values())
+        # A ledger reader subscribes to the events topic alone, whose partitions the
+        # backlog numbers; each topic is dealt among its subscribers.
+        topics = sorted({topic for member in members.values() for topic in member.subscription})
+        dealt: dict[str, list[tuple[str, list[int]]]] = {member: [] for member in members}
+        for topic in topics:
+            subscribers = [m for m, member in members.items() if topic in member.subscription]
+            partitions = cluster.partitions_for_topic(topic) or set()
+            for member, held in assignment.deal(partitions, backlog, subscribers).items():
+                if held:
+                    dealt[member].append((topic, held))
+        return {
+            member: ConsumerProtocolMemberAssignment(self.version, held, b"")
+            for member, held in dealt.items()
+        }
+
+    def on_assignment(self, assigned: ConsumerProtocolMemberAssignment) -> None:
+        pass
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

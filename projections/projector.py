@@ -351,7 +351,8 @@ class Projector:
     """Keeps one projection database up to date with the log; see the module docstring.
 
     With ``group`` (the default) instances of the same projection of the same topic
-    into the same database share a consumer group and split its partitions; the group
+    into the same database share a consumer group and split its partitions, dealt by
+    the records each has left to fold (:mod:`ledger.assignment`); the group
     is named by the database's own ID (:func:`projections.store.database_id`), so
     projectors of two databases each read every partition. ``group=False`` reads every
     partition by manual assignment: one instance, no rebalancing, and a restart
@@ -412,9 +413,21 @@ class Projector:
         if db is None or not await self._reload(stop):
             return
         assert self._state is not None
-        self._state.check_within(await end_offsets(self.settings), shown(db.url))
+        ends = await end_offsets(self.settings)
+        self._state.check_within(ends, shown(db.url))
+
+        def backlog() -> dict[int, int]:
+            """The records each partition has left to fold, as far as this session
+            knows: to the ends read at its start, from the state's offsets now."""
+            assert self._state is not None
+            offsets = self._state.next_offsets
+            return {p: max(0, end - offsets.get(p, 0)) for p, end in ends.items()}
+
         async with EventConsumer(
-            self.settings, group_id=self.group_id, start_offsets=self._start_offsets
+            self.settings,
+            group_id=self.group_id,
+            start_offsets=self._start_offsets,
+            backlog=backlog if self.grouped else None,
         ) as consumer:
             log.info(
                 "projecting topic %s into %s as %r (group %s)",
