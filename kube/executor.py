@@ -133,6 +133,12 @@ def outcome(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
+def _running(obj: Mapping[str, Any]) -> bool:
+    """Whether a controller marked the object as the one of its resource it runs."""
+    conditions = (obj.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Running" and c.get("status") == "True" for c in conditions)
+
+
 def _group_resource(obj: Mapping[str, Any]) -> tuple[str, str]:
     resource = (obj.get("spec") or {}).get("resource") or {}
     return resource.get("group", ""), resource.get("resource", "")
@@ -228,17 +234,25 @@ class StorageMigrationExecutor:
                     await append([self._failed(migration, meta(), reason, message)])
                 await self._delete(path, name, kind.lower())
                 return
-            taken = taken or bool((obj.get("status") or {}).get("resourceVersion"))
+            # From 1.36 the controller marks the object it runs Running, then sets its
+            # status.resourceVersion; either says a controller took it.
+            taken = taken or _running(obj) or bool((obj.get("status") or {}).get("resourceVersion"))
             waited = (self.clock.now() - following).total_seconds()
             if obj and not taken and waited >= self.controller_wait_seconds:
                 try:
-                    ahead = await self._running(path, name, obj)
-                except (ApiError, ClusterUnreachable) as error:
+                    ahead = await self._ahead(path, name, obj)
+                except ClusterUnreachable as error:
                     log.warning("listing %s: %s; retrying", path, error)
                     await self.clock.sleep(self.poll_seconds)
                     continue
                 if ahead is not None:
-                    log.info("%s is queued behind %s, which a controller runs", name, ahead)
+                    log.warning(
+                        "%s is queued behind %s, which a controller has been running for"
+                        " over %.0f s; waiting on",
+                        name,
+                        ahead,
+                        waited,
+                    )
                     following = self.clock.now()
                     await self.clock.sleep(self.poll_seconds)
                     continue
@@ -253,17 +267,22 @@ class StorageMigrationExecutor:
                 return
             await self.clock.sleep(self.poll_seconds)
 
-    async def _running(self, path: str, name: str, obj: Mapping[str, Any]) -> str | None:
+    async def _ahead(self, path: str, name: str, obj: Mapping[str, Any]) -> str | None:
         """Another object of ``obj``'s resource that a controller runs (``Running=True``,
-        not ended), which ``name`` is queued behind, if one is."""
+        not ended), which ``name`` is queued behind, if one is. Refused the list (a role
+        without ``list``), it cannot tell: none, so a migration no controller takes
+        still ends."""
         resource = _group_resource(obj)
-        listed = await self.kube.get(path)
+        try:
+            listed = await self.kube.get(path)
+        except ApiError as error:
+            log.warning("listing %s to find a queue: %s", path, error)
+            return None
         for item in listed.get("items") or ():
             other = (item.get("metadata") or {}).get("name")
             if other == name or _group_resource(item) != resource or outcome(item) is not None:
                 continue
-            conditions = (item.get("status") or {}).get("conditions") or ()
-            if any(c.get("type") == "Running" and c.get("status") == "True" for c in conditions):
+            if _running(item):
                 return str(other)
         return None
 

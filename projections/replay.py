@@ -58,6 +58,7 @@ from typing import IO, Any, Final, Protocol, TextIO, TypeAlias
 
 from sqlalchemy import Engine, exists, select
 
+from ledger import assignment
 from ledger.errors import UsageError
 from ledger.events import micros
 from ledger.kafka import (
@@ -133,13 +134,11 @@ class Span:
 
     def split(self, parts: int) -> list[Span]:
         """At most ``parts`` spans of whole partitions, as even in records as dealing the
-        largest partition to the least loaded span first makes them."""
-        shares: list[list[int]] = [[] for _ in range(parts)]
-        loads = [0] * parts
-        for partition in sorted(self.limits, key=lambda p: (-self.records(p), p)):
-            least = loads.index(min(loads))
-            shares[least].append(partition)
-            loads[least] += self.records(partition)
+        largest partition to the least loaded span first makes them (as a projectors'
+        group deals them: :func:`ledger.assignment.deal`)."""
+        backlog = {p: self.records(p) for p in self.limits}
+        members = [f"{index:04d}" for index in range(parts)]
+        shares = assignment.deal(self.limits, backlog, members).values()
         return [
             Span({p: self.starts[p] for p in share}, {p: self.limits[p] for p in share})
             for share in shares

@@ -9,8 +9,8 @@ in the cluster's partition, the resourceVersion the API shows, or an RFC 3339 ti
 What it speaks, as kube-apiserver does:
 
 * discovery: ``/api``, ``/apis`` (aggregated ``apidiscovery.k8s.io`` v2 when the
-  client asks for it first, as kubectl does, else the legacy lists; v2beta1 asked
-  first is a 404, as upstream's from 1.35),
+  client asks for it first, as kubectl does, else the legacy lists; v2beta1 is not
+  served, as upstream's from 1.35),
   ``/apis/GROUP`` and ``/apis/GROUP/VERSION`` (each kind with its ``storageVersionHash``);
 * ``/openapi/v3`` and a document per group version, which ``kubectl explain`` reads
   (:mod:`readapi.openapi`; JSON only);
@@ -103,10 +103,6 @@ WATCH_TIMEOUT_SECONDS: Final = 1800.0  # upstream's --min-request-timeout
 FRESHNESS_WAIT_SECONDS: Final = 3.0  # upstream's watch cache waits as long to catch up
 INITIAL_EVENTS_END: Final = "k8s.io/initial-events-end"  # the bookmark after initial events
 AGGREGATED_DISCOVERY: Final = "apidiscovery.k8s.io"
-# Aggregated discovery's v2beta1 is answered 404 with no body, as upstream's from 1.35
-# (AggregatedDiscoveryRemoveBetaType, locked on): a client that asks for it first is
-# told to move to v2.
-REMOVED_DISCOVERY_VERSIONS: Final = frozenset({"v2beta1"})
 _OPEN_PATHS: Final = frozenset({"/healthz", "/livez", "/readyz"})
 _VIEWS: Final = web.AppKey("views", LedgerViews)
 _TOKENS: Final = web.AppKey("tokens", dict[str, access.User])
@@ -367,31 +363,33 @@ def _json(body: JSON) -> web.Response:
     return web.Response(body=json.dumps(body).encode(), content_type="application/json")
 
 
-def _aggregated_version(request: web.Request) -> str | None:
-    """The ``apidiscovery.k8s.io`` version the client asks for first (its Accept
-    header's clauses ranked as upstream ranks them), if it asks for one before plain
-    JSON."""
+def _asks_aggregated(request: web.Request) -> bool:
+    """Whether the client asks for aggregated discovery (``apidiscovery.k8s.io`` v2)
+    before plain JSON, its Accept header's clauses ranked as upstream ranks them. As
+    upstream's from 1.35 (AggregatedDiscoveryRemoveBetaType, locked on), v2beta1 is
+    not served: a clause asking for it is passed over."""
     for media_type, subtype, params in negotiation.clauses(request.headers.get("Accept", "")):
         if (
             params.get("as") == "APIGroupDiscoveryList"
             and params.get("g") == AGGREGATED_DISCOVERY
-            and params.get("v") in ("v2", *REMOVED_DISCOVERY_VERSIONS)
+            and params.get("v") == "v2"
         ):
-            return params["v"]
-        if f"{media_type}/{subtype}" in ("application/json", "*/*"):
-            return None
-    return None
+            return True
+        if f"{media_type}/{subtype}" in ("application/json", "*/*") and not params:
+            return False
+    return False
 
 
 def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Response:
+    """The aggregated discovery document if the client asks for it first, else the
+    legacy list in the media type it asks for (406 if none is served)."""
     _cluster_view_check(request)
-    version = _aggregated_version(request)
-    if version is None:
-        return _json(legacy)
-    if version in REMOVED_DISCOVERY_VERSIONS:
-        return web.Response(status=404)
-    body = resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/{version}", core=core)
-    content_type = f"application/json;g={AGGREGATED_DISCOVERY};v={version};as=APIGroupDiscoveryList"
+    if not _asks_aggregated(request):
+        return _respond(
+            negotiation.negotiate(request.headers.get("Accept", ""), convert=False), legacy
+        )
+    body = resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/v2", core=core)
+    content_type = f"application/json;g={AGGREGATED_DISCOVERY};v=v2;as=APIGroupDiscoveryList"
     return web.Response(
         body=json.dumps(body).encode(), headers={"Content-Type": content_type}, status=200
     )
@@ -751,7 +749,7 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     # Everything in the request's namespace, as upstream's list reads its key range; the
     # selectors choose among them.
     scope = kind.selected(view, Selection(namespace=selection.namespace))
-    if _one_key(kind, selection):
+    if not token and _one_key(kind, selection):
         limit = None  # upstream reads the one key, never a page of a range
     chosen, last = resources.page([obj for _, obj in scope], after, limit, selection.matches)
     names = {obj["metadata"]["name"] for obj in chosen}
@@ -785,14 +783,19 @@ async def _collection(request: web.Request) -> web.StreamResponse:
 
 
 def _one_key(kind: Kind, selection: Selection) -> bool:
-    """Whether upstream's store lists a single key for ``selection``: its field selector
-    pins ``metadata.name`` and the key is whole (the kind is cluster-scoped, or the list
-    is of one namespace). It then ignores ``limit``: one object at most, no ``continue``."""
-    pinned = any(
-        r.key == "metadata.name" and r.operator == "=" and len(r.values) == 1
-        for r in selection.fields
-    )
-    return pinned and (not kind.namespaced or selection.namespace is not None)
+    """Whether upstream's store lists a single key for a first page of ``selection``:
+    its field selector pins ``metadata.name`` and the key is whole (the kind is
+    cluster-scoped, or the list is of one namespace, by its path or by a field selector
+    that pins ``metadata.namespace``). It then ignores ``limit``: one object at most,
+    no ``continue``."""
+
+    def pins(field: str) -> bool:
+        return any(
+            r.key == field and r.operator == "=" and len(r.values) == 1 for r in selection.fields
+        )
+
+    one_namespace = selection.namespace is not None or pins("metadata.namespace")
+    return pins("metadata.name") and (not kind.namespaced or one_namespace)
 
 
 # --------------------------------------------------------------------------- negotiation

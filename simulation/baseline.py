@@ -67,6 +67,7 @@ class DiscoveryHashTrigger:
         self.beliefs: dict[str, _Belief] = {}
 
     def poll(self, state: State, now: datetime) -> list[Event]:
+        self.observe(state)  # a success since the last look is not a migration to redo
         events: list[Event] = []
         for resource in self._resources:
             server = self._balancer.pick("GET", resource, self._rng)

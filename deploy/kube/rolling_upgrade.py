@@ -164,7 +164,12 @@ async def clients(
 async def discovery_hash_trigger(
     settings: KafkaSettings, server: Kube, stop: asyncio.Event
 ) -> None:
-    """The baseline: trust one apiserver's discovery; migrate when its hash changes."""
+    """The baseline: trust one apiserver's discovery; migrate when its hash changes.
+
+    Only that part of upstream's trigger, which is what pollutes a rolling upgrade:
+    unlike :class:`simulation.baseline.DiscoveryHashTrigger` it keeps no StorageState
+    and does not ask again for a migration that failed (the run's checks read etcd, not
+    the trigger's belief)."""
     seen: dict[str, str] = {}
     versions = {
         hash_of_stored(version, kind): (resource, version)

@@ -165,6 +165,30 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
             assert appended[1].reason == "ControllerNotRunning"
             appended.clear()
 
+            # Its own Running condition (set first, before status.resourceVersion, by the
+            # 1.36+ controller) says a controller took it.
+            marked = dataclasses.replace(migration("Pending"), migration_id="m-marked")
+            stop = asyncio.Event()
+            following = asyncio.create_task(
+                executor.run(marked, append=appended, cancelled=stop.is_set)
+            )
+
+            async def created() -> str | None:
+                try:
+                    own = await kube.get(f"{path}/{object_name(marked)}")
+                except ApiError as error:
+                    return str(error)
+                own["status"] = ahead["status"]
+                await kube.request("PUT", f"{path}/{object_name(marked)}/status", own)
+                return None
+
+            await eventually(created, "the executor creates its object")
+            await asyncio.sleep(8)  # well past controller_wait_seconds
+            assert [type(e) for e in appended] == [MigrationStarted], appended
+            stop.set()
+            await asyncio.wait_for(following, 60)
+            appended.clear()
+
             # With the controller, the object is taken at once, however long it then runs.
             cluster.start_controller_manager()
             # It answers its health check before its informers have synced: one migration,

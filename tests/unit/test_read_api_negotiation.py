@@ -252,26 +252,30 @@ async def test_an_unknown_include_object_is_a_bad_request_for_tables_only(
         assert policy != "None" or all(row["object"] is None for row in rows)
 
 
-async def test_aggregated_discovery_is_v2_if_ranked_first_and_v2beta1_is_gone(
+async def test_aggregated_discovery_is_v2_if_ranked_first_and_v2beta1_is_not_served(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
-    """As upstream's discovery negotiates (its Accept clauses ranked by quality), and
-    answers v2beta1 404 with no body from 1.35 on (AggregatedDiscoveryRemoveBetaType)."""
+    """As upstream's discovery negotiates: its Accept clauses ranked by quality, and from
+    1.35 (AggregatedDiscoveryRemoveBetaType) a v2beta1 clause passed over, so the
+    legacy list answers, in the media type asked for, or 406."""
     client, _ = served
     v2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
     beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
     for accept, kind in (
         (f"{v2},{beta},application/json", "APIGroupDiscoveryList"),  # kubectl's
         (f"{beta};q=0.9,{v2},application/json", "APIGroupDiscoveryList"),
+        (f"{beta},{v2}", "APIGroupDiscoveryList"),
         (f"{v2};q=0.5,application/json", "APIGroupList"),
+        (f"{beta},application/json", "APIGroupList"),
         ("application/json", "APIGroupList"),
     ):
         async with client.get(f"{CLUSTER}/apis", headers={"Accept": accept}) as response:
             assert (response.status, (await response.json())["kind"]) == (200, kind), accept
-    gone = {"Accept": f"{beta},application/json"}
-    for path in ("/api", "/apis"):
-        async with client.get(f"{CLUSTER}{path}", headers=gone) as response:
-            assert (response.status, await response.read()) == (404, b"")
+    async with client.get(f"{CLUSTER}/api", headers={"Accept": "application/yaml"}) as response:
+        assert yaml.safe_load(await response.text())["kind"] == "APIVersions"
+    for accept in (beta, "text/plain"):
+        async with client.get(f"{CLUSTER}/api", headers={"Accept": accept}) as response:
+            assert (response.status, (await response.json())["reason"]) == (406, "NotAcceptable")
 
 
 async def test_the_version_fills_the_fields_of_upstreams_version_info(

@@ -532,6 +532,10 @@ async def test_a_list_whose_field_selector_pins_one_key_is_never_paged(
         f"{everywhere}?limit=1&fieldSelector=metadata.name%3D{lease}"
     ) as response:
         assert (await response.json())["metadata"]["continue"]
+    # A field selector that pins the namespace too makes the key whole again.
+    pinned = f"metadata.name%3D{lease},metadata.namespace%3Dkube-system"
+    async with client.get(f"{everywhere}?limit=1&fieldSelector={pinned}") as response:
+        assert "continue" not in (await response.json())["metadata"]
 
 
 @pytest.mark.parametrize("text", ["2024-01-01", "2024-01-01T10:00:00", "2024-01-01 10:00"])
