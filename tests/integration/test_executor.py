@@ -48,6 +48,14 @@ def in_tree(kube: Kube, **options: float) -> StorageMigrationExecutor:
     return StorageMigrationExecutor(kube, clock, Rewriter(KubernetesTarget(kube), clock), **options)
 
 
+def started(
+    executor: StorageMigrationExecutor, running: Migration, appended: Appended
+) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """``executor`` running ``running`` in the background, until the event is set."""
+    stop = asyncio.Event()
+    return stop, asyncio.create_task(executor.run(running, append=appended, cancelled=stop.is_set))
+
+
 def migration(phase: Phase) -> Migration:
     return Migration(
         "east", "m-1", "apps", "deployments", "apps/v1", "h", "0:1", phase, 0, None, None,
@@ -150,10 +158,7 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
             }
             await kube.request("PUT", f"{path}/operators-own/status", ahead)
             queued = dataclasses.replace(migration("Pending"), migration_id="m-queued")
-            stop = asyncio.Event()
-            waiting = asyncio.create_task(
-                executor.run(queued, append=appended, cancelled=stop.is_set)
-            )
+            _, waiting = started(executor, queued, appended)
             await asyncio.sleep(8)  # well past controller_wait_seconds
             assert [type(e) for e in appended] == [MigrationStarted], appended
             assert not waiting.done()
@@ -168,10 +173,7 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
             # Its own Running condition (set first, before status.resourceVersion, by the
             # 1.36+ controller) says a controller took it.
             marked = dataclasses.replace(migration("Pending"), migration_id="m-marked")
-            stop = asyncio.Event()
-            following = asyncio.create_task(
-                executor.run(marked, append=appended, cancelled=stop.is_set)
-            )
+            stop, following = started(executor, marked, appended)
 
             async def created() -> str | None:
                 try:
@@ -204,10 +206,7 @@ async def test_a_migration_untrusted_or_no_controller_takes_fails_one_a_controll
             assert warmed and isinstance(warmed[-1], MigrationSucceeded), warmed
             appended.clear()
             taken = dataclasses.replace(migration("Pending"), migration_id="m-2")
-            stop = asyncio.Event()
-            running = asyncio.create_task(
-                executor.run(taken, append=appended, cancelled=stop.is_set)
-            )
+            stop, running = started(executor, taken, appended)
 
             async def has_resource_version() -> str | None:
                 if any(isinstance(e, MigrationSucceeded) for e in appended):
