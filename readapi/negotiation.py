@@ -33,7 +33,7 @@ from typing import Any, Final
 import yaml
 
 from readapi import protobuf
-from readapi.resources import JSON, ApiError
+from readapi.resources import JSON, ApiError, go_json_body
 
 JSON_TYPE: Final = "application/json"
 YAML_TYPE: Final = "application/yaml"
@@ -60,7 +60,7 @@ class Output:
     def encode(self, body: JSON) -> bytes:
         if self.media_type == YAML_TYPE:
             return yaml.safe_dump(body, default_flow_style=False).encode()
-        return json.dumps(body).encode()
+        return go_json_body(body)
 
 
 def negotiate(accept: str, *, convert: bool = True) -> Output:
@@ -125,6 +125,21 @@ def check_stream(output: Output) -> None:
     negotiates a watch as any request, then refuses a winner that cannot stream."""
     if output.media_type != JSON_TYPE:
         raise not_acceptable(_served_message(STREAMED))
+
+
+def check_route(accept: str, produces: tuple[str, ...]) -> None:
+    """Refuse ``accept`` as upstream's router (go-restful) does before any handler
+    negotiates: when none of its clauses, parameters dropped, is ``*/*`` or one of the
+    media types the route ``produces`` (exactly: ``application/*`` is none), a 406 in
+    the router's words, naming them."""
+    if not accept.strip():
+        return
+    for clause in accept.split(","):
+        media_type = clause.split(";", 1)[0].strip()
+        if media_type == "*/*" or media_type in produces:
+            return
+    message = "406: Not Acceptable\n\nAvailable representations: " + ", ".join(produces)
+    raise ApiError(406, "NotAcceptable", message, {})
 
 
 def not_acceptable(message: str) -> ApiError:

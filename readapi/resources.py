@@ -85,19 +85,22 @@ class ApiError(UsageError):
 
 
 def status(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
-    """A ``meta/v1`` Status, as every Kubernetes error body is; ``details`` left out
-    when None, as upstream leaves out a nil pointer, and ``{}`` kept when empty."""
+    """A ``meta/v1`` Status, as every Kubernetes error body is, its fields in upstream's
+    order; ``details`` left out when None, as upstream leaves out a nil pointer, and
+    ``{}`` kept when empty; an empty ``reason`` left out (upstream's 500 for an error
+    its handlers do not classify has none)."""
     body: JSON = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Success" if code < 400 else "Failure",
         "message": message,
-        "reason": reason,
-        "code": code,
     }
+    if reason:
+        body["reason"] = reason
     if details is not None:
         body["details"] = details
+    body["code"] = code
     return body
 
 
@@ -105,12 +108,23 @@ def status(code: int, reason: str, message: str, details: JSON | None = None) ->
 _GO_ESCAPES: Final = str.maketrans(
     {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
+_HTML_CHARACTERS: Final = "".join(map(chr, _GO_ESCAPES))
 
 
-def go_json(value: str) -> str:
-    """``value`` as Go's ``json.Marshal`` writes a string (how upstream's field errors
-    show a value of a named string type): UTF-8 kept, HTML characters escaped."""
-    return json.dumps(value, ensure_ascii=False).translate(_GO_ESCAPES)
+def go_json(value: Any) -> str:
+    """``value`` as Go's ``json.Marshal`` writes it (how upstream's field errors show
+    a value of a named string type, and its bodies): compact, UTF-8 kept, HTML
+    characters escaped."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if any(character in text for character in _HTML_CHARACTERS):
+        return text.translate(_GO_ESCAPES)
+    return text
+
+
+def go_json_body(value: Any) -> bytes:
+    """A JSON response body as upstream's encoder writes it: :func:`go_json`, then a
+    newline; a string that is not valid Unicode is replaced, as Go replaces one."""
+    return (go_json(value) + "\n").encode("utf-8", "replace")
 
 
 def invalid(kind: str, group: str, causes: list[tuple[str, str, str]]) -> ApiError:
@@ -191,10 +205,23 @@ class Kind:
     annotations: Callable[[Any], dict[str, str]]
     columns: tuple[Column, ...]
     cells: Callable[[Any, View], list[Any]]
+    # The fields upstream's empty object of the kind writes, {} each: a built-in
+    # kind's struct fields without omitempty (a custom resource's object has none).
+    zero_fields: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
+
+    def bookmark(self, resource_version: int, annotations: Mapping[str, str] | None = None) -> JSON:
+        """A watch bookmark's object, as upstream's watch cache sends it: an empty object
+        of the kind carrying only ``resource_version`` (and ``annotations``)."""
+        metadata: JSON = {"resourceVersion": str(resource_version)}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body: JSON = {"kind": self.kind, "apiVersion": self.api_version, "metadata": metadata}
+        body.update((field, {}) for field in self.zero_fields)
+        return body
 
     def selected(self, view: View, selection: Selection | None = None) -> list[tuple[Any, JSON]]:
         """The objects of this kind in the view that ``selection`` matches (all without
@@ -329,6 +356,7 @@ STORAGE_VERSIONS: Final = Kind(
     kind="StorageVersion",
     singular="storageversion",
     namespaced=False,
+    zero_fields=("spec", "status"),
     rows=lambda state: state.storage_versions,
     name=lambda row: row.name,
     body=_storage_version_body,
@@ -384,6 +412,7 @@ LEASES: Final = Kind(
     kind="Lease",
     singular="lease",
     namespaced=True,
+    zero_fields=("spec",),
     rows=lambda state: state.leases,
     name=lambda row: row.apiserver_id,
     body=_lease_body,
@@ -807,17 +836,15 @@ CUSTOM_GROUPS: Final = frozenset({"migration.k8s.io"})  # served by CRDs upstrea
 
 
 def parse_field_selector(
-    text: str, group: str = "", namespaced: bool = True
+    text: str, group: str = "", namespaced: bool = True, *, known: bool = True
 ) -> tuple[Requirement, ...]:
     """A field selector on ``metadata.name`` or ``metadata.namespace`` (``=``, ``==``, ``!=``).
 
-    Another field is refused in the words upstream uses for the kind's ``group``:
-    those of a custom resource's for the groups upstream serves by CRDs (whose
-    cluster-scoped kinds have no ``metadata.namespace`` either), else those of
-    ``DefaultMetaV1FieldSelectorConversion``.
+    With ``known`` (the default), its fields are checked too
+    (:func:`check_field_selector`); without, only its syntax, as upstream's handler
+    parses it before it validates the request's options, and its storage refuses an
+    unknown field after.
     """
-    custom = group in CUSTOM_GROUPS
-    known = FIELDS if namespaced or not custom else FIELDS[:1]
     requirements = []
     for part in _split_selector(text):
         if not part.strip():
@@ -829,18 +856,32 @@ def parse_field_selector(
                 "BadRequest",
                 f"invalid field selector {part.strip()!r}: write field=value or field!=value",
             )
-        if match[1] not in known:
+        operator = "!=" if match[2] == "!=" else "="
+        requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
+    if known:
+        check_field_selector(requirements, group, namespaced)
+    return tuple(requirements)
+
+
+def check_field_selector(
+    requirements: Iterable[Requirement], group: str = "", namespaced: bool = True
+) -> None:
+    """Refuse a field selector on another field than the kind's, in the words upstream
+    uses for the kind's ``group``: those of a custom resource's for the groups upstream
+    serves by CRDs (whose cluster-scoped kinds have no ``metadata.namespace`` either),
+    else those of ``DefaultMetaV1FieldSelectorConversion``."""
+    custom = group in CUSTOM_GROUPS
+    fields = FIELDS if namespaced or not custom else FIELDS[:1]
+    for requirement in requirements:
+        if requirement.key not in fields:
             raise ApiError(
                 400,
                 "BadRequest",
-                f"field label not supported: {match[1]}"
+                f"field label not supported: {requirement.key}"
                 if custom
-                else f'"{match[1]}" is not a known field selector: only '
+                else f'"{requirement.key}" is not a known field selector: only '
                 f'"{FIELDS[0]}", "{FIELDS[1]}"',
             )
-        operator = "!=" if match[2] == "!=" else "="
-        requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
-    return tuple(requirements)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,7 +22,10 @@ What it speaks, as kube-apiserver does:
 * ``watch=true``: ADDED, MODIFIED and DELETED from ``resourceVersion`` on (from the
   current objects when it is absent or ``0``), a deletion at its own resourceVersion,
   BOOKMARK events with ``allowWatchBookmarks`` (after a quiet spell, and once 2 s
-  before ``timeoutSeconds`` ends, as upstream's watch cache), an ERROR event with a 410 Expired
+  before ``timeoutSeconds`` ends, as upstream's watch cache, each only once the
+  position is past the resourceVersion the watch started from, and holding the kind's
+  empty object as upstream's; in a Table watch too, where upstream's is a Table of
+  that object), an ERROR event with a 410 Expired
   Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
   or 0: 30 to 60 minutes), of a collection (one object by a ``metadata.name`` field
   selector, as client-go watches one); the deprecated ``/apis/GROUP/VERSION/watch/...``
@@ -41,11 +44,16 @@ What it speaks, as kube-apiserver does:
 * the ``Accept`` header negotiated as upstream's (:mod:`readapi.negotiation`): JSON or
   YAML (watches JSON only); ``Table``, ``PartialObjectMetadata`` and
   ``PartialObjectMetadataList`` of ``meta.k8s.io`` ``v1`` or ``v1beta1`` in gets, lists
-  and watches; 406 NotAcceptable for what is not served (protobuf among it); errors in
-  JSON or YAML as the header asks;
-* errors as a ``Status``: 404 for unknown paths (whatever the method), names and
-  clusters, 405 for every method but GET on a kind's objects (nothing is written
-  through this API: the ledger is appended to only by its producers), 401 without a
+  and watches; 406 NotAcceptable for what is not served (protobuf among it), in the
+  words of upstream's router when no media type asked for is one the route produces
+  and of its negotiation when one is; errors in JSON or YAML as the header asks;
+* errors as a ``Status``, written as upstream's encoder writes it (compact, its field
+  order, a newline at the end): 404 for unknown paths (whatever the method), names and
+  clusters, 405 for every method but GET (HEAD among them) on a kind's objects, on
+  ``/version``, ``/api``, ``/api/v1`` and a group version's discovery, as upstream's
+  routes (nothing is written through this API: the ledger is appended to only by its
+  producers), while ``/apis`` and ``/apis/GROUP`` answer any method as GET, as
+  upstream's handlers do, 401 without a
   valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
   ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
   are not label names among them);
@@ -68,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -139,14 +148,17 @@ def app(
     application.router.add_get("/livez", _healthz)
     application.router.add_get("/readyz", _readyz)
     application.router.add_get("/clusters/{cluster}/timeline/{resource}", _timeline)
+    # Upstream's API paths answer GET only (HEAD too is 405, see _not_found), but for
+    # /apis and /apis/GROUP, which its handlers answer whatever the method.
+    get = functools.partial(application.router.add_get, allow_head=False)
     for prefix in ("/clusters/{cluster}", "/clusters/{cluster}/at/{point}"):
-        application.router.add_get(prefix + "/version", _version)
-        application.router.add_get(prefix + "/api", _api)
-        application.router.add_get(prefix + "/api/v1", _core)
-        application.router.add_get(prefix + "/api/v1/namespaces/{namespace}", _namespace)
-        application.router.add_get(prefix + "/apis", _apis)
-        application.router.add_get(prefix + "/apis/{group}", _group)
-        application.router.add_get(prefix + "/apis/{group}/{version}", _group_version)
+        get(prefix + "/version", _version)
+        get(prefix + "/api", _api)
+        get(prefix + "/api/v1", _core)
+        get(prefix + "/api/v1/namespaces/{namespace}", _namespace)
+        application.router.add_route("*", prefix + "/apis", _apis)
+        application.router.add_route("*", prefix + "/apis/{group}", _group)
+        get(prefix + "/apis/{group}/{version}", _group_version)
         application.router.add_get(prefix + "/openapi/v3", _openapi_index)
         application.router.add_get(prefix + "/openapi/v3/{path:.+}", _openapi_document)
         reviews = prefix + "/apis/authorization.k8s.io/v1/"
@@ -156,15 +168,15 @@ def app(
         application.router.add_route("*", whoami, _self_review)
         # Upstream's deprecated watch paths: .../{version}/watch/..., as ?watch=true.
         watched = prefix + "/apis/{group}/{version}/{watch:watch}"
-        application.router.add_get(watched + "/namespaces/{namespace}/{resource}", _collection)
-        application.router.add_get(watched + "/namespaces/{namespace}/{resource}/{name}", _member)
-        application.router.add_get(watched + "/{resource}", _collection)
-        application.router.add_get(watched + "/{resource}/{name}", _member)
-        application.router.add_get(prefix + "/apis/{group}/{version}/{resource}", _collection)
-        application.router.add_get(prefix + "/apis/{group}/{version}/{resource}/{name}", _member)
+        get(watched + "/namespaces/{namespace}/{resource}", _collection)
+        get(watched + "/namespaces/{namespace}/{resource}/{name}", _member)
+        get(watched + "/{resource}", _collection)
+        get(watched + "/{resource}/{name}", _member)
+        get(prefix + "/apis/{group}/{version}/{resource}", _collection)
+        get(prefix + "/apis/{group}/{version}/{resource}/{name}", _member)
         namespaced = prefix + "/apis/{group}/{version}/namespaces/{namespace}/{resource}"
-        application.router.add_get(namespaced, _collection)
-        application.router.add_get(namespaced + "/{name}", _member)
+        get(namespaced, _collection)
+        get(namespaced + "/{name}", _member)
     application.router.add_route("*", "/{path:.*}", _not_found)
     return application
 
@@ -265,25 +277,33 @@ def _status(
 
 
 def _method_not_allowed(request: web.Request) -> web.Response:
-    """Upstream's generic 405, whose details name no resource: ``{}``."""
+    """Upstream's generic 405, in its words, whose details name no resource: ``{}``."""
     return _status(
         request,
         405,
         "MethodNotAllowed",
-        f"the server does not allow this method on the requested resource: {request.method} "
-        f"{request.path} (the ledger is read-only here; it is appended to by its producers)",
+        "the server does not allow this method on the requested resource",
         {},
     )
 
 
 async def _not_found(request: web.Request) -> web.StreamResponse:
     """404 for a path nothing is served at, whatever the method, as upstream; 405 for
-    another method than GET on a served kind's objects."""
+    another method than GET (HEAD among them) on a path GET answers at: a served kind's
+    objects, the version, the core discovery paths, a served group version's, and a
+    namespace (nothing is written through this API: the ledger is appended to only by
+    its producers)."""
     if request.method != "GET":
         served = await request.app.router.resolve(request.clone(method="GET"))
-        if "resource" in served and resources.kind_of(
-            served["group"], served["version"], served["resource"]
-        ):
+        handler = getattr(served, "handler", None)
+        if handler in (_collection, _member):
+            kind = resources.kind_of(served["group"], served["version"], served["resource"])
+            allowed = kind is not None
+        elif handler is _group_version:
+            allowed = resources.resource_list(served["group"], served["version"]) is not None
+        else:
+            allowed = handler in (_version, _api, _core, _namespace)
+        if allowed:
             return _method_not_allowed(request)
     raise _no_such_path(request)
 
@@ -360,7 +380,7 @@ async def _version(request: web.Request) -> web.StreamResponse:
 
 def _json(body: JSON) -> web.Response:
     """A JSON response typed ``application/json`` as upstream's (no charset parameter)."""
-    return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+    return web.Response(body=resources.go_json_body(body), content_type="application/json")
 
 
 def _asks_aggregated(request: web.Request) -> bool:
@@ -391,7 +411,7 @@ def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Respons
     body = resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/v2", core=core)
     content_type = f"application/json;g={AGGREGATED_DISCOVERY};v=v2;as=APIGroupDiscoveryList"
     return web.Response(
-        body=json.dumps(body).encode(), headers={"Content-Type": content_type}, status=200
+        body=resources.go_json_body(body), headers={"Content-Type": content_type}, status=200
     )
 
 
@@ -538,10 +558,13 @@ def _selection(request: web.Request, kind: Kind) -> Selection:
     return Selection(
         namespace=request.match_info.get("namespace"),
         labels=resources.parse_label_selector(query.get("labelSelector", "")),
-        fields=resources.parse_field_selector(
-            query.get("fieldSelector", ""), kind.group, kind.namespaced
-        ),
+        # Its fields are checked after the list options (_known_fields), as upstream.
+        fields=resources.parse_field_selector(query.get("fieldSelector", ""), known=False),
     )
+
+
+def _known_fields(selection: Selection, kind: Kind) -> None:
+    resources.check_field_selector(selection.fields, kind.group, kind.namespaced)
 
 
 def _int_parameter(request: web.Request, name: str) -> int | None:
@@ -589,7 +612,7 @@ async def _member(request: web.Request) -> web.StreamResponse:
     if kind.namespaced and "namespace" not in request.match_info:
         # Upstream registers a namespaced kind's objects under their namespace only.
         raise _no_such_path(request)
-    output = _output(request)
+    output = _output(request, streams="watch" in request.match_info)
     name = request.match_info["name"]
     # As upstream's request info: a GET that names an object is a get, ``watch=true``
     # or not; only the deprecated ``/watch/`` path watches one object.
@@ -604,8 +627,9 @@ async def _member(request: web.Request) -> web.StreamResponse:
                 400, "BadRequest", "fieldSelector metadata.name doesn't match requested name"
             )
         _check_list_options(request, watch=True)
+        _known_fields(selection, kind)
         return await _watch(request, kind, selection, output)
-    view = await _view(request, await _exact_resource_version(request))
+    view = await _view(request, await _exact_resource_version(request, listing=False))
     selection = Selection(namespace=request.match_info.get("namespace"), name=name)
     for row, obj in kind.selected(view, selection):
         if output.convert == "Table":
@@ -635,7 +659,9 @@ async def _member(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _exact_resource_version(request: web.Request, limit: int | None = None) -> int | None:
+async def _exact_resource_version(
+    request: web.Request, *, listing: bool = True, limit: int | None = None
+) -> int | None:
     """A resourceVersion the request must be served at, else None (the latest).
 
     ``resourceVersionMatch=Exact``, or, as upstream's legacy rule, a list with a
@@ -644,17 +670,37 @@ async def _exact_resource_version(request: web.Request, limit: int | None = None
     the fold has reached it; a fold still behind after :data:`FRESHNESS_WAIT_SECONDS`
     answers upstream's 504 "Too large resource version", which tells clients to retry.
     """
-    text = request.query.get("resourceVersion", "")
-    if text in ("", "0"):
+    value = _resource_version(request, listing=listing)
+    if value is None:
         return None
-    if not (text.isascii() and text.isdigit()):
-        raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
-    value = int(text)
     match = request.query.get("resourceVersionMatch", "")
     await _fresh(request, value)  # upstream waits for an exact snapshot too
     if match == "Exact" or (match == "" and limit):
         return value
     return None
+
+
+def _resource_version(request: web.Request, *, listing: bool) -> int | None:
+    """The request's resourceVersion, a log offset; None for none or ``0`` (any).
+
+    One that is not an unsigned 64-bit number is a 400 in upstream's words: a list's
+    as its storage refuses it, a get's or a watch's with the message of the error its
+    watch cache returns. That error no handler of upstream's classifies, so it answers
+    a 500 (with no reason); a client's bad value is a 400 here, as upstream's list's is.
+    """
+    text = request.query.get("resourceVersion", "")
+    if text in ("", "0"):
+        return None
+    if text.isascii() and text.isdigit() and int(text) < 2**64:
+        return int(text)
+    quoted = json.dumps(text, ensure_ascii=False)  # as Go's %q writes a printable string
+    why = "value out of range" if text.isascii() and text.isdigit() else "invalid syntax"
+    message = (
+        f"resourceVersion: Invalid value: {quoted}: strconv.ParseUint: parsing {quoted}: {why}"
+    )
+    if listing:
+        message = f"invalid resource version: {message}"
+    raise ApiError(400, "BadRequest", message)
 
 
 async def _fresh(request: web.Request, offset: int) -> None:
@@ -731,10 +777,11 @@ def _check_list_options(request: web.Request, watch: bool) -> None:
 
 async def _collection(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
-    output = _output(request)
+    output = _output(request, streams=True)
     selection = _selection(request, kind)
     watch = _watching(request)
     _check_list_options(request, watch)
+    _known_fields(selection, kind)
     if watch:
         return await _watch(request, kind, selection, output)
     limit = _limit(request)
@@ -744,7 +791,7 @@ async def _collection(request: web.Request) -> web.StreamResponse:
     if token:
         resource_version, after = resources.parse_continue(token)
     else:
-        resource_version = await _exact_resource_version(request, limit)
+        resource_version = await _exact_resource_version(request, limit=limit)
     view = await _view(request, resource_version)
     # Everything in the request's namespace, as upstream's list reads its key range; the
     # selectors choose among them.
@@ -801,8 +848,13 @@ def _one_key(kind: Kind, selection: Selection) -> bool:
 # --------------------------------------------------------------------------- negotiation
 
 
-def _output(request: web.Request) -> negotiation.Output:
-    return negotiation.negotiate(request.headers.get("Accept", ""))
+def _output(request: web.Request, *, streams: bool) -> negotiation.Output:
+    """The representation a kind's route answers in: a get's, or (``streams``) a
+    list's or a watch's, which may also be a stream."""
+    accept = request.headers.get("Accept", "")
+    produces = negotiation.SERVED + negotiation.STREAMED if streams else negotiation.SERVED
+    negotiation.check_route(accept, produces)
+    return negotiation.negotiate(accept)
 
 
 def _respond(output: negotiation.Output, body: JSON) -> web.Response:
@@ -839,10 +891,7 @@ async def _watch(
         )
     views = request.app[_VIEWS]
     fold = views.fold(request.match_info["cluster"])
-    text = request.query.get("resourceVersion", "")
-    if text and not (text.isascii() and text.isdigit()):
-        raise ApiError(400, "BadRequest", f"resourceVersion {text!r} is not a log offset")
-    start = int(text) if text not in ("", "0") else None
+    start = _resource_version(request, listing=False)
     initial = _flag(request, "sendInitialEvents")
     # Upstream: without sendInitialEvents, initial events only when no resourceVersion
     # (or "0") is given; with it, exactly as it says.
@@ -889,6 +938,9 @@ async def _watch(
         # client resumes from as close to now as it can; none if that is already past.
         pre_timeout = deadline - PRE_TIMEOUT_BOOKMARK_SECONDS
         pre_timeout_sent = pre_timeout <= quiet_since
+        # And, as its watchers, only a bookmark past the resourceVersion the watch
+        # started from: a quiet watch gets none.
+        origin = cursor
         while True:
             if cursor < fold.horizon:
                 await stream.expired(cursor, fold.horizon)
@@ -902,7 +954,8 @@ async def _watch(
                 break
             due = now - quiet_since >= request.app[_BOOKMARKS]
             if bookmarks and (due or (now >= pre_timeout and not pre_timeout_sent)):
-                await stream.bookmark(cursor)
+                if cursor > origin:
+                    await stream.bookmark(cursor)
                 quiet_since = now
                 pre_timeout_sent = pre_timeout_sent or now >= pre_timeout
             wake = deadline - now
@@ -1004,14 +1057,9 @@ class _WatchStream:
         return True
 
     async def bookmark(self, offset: int, annotations: dict[str, str] | None = None) -> None:
-        metadata: JSON = {"resourceVersion": str(offset)}
-        if annotations:
-            metadata["annotations"] = annotations
+        body = self.kind.bookmark(offset, annotations)
         if self.output.convert == "PartialObjectMetadata":
-            kind, api_version = "PartialObjectMetadata", self.output.api_version
-        else:
-            kind, api_version = self.kind.kind, self.kind.api_version
-        body: JSON = {"kind": kind, "apiVersion": api_version, "metadata": metadata}
+            body = resources.partial_metadata(body, self.output.api_version)
         await self._write({"type": "BOOKMARK", "object": body})
 
     async def expired(self, cursor: int, horizon: int) -> None:
@@ -1025,4 +1073,4 @@ class _WatchStream:
         await self._write({"type": "ERROR", "object": status})
 
     async def _write(self, event: JSON) -> None:
-        await self.response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+        await self.response.write(resources.go_json_body(event))

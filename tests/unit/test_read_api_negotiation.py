@@ -142,14 +142,34 @@ async def test_yaml_is_the_same_object(served: tuple[TestClient[Any, Any], Ledge
         assert yaml.safe_load(await response.text()) == as_json
 
 
-async def test_what_is_not_served_is_a_406_status(
-    served: tuple[TestClient[Any, Any], LedgerViews],
+LEASES_OBJECT = f"{LEASES}/any-name"  # the route refuses before any object is looked up
+ROUTE_REFUSAL = (
+    "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "path", "message"),
+    [
+        # As upstream's router (go-restful), before any handler: no clause's media type
+        # is one the route produces, exactly (application/* is none); a list's and a
+        # watch's routes produce the stream too, an object's not.
+        ("application/foo", LEASES, f"{ROUTE_REFUSAL}, application/json;stream=watch"),
+        ("application/*", LEASES, f"{ROUTE_REFUSAL}, application/json;stream=watch"),
+        ("application/vnd.kubernetes.protobuf", LEASES_OBJECT, ROUTE_REFUSAL),
+        # A media type the route produces, refused by the handler's negotiation.
+        ("application/json;as=Service;g=;v=v1", LEASES, SERVED_TYPES),
+        ("application/json;as=PartialObject;g=meta.k8s.io;v=v1", LEASES_OBJECT, SERVED_TYPES),
+    ],
+)
+async def test_what_is_not_served_is_a_406_status_in_upstreams_words(
+    served: tuple[TestClient[Any, Any], LedgerViews], accept: str, path: str, message: str
 ) -> None:
     client, _ = served
-    accept = {"Accept": "application/vnd.kubernetes.protobuf"}
-    async with client.get(LEASES, headers=accept) as response:
+    async with client.get(path, headers={"Accept": accept}) as response:
         status = await response.json()
-    assert (response.status, status["kind"], status["message"]) == (406, "Status", SERVED_TYPES)
+    assert (response.status, status["kind"], status["message"]) == (406, "Status", message)
+    assert status.get("details") == ({} if message.startswith("406") else None)
 
 
 async def test_a_watch_streams_json_only(

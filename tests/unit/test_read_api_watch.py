@@ -16,7 +16,7 @@ from readapi import server
 from readapi.ledger import LedgerViews
 from readapi.resources import ApiError
 from readapi.server import INITIAL_EVENTS_END
-from tests.served import EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, lease_names, watch
+from tests.served import CLUSTER, EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, lease_names, watch
 
 
 def versions(events: list[dict[str, Any]]) -> list[int]:
@@ -138,21 +138,32 @@ async def test_a_watch_with_bookmarks_gets_one_right_before_its_timeout(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
     """Upstream's watch cache sends a bookmark 2 s before the watch's deadline, so the
-    client resumes from as close to now as it can; none if the watch is shorter."""
+    client resumes from as close to now as it can; none if the watch is shorter, and
+    none past no change: a watcher gets no bookmark at the resourceVersion it started
+    from. The bookmark's object is the kind's empty object, as upstream's."""
     _, views = served
     offset = views.clusters["cluster-000"].offset
     quiet = f"{STORAGE_VERSIONS}?watch=true&resourceVersion={offset}&allowWatchBookmarks=true"
+    moved = quiet.replace(f"resourceVersion={offset}", f"resourceVersion={offset - 1}")
     # The periodic bookmarks of quiet spells a minute apart, as upstream's.
     client = TestClient(TestServer(server.app(views, server.ServeOptions(bookmark_seconds=60))))
     await client.start_server()
     try:
-        async with client.get(f"{quiet}&timeoutSeconds=3") as response:
+        async with client.get(f"{moved}&timeoutSeconds=3") as response:
             lines = (await response.text()).splitlines()
         events = [json.loads(line) for line in lines if line]
-        assert [e["type"] for e in events] == ["BOOKMARK"]
-        assert events[0]["object"]["metadata"]["resourceVersion"] == str(offset)
-        async with client.get(f"{quiet}&timeoutSeconds=2") as response:
-            assert await response.text() == ""
+        assert [e["type"] for e in events][-1:] == ["BOOKMARK"]
+        assert events[-1]["object"] == {
+            "kind": "StorageVersion",
+            "apiVersion": "internal.apiserver.k8s.io/v1alpha1",
+            "metadata": {"resourceVersion": str(offset)},
+            "spec": {},
+            "status": {},
+        }
+        for path in (f"{moved}&timeoutSeconds=2", f"{quiet}&timeoutSeconds=3"):
+            async with client.get(path) as response:
+                lines = (await response.text()).splitlines()
+            assert [json.loads(line)["type"] for line in lines if line].count("BOOKMARK") == 0
     finally:
         await client.close()
 
@@ -227,11 +238,7 @@ async def test_an_invalid_list_option_reads_as_upstreams_field_errors(
     )
 
 
-@pytest.mark.parametrize(
-    "query",
-    ["limit=%C2%B2", "limit=-%C2%B2", "resourceVersion=%C2%B2", "watch=1&resourceVersion=%C2%B2"],
-    ids=["limit", "negative-limit", "list-resource-version", "watch-resource-version"],
-)
+@pytest.mark.parametrize("query", ["limit=%C2%B2", "limit=-%C2%B2"])
 async def test_a_number_in_digits_int_does_not_read_is_a_bad_request(
     served: tuple[TestClient[Any, Any], LedgerViews], query: str
 ) -> None:
@@ -241,6 +248,39 @@ async def test_a_number_in_digits_int_does_not_read_is_a_bad_request(
         status = await response.json()
     assert (response.status, status["reason"]) == (400, "BadRequest")
     assert "\u00b2'" in status["message"]  # the value, quoted
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("abc", "invalid syntax"),
+        ("%C2%B2", "invalid syntax"),  # a digit to isdigit(), not to Go's ParseUint
+        ("-1", "invalid syntax"),
+        ("18446744073709551616", "value out of range"),  # 2**64
+    ],
+)
+async def test_a_resource_version_not_a_number_is_refused_as_upstreams_storage_refuses_it(
+    served: tuple[TestClient[Any, Any], LedgerViews], value: str, why: str
+) -> None:
+    """In kube-apiserver 1.37's words: a list's as its storage refuses it, a get's and a
+    watch's as its watch cache does (which upstream answers with a 500, no handler
+    classifying that error: a 400 here, as a client's bad value)."""
+    client, views = served
+    [name, *_] = lease_names(views)
+    shown = '"\u00b2"' if value == "%C2%B2" else f'"{value}"'
+    message = f"resourceVersion: Invalid value: {shown}: strconv.ParseUint: parsing {shown}: {why}"
+    async with client.get(f"{LEASES}?resourceVersion={value}") as response:
+        status = await response.json()
+    assert (response.status, status["reason"]) == (400, "BadRequest")
+    assert status["message"] == f"invalid resource version: {message}"
+    for path in (f"{LEASES}/{name}?", f"{LEASES}?watch=1&"):
+        async with client.get(f"{path}resourceVersion={value}") as response:
+            status = await response.json()
+        assert (response.status, status["reason"], status["message"]) == (
+            400,
+            "BadRequest",
+            message,
+        )
 
 
 async def test_a_namespaced_object_is_found_under_its_namespace_only(
@@ -354,6 +394,97 @@ async def test_an_unknown_path_is_404_whatever_the_method_and_a_write_405(
         assert "/clusters/CLUSTER" in (await response.json())["message"]
     async with client.get("/livez") as response:
         assert (response.status, await response.text()) == (200, "ok")
+
+
+METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
+
+
+async def test_only_get_is_allowed_where_upstream_answers_get_only(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """As kube-apiserver 1.37: its API paths are routes of GET alone, so HEAD and writes
+    are its generic 405 (on an object that does not exist too: the route is matched,
+    not the object); /apis and /apis/GROUP are answered whatever the method."""
+    client, views = served
+    [name, *_] = lease_names(views)
+    group = f"{CLUSTER}/apis/coordination.k8s.io"
+    refused = [
+        LEASES,
+        f"{LEASES}/{name}",
+        f"{LEASES}/no-such-apiserver",
+        STORAGE_VERSIONS,
+        f"{CLUSTER}/api",
+        f"{CLUSTER}/api/v1",
+        f"{CLUSTER}/api/v1/namespaces/kube-system",
+        f"{group}/v1",
+        f"{CLUSTER}/version",
+    ]
+    for path in refused:
+        for method in ("HEAD", "POST", "PUT", "DELETE"):
+            async with client.request(method, path) as response:
+                assert response.status == 405, (method, path)
+                if method != "HEAD":
+                    status = await response.json()
+                    assert (status["reason"], status["message"]) == (
+                        "MethodNotAllowed",
+                        METHOD_NOT_ALLOWED,
+                    )
+    for path in (f"{CLUSTER}/apis", group):
+        async with client.get(path) as response:
+            document = await response.json()
+        for method in ("HEAD", "POST", "DELETE"):
+            async with client.request(method, path) as response:
+                assert response.status == 200, (method, path)
+                if method != "HEAD":
+                    assert await response.json() == document
+    for path in (f"{group}/v9", f"{CLUSTER}/apis/no.such.group", f"{CLUSTER}/apis/x.io/v1/ys"):
+        async with client.request("HEAD", path) as response:
+            assert response.status == 404, path
+
+
+async def test_a_status_is_written_as_upstreams_encoder_writes_it(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """Compact JSON, upstream's field order, a newline at the end."""
+    client, _ = served
+    async with client.get(f"{LEASES}/no-such-apiserver") as response:
+        body = await response.read()
+    assert body.endswith(b"}\n") and b", " not in body and b": " not in body
+    assert list(json.loads(body)) == [
+        "kind",
+        "apiVersion",
+        "metadata",
+        "status",
+        "message",
+        "reason",
+        "details",
+        "code",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        # Upstream: a selector's syntax first (400), then the list options (422), then
+        # a field it does not know (400).
+        ("fieldSelector=foo%3Dbar&resourceVersionMatch=Exact", 422),
+        ("fieldSelector=foo%3Dbar&resourceVersionMatch=Bogus&resourceVersion=1", 422),
+        ("fieldSelector=foo%3Dbar&resourceVersionMatch=Exact&watch=1", 422),
+        ("labelSelector=a%3D%3D%3Db&resourceVersionMatch=Exact", 400),
+        ("fieldSelector=a%3D%3D%3Db&resourceVersionMatch=Exact", 400),
+        ("fieldSelector=foo%3Dbar", 400),
+        ("fieldSelector=foo%3Dbar&resourceVersion=abc", 400),
+    ],
+)
+async def test_a_request_with_two_faults_is_answered_for_the_one_upstream_finds_first(
+    served: tuple[TestClient[Any, Any], LedgerViews], query: str, code: int
+) -> None:
+    client, _ = served
+    async with client.get(f"{LEASES}?{query}") as response:
+        status = await response.json()
+    assert (response.status, status["code"]) == (code, code)
+    if code == 400 and "foo" in query:
+        assert "is not a known field selector" in status["message"]
 
 
 async def test_an_access_review_is_answered_as_created_now_and_in_the_past(
