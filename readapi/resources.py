@@ -186,6 +186,17 @@ class Column:
     description: str
     format: str = ""
     priority: int = 0
+    empty: str | None = None  # the cell of an empty object (a bookmark's), if not the type's
+
+    @property
+    def empty_cell(self) -> Any:
+        """The cell upstream's printer writes for an empty object: an age unknown, a
+        number 0, a string empty (or what ``empty`` says)."""
+        if self.empty is not None:
+            return self.empty
+        if self.name == "Age":
+            return "<unknown>"
+        return 0 if self.type == "integer" else ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -368,11 +379,13 @@ STORAGE_VERSIONS: Final = Kind(
             "CommonEncodingVersion",
             "string",
             "The version every API server encodes in; <unset> while they disagree.",
+            empty="<unset>",
         ),
         Column(
             "StorageVersions",
             "string",
             "apiserverID=encodingVersion of the first three entries, in their order.",
+            empty="<unset>",
         ),
         Column("Age", "string", "Time since the first report."),
         Column("Agreed", "string", "Status of the AllEncodingVersionsEqual condition.", priority=1),
@@ -425,7 +438,7 @@ LEASES: Final = Kind(
         Column("Holder", "string", "spec.holderIdentity."),
         Column("Age", "string", "Time since the lease was first seen."),
         Column("Hostname", "string", "The API server's host name.", priority=1),
-        Column("Renewed", "string", "Time since spec.renewTime.", priority=1),
+        Column("Renewed", "string", "Time since spec.renewTime.", priority=1, empty="<unknown>"),
     ),
     cells=lambda row, view: [
         row.apiserver_id,
@@ -938,6 +951,43 @@ def list_metadata(resource_version: int, token: str, remaining: int | None = Non
     return metadata
 
 
+def bookmark_table(
+    kind: Kind,
+    bookmark: JSON,
+    *,
+    api_version: str = "meta.k8s.io/v1",
+    include_object: str = "Metadata",
+    with_columns: bool = True,
+) -> JSON:
+    """A watch bookmark's object (:meth:`Kind.bookmark`) as upstream converts it for a
+    Table watch: one row, of an empty object's cells, the bookmark as its object."""
+    row: JSON = {"cells": [column.empty_cell for column in kind.columns], "object": None}
+    if include_object == "Object":
+        row["object"] = bookmark
+    elif include_object == "Metadata":
+        row["object"] = partial_metadata(bookmark, api_version)
+    return {
+        "kind": "Table",
+        "apiVersion": api_version,
+        "metadata": {"resourceVersion": bookmark["metadata"]["resourceVersion"]},
+        "columnDefinitions": _column_definitions(kind) if with_columns else None,
+        "rows": [row],
+    }
+
+
+def _column_definitions(kind: Kind) -> list[JSON]:
+    return [
+        {
+            "name": column.name,
+            "type": column.type,
+            "format": column.format,
+            "description": column.description,
+            "priority": column.priority,
+        }
+        for column in kind.columns
+    ]
+
+
 def table(
     kind: Kind,
     rows: Iterable[tuple[Any, JSON]],
@@ -966,18 +1016,8 @@ def table(
         "kind": "Table",
         "apiVersion": api_version,
         "metadata": metadata,
-        "columnDefinitions": [
-            {
-                "name": column.name,
-                "type": column.type,
-                "format": column.format,
-                "description": column.description,
-                "priority": column.priority,
-            }
-            for column in kind.columns
-        ]
-        if with_columns
-        else None,  # upstream's NoHeaders: no definitions, encoded as null
+        # upstream's NoHeaders: no definitions, encoded as null
+        "columnDefinitions": _column_definitions(kind) if with_columns else None,
         "rows": table_rows,
     }
 

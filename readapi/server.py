@@ -24,8 +24,8 @@ What it speaks, as kube-apiserver does:
   BOOKMARK events with ``allowWatchBookmarks`` (after a quiet spell, and once 2 s
   before ``timeoutSeconds`` ends, as upstream's watch cache, each only once the
   position is past the resourceVersion the watch started from, and holding the kind's
-  empty object as upstream's; in a Table watch too, where upstream's is a Table of
-  that object), an ERROR event with a 410 Expired
+  empty object as upstream's, in a Table watch a Table of one row of that object's
+  cells), an ERROR event with a 410 Expired
   Status for a resourceVersion older than the changes kept, ``timeoutSeconds`` (none
   or 0: 30 to 60 minutes), of a collection (one object by a ``metadata.name`` field
   selector, as client-go watches one); the deprecated ``/apis/GROUP/VERSION/watch/...``
@@ -1060,6 +1060,15 @@ class _WatchStream:
         body = self.kind.bookmark(offset, annotations)
         if self.output.convert == "PartialObjectMetadata":
             body = resources.partial_metadata(body, self.output.api_version)
+        elif self.output.convert == "Table":
+            body = resources.bookmark_table(
+                self.kind,
+                body,
+                api_version=self.output.api_version,
+                include_object=self.include,
+                with_columns=self.first,
+            )
+            self.first = False
         await self._write({"type": "BOOKMARK", "object": body})
 
     async def expired(self, cursor: int, horizon: int) -> None:

@@ -604,6 +604,38 @@ async def test_one_objects_table_carries_its_resource_version(
     assert table["metadata"]["resourceVersion"] == some["resourceVersion"]
 
 
+@pytest.mark.parametrize(
+    ("include", "shown"),
+    [
+        ("", "PartialObjectMetadata"),
+        ("&includeObject=Object", "Lease"),
+        ("&includeObject=None", None),
+    ],
+)
+async def test_a_table_watchs_bookmark_is_a_table_of_an_empty_object(
+    served: tuple[TestClient[Any, Any], LedgerViews], include: str, shown: str | None
+) -> None:
+    """As kube-apiserver 1.37 converts it: one row, the printer's cells of an empty
+    object (an age unknown), the bookmark (or its metadata) as the row's object."""
+    client, views = served
+    offset = views.clusters["cluster-000"].offset
+    table_type = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    events = await watch(client, LEASES, f"allowWatchBookmarks=true{include}", headers=table_type)
+    *added, end = events
+    assert added and {e["type"] for e in added} == {"ADDED"}
+    assert end["type"] == "BOOKMARK"
+    bookmark = end["object"]
+    assert (bookmark["kind"], bookmark["metadata"]) == ("Table", {"resourceVersion": str(offset)})
+    assert bookmark["columnDefinitions"] is None  # sent with the first event only
+    [row] = bookmark["rows"]
+    assert row["cells"] == ["", "", "<unknown>", "", "<unknown>"]
+    metadata = {"resourceVersion": str(offset), "annotations": {INITIAL_EVENTS_END: "true"}}
+    if shown is None:
+        assert row["object"] is None
+    else:
+        assert (row["object"]["kind"], row["object"]["metadata"]) == (shown, metadata)
+
+
 @pytest.mark.parametrize("query", ["limit=2&resourceVersion=0", "limit=0", "limit=-1"])
 async def test_a_list_at_resource_version_0_or_with_no_positive_limit_is_whole(
     served: tuple[TestClient[Any, Any], LedgerViews], query: str
