@@ -87,8 +87,7 @@ class ApiError(UsageError):
 def status(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
     """A ``meta/v1`` Status, as every Kubernetes error body is, its fields in upstream's
     order; ``details`` left out when None, as upstream leaves out a nil pointer, and
-    ``{}`` kept when empty; an empty ``reason`` left out (upstream's 500 for an error
-    its handlers do not classify has none)."""
+    ``{}`` kept when empty; an empty ``reason`` left out, as upstream's omits one."""
     body: JSON = {
         "kind": "Status",
         "apiVersion": "v1",

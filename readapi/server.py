@@ -309,12 +309,16 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
 
 
 def _no_such_path(request: web.Request) -> ApiError:
-    """The 404 for a path nothing is served at."""
-    message = f"the server could not find the requested resource: {request.path}"
+    """The 404 for a path nothing is served at: upstream's generic one, whose details
+    name nothing (``{}``); outside ``/clusters/`` it says where clusters are, as
+    ``kubectl get --raw`` replaces the whole path of ``--server``."""
+    message = "the server could not find the requested resource"
     if not request.path.startswith("/clusters/"):
-        # kubectl get --raw replaces the whole path of --server.
-        message += " (every cluster is served under /clusters/CLUSTER, e.g. /clusters/NAME/api)"
-    return ApiError(404, "NotFound", message)
+        message += (
+            f": {request.path} (every cluster is served under /clusters/CLUSTER,"
+            " e.g. /clusters/NAME/api)"
+        )
+    return ApiError(404, "NotFound", message, {})
 
 
 async def _namespace(request: web.Request) -> web.StreamResponse:
@@ -499,12 +503,7 @@ def _kind(request: web.Request) -> Kind:
     if kind is None:
         raise _no_such_path(request)
     if "namespace" in info and not kind.namespaced:
-        raise ApiError(
-            404,
-            "NotFound",
-            f"{kind.resource}.{kind.group} is cluster-scoped: "
-            f"drop the namespace from {request.path}",
-        )
+        raise _no_such_path(request)  # upstream registers no such route
     return kind
 
 

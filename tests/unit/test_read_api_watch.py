@@ -442,6 +442,30 @@ async def test_only_get_is_allowed_where_upstream_answers_get_only(
             assert response.status == 404, path
 
 
+async def test_a_path_upstream_registers_no_route_for_is_its_generic_404(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """A namespaced kind without its namespace, a cluster-scoped one with one, a kind
+    not served: kube-apiserver 1.37's words, details naming nothing."""
+    client, views = served
+    [name, *_] = lease_names(views)
+    cluster_wide = LEASES.replace("/namespaces/kube-system", "")
+    namespaced = STORAGE_VERSIONS.replace("/v1alpha1/", "/v1alpha1/namespaces/kube-system/")
+    for path in (
+        f"{cluster_wide}/{name}",
+        namespaced,
+        f"{namespaced}/any",
+        f"{CLUSTER}/apis/coordination.k8s.io/v1/widgets",
+    ):
+        async with client.get(path) as response:
+            status = await response.json()
+        assert (response.status, status["message"], status["details"]) == (
+            404,
+            "the server could not find the requested resource",
+            {},
+        ), path
+
+
 async def test_a_status_is_written_as_upstreams_encoder_writes_it(
     served: tuple[TestClient[Any, Any], LedgerViews],
 ) -> None:
