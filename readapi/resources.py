@@ -627,14 +627,21 @@ def groups() -> dict[str, list[Kind]]:
 _VERBS: Final = ["get", "list", "watch"]
 
 
-def api_versions() -> JSON:
-    """``/api``: the legacy core group, which serves nothing here."""
-    return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+def api_versions(server_address: str) -> JSON:
+    """``/api``: the legacy core group, which serves no kinds here, and where a client
+    from anywhere reaches the server (``server_address``), as upstream's says."""
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
+    }
 
 
 def core_resources() -> JSON:
-    """``/api/v1``: no core resources."""
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": []}
+    """``/api/v1``: no core resources; without an ``apiVersion``, as upstream's."""
+    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": []}
 
 
 def group_list() -> JSON:
@@ -682,39 +689,49 @@ def resource_list(group: str, version: str) -> JSON | None:
 def aggregated_discovery(api_version: str, *, core: bool) -> JSON:
     """``APIGroupDiscoveryList`` (``apidiscovery.k8s.io`` v2 or v2beta1), which kubectl asks first.
 
-    ``core`` is for ``/api``, which serves no kinds here.
+    ``core`` is for ``/api``: its one version, ``v1``, with no kinds here (as the
+    legacy ``/api`` and ``/api/v1`` say).
     """
-    items = []
-    if not core:
-        for name, kinds in groups().items():
-            items.append(
-                {
-                    "metadata": {"name": name},
-                    "versions": [
-                        {
-                            "version": kinds[0].version,
-                            "freshness": "Current",
-                            "resources": [
-                                {
-                                    "resource": kind.resource,
-                                    # Empty group and version: the resource's own, as
-                                    # kube-apiserver writes them for its built-in kinds.
-                                    "responseKind": {"group": "", "version": "", "kind": kind.kind},
-                                    "scope": "Namespaced" if kind.namespaced else "Cluster",
-                                    "singularResource": kind.singular,
-                                    "verbs": _VERBS,
-                                }
-                                for kind in kinds
-                            ],
-                        }
-                    ],
-                }
-            )
+    items: list[JSON]
+    if core:
+        version: JSON = {"version": "v1", "resources": [], "freshness": "Current"}
+        items = [{"metadata": {}, "versions": [version]}]
+    else:
+        items = [
+            {
+                "metadata": {"name": name},
+                "versions": [
+                    {
+                        "version": kinds[0].version,
+                        "resources": [_discovered(kind) for kind in kinds],
+                        "freshness": "Current",
+                    }
+                ],
+            }
+            for name, kinds in groups().items()
+        ]
     return {
         "kind": "APIGroupDiscoveryList",
         "apiVersion": api_version,
         "metadata": {},
         "items": items,
+    }
+
+
+def _discovered(kind: Kind) -> JSON:
+    # A built-in kind's response kind has an empty group and version (the resource's
+    # own), as kube-apiserver writes them; a custom resource's names them.
+    custom = kind.group in CUSTOM_GROUPS
+    return {
+        "resource": kind.resource,
+        "responseKind": {
+            "group": kind.group if custom else "",
+            "version": kind.version if custom else "",
+            "kind": kind.kind,
+        },
+        "scope": "Namespaced" if kind.namespaced else "Cluster",
+        "singularResource": kind.singular,
+        "verbs": _VERBS,
     }
 
 

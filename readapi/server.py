@@ -420,7 +420,7 @@ def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Respons
 
 
 async def _api(request: web.Request) -> web.StreamResponse:
-    return _discovery(request, resources.api_versions(), core=True)
+    return _discovery(request, resources.api_versions(request.host), core=True)
 
 
 async def _apis(request: web.Request) -> web.StreamResponse:

@@ -389,8 +389,12 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
         ("migration.k8s.io", "v1alpha1", "storagestates", "Cluster"),
         ("migration.k8s.io", "v1alpha1", "storageversionmigrations", "Cluster"),
     }
-    assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == []
-    # As a real kube-apiserver's: the kind is in the resource's own group and version.
+    # The core group's one version, v1, as the legacy /api says, with no kinds here.
+    assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == [
+        {"metadata": {}, "versions": [{"version": "v1", "resources": [], "freshness": "Current"}]}
+    ]
+    # As a real kube-apiserver 1.37's: a built-in kind's response kind is in the
+    # resource's own group and version (empty); a custom resource's names them.
     assert {
         (r["responseKind"]["group"], r["responseKind"]["version"], r["responseKind"]["kind"])
         for group in body["items"]
@@ -399,9 +403,17 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
     } == {
         ("", "", "StorageVersion"),
         ("", "", "Lease"),
-        ("", "", "StorageState"),
-        ("", "", "StorageVersionMigration"),
+        ("migration.k8s.io", "v1alpha1", "StorageState"),
+        ("migration.k8s.io", "v1alpha1", "StorageVersionMigration"),
     }
+
+
+def test_the_legacy_core_discovery_reads_as_upstreams() -> None:
+    # kube-apiserver 1.37: /api names where it is reached; /api/v1 has no apiVersion.
+    assert resources.api_versions("127.0.0.1:6443")["serverAddressByClientCIDRs"] == [
+        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}
+    ]
+    assert list(resources.core_resources()) == ["kind", "groupVersion", "resources"]
 
 
 def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -> None:
