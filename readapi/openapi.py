@@ -75,6 +75,11 @@ def _object(description: str, properties: JSON, required: tuple[str, ...] = ()) 
     return schema
 
 
+def _list_map(schema: JSON, key: str) -> JSON:
+    """An array ``schema`` marked as upstream's ``+listType=map`` with ``key``."""
+    return {**schema, "x-kubernetes-list-map-keys": [key], "x-kubernetes-list-type": "map"}
+
+
 def _kind_fields(kind: Kind) -> JSON:
     return {
         "apiVersion": _string(f"The schema of this object: {kind.api_version}."),
@@ -163,7 +168,11 @@ def _storage_version(kind: Kind, package: _Package) -> JSON:
                 "The versions it serves the resource in; left out when it reported none."
             ),
         },
+        ("apiServerID", "encodingVersion", "decodableVersions"),
     )
+    # As upstream's types mark them (+listType): kubectl explain and apply read these.
+    entry["properties"]["decodableVersions"]["x-kubernetes-list-type"] = "set"
+    entry["properties"]["servedVersions"]["x-kubernetes-list-type"] = "set"
     condition = _object(
         "The state of the agreement.",
         {
@@ -173,19 +182,23 @@ def _storage_version(kind: Kind, package: _Package) -> JSON:
             "reason": _string("CommonEncodingVersionSet or CommonEncodingVersionUnset."),
             "message": _string("The reason, for humans."),
         },
-        ("type", "status", "reason"),
+        ("type", "status", "reason", "message"),
     )
     status = _object(
         "The reports and the agreement folded from them.",
         {
-            "storageVersions": package.array(
-                "ServerStorageVersion", entry, "One entry per reporting API server."
+            "storageVersions": _list_map(
+                package.array("ServerStorageVersion", entry, "One entry per reporting API server."),
+                "apiServerID",
             ),
             "commonEncodingVersion": _string(
                 "The encoding version every API server reports; left out while they disagree."
             ),
-            "conditions": package.array(
-                "StorageVersionCondition", condition, "The AllEncodingVersionsEqual condition."
+            "conditions": _list_map(
+                package.array(
+                    "StorageVersionCondition", condition, "The AllEncodingVersionsEqual condition."
+                ),
+                "type",
             ),
         },
     )
@@ -201,7 +214,7 @@ def _storage_version(kind: Kind, package: _Package) -> JSON:
                 "StorageVersionStatus", status, "The API servers' reports and whether they agree."
             ),
         },
-        ("spec", "status"),
+        ("metadata",),  # as upstream's document marks it
     )
 
 
@@ -288,6 +301,7 @@ def _migration(kind: Kind, package: _Package) -> JSON:
             ),
             "continueToken": _string("Where a resumed migration goes on listing."),
         },
+        ("resource",),  # as the upstream CRD requires
     )
     status = _object(
         "How far the migration is.",
@@ -431,15 +445,22 @@ def _document(path: str) -> bytes:
 
 
 @functools.cache
-def _hash(path: str) -> str:
+def document_hash(path: str) -> str:
+    """The hash of a served document (:func:`document`), as upstream's: SHA-512, in hex."""
     return hashlib.sha512(_document(path)).hexdigest().upper()
+
+
+def document_url(prefix: str, path: str) -> str:
+    """Where the current document of ``path`` is, below ``prefix`` (the request's path
+    up to ``/openapi``): with its hash, so a client may keep it for good."""
+    return f"{prefix}/openapi/v3/{path}?hash={document_hash(path)}"
 
 
 def index(prefix: str) -> JSON:
     """``/openapi/v3`` below ``prefix`` (the request's path up to ``/openapi``)."""
     return {
         "paths": {
-            path: {"serverRelativeURL": f"{prefix}/openapi/v3/{path}?hash={_hash(path)}"}
+            path: {"serverRelativeURL": document_url(prefix, path)}
             for path in group_version_paths()
         }
     }

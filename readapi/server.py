@@ -76,13 +76,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import email.utils
 import functools
+import hashlib
 import json
 import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -412,11 +414,16 @@ def _discovery(request: web.Request, legacy: JSON, *, core: bool) -> web.Respons
         return _respond(
             negotiation.negotiate(request.headers.get("Accept", ""), convert=False), legacy
         )
-    body = resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/v2", core=core)
-    content_type = f"application/json;g={AGGREGATED_DISCOVERY};v=v2;as=APIGroupDiscoveryList"
-    return web.Response(
-        body=resources.go_json_body(body), headers={"Content-Type": content_type}, status=200
+    body = resources.go_json_body(
+        resources.aggregated_discovery(f"{AGGREGATED_DISCOVERY}/v2", core=core)
     )
+    # As upstream's ServeHTTPWithETag: cacheable, and 304 to a client that has it.
+    etag = f'"{hashlib.sha512(body).hexdigest().upper()}"'
+    headers = {"ETag": etag, "Vary": "Accept", "Cache-Control": "public"}
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers=headers)
+    content_type = f"application/json;g={AGGREGATED_DISCOVERY};v=v2;as=APIGroupDiscoveryList"
+    return web.Response(body=body, headers={**headers, "Content-Type": content_type})
 
 
 async def _api(request: web.Request) -> web.StreamResponse:
@@ -454,11 +461,28 @@ async def _openapi_index(request: web.Request) -> web.StreamResponse:
 
 
 async def _openapi_document(request: web.Request) -> web.StreamResponse:
+    """A group version's OpenAPI v3 document, as upstream's handler serves one: its
+    ETag the document's hash, 304 to a client that has it; asked with the current
+    ``hash`` (as the index links it), cacheable for a year; with another, a 301 to the
+    current one's URL."""
     _cluster_view_check(request)
-    document = openapi.document(request.match_info["path"])
+    path = request.match_info["path"]
+    document = openapi.document(path)
     if document is None:
         raise _no_such_path(request)
-    return web.Response(body=document, content_type="application/json")
+    current = openapi.document_hash(path)
+    headers = {"ETag": f'"{current}"', "Vary": "Accept"}
+    if asked := request.query.get("hash"):
+        if asked != current:
+            prefix = request.path.removesuffix(f"/openapi/v3/{path}")
+            raise web.HTTPMovedPermanently(openapi.document_url(prefix, path))
+        headers["Cache-Control"] = "public, immutable"
+        headers["Expires"] = email.utils.format_datetime(
+            datetime.now(UTC) + timedelta(days=365), usegmt=True
+        )
+    if request.headers.get("If-None-Match") in (headers["ETag"], "*"):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=document, content_type="application/json", headers=headers)
 
 
 def _cluster_view_check(request: web.Request) -> None:

@@ -125,6 +125,45 @@ async def test_a_group_version_without_a_document_is_a_404_status(served: Served
     assert (await client.get("/clusters/no-such-cluster/openapi/v3")).status == 404
 
 
+async def test_a_document_is_cached_as_upstreams_handler_lets_clients_cache_it(
+    served: Served,
+) -> None:
+    """kube-openapi's handler (kube-apiserver 1.37): the document's hash is its ETag and
+    304 answers a client that has it; linked with the current hash, it is kept for a
+    year; with another, a 301 sends the client to the current one."""
+    client, _ = served
+    paths = (await (await client.get(f"{CLUSTER}/openapi/v3")).json())["paths"]
+    url = paths["apis/coordination.k8s.io/v1"]["serverRelativeURL"]
+    current = url.partition("?hash=")[2]
+    response = await client.get(url)
+    assert (response.headers["ETag"], response.headers["Vary"]) == (f'"{current}"', "Accept")
+    assert response.headers["Cache-Control"] == "public, immutable"
+    assert "Expires" in response.headers
+    plain = await client.get(url.partition("?")[0])
+    assert plain.headers["Cache-Control"] == "no-cache, private"  # no hash: asked each time
+    assert plain.headers["ETag"] == f'"{current}"'
+    cached = await client.get(url, headers={"If-None-Match": f'"{current}"'})
+    assert (cached.status, await cached.read()) == (304, b"")
+    stale = await client.get(url.replace(current, "0" * 128), allow_redirects=False)
+    assert (stale.status, stale.headers["Location"]) == (301, url)
+
+
+async def test_aggregated_discovery_is_cached_as_upstreams(served: Served) -> None:
+    """ServeHTTPWithETag: ETag, public, Vary: Accept, and 304 to a client that has it."""
+    client, _ = served
+    accept = {"Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"}
+    for path in (f"{CLUSTER}/apis", f"{CLUSTER}/api"):
+        response = await client.get(path, headers=accept)
+        etag = response.headers["ETag"]
+        assert (response.status, response.headers["Cache-Control"]) == (200, "public")
+        assert response.headers["Vary"] == "Accept"
+        cached = await client.get(path, headers={**accept, "If-None-Match": etag})
+        assert (cached.status, await cached.read()) == (304, b"")
+    legacy = await client.get(f"{CLUSTER}/apis")  # the legacy list: not cacheable
+    assert "ETag" not in legacy.headers
+    assert legacy.headers["Cache-Control"] == "no-cache, private"
+
+
 async def test_every_listed_object_is_as_its_schema_says(served: Served) -> None:
     client, _ = served
     for kind in KINDS:
@@ -171,3 +210,29 @@ def test_a_field_the_schema_does_not_declare_is_found() -> None:
     assert violations(
         {**good, "status": {"persistedStorageVersionHashes": "Unknown"}}, schema, document
     ) == [".status.persistedStorageVersionHashes: 'Unknown' is not of type array"]
+
+
+def test_required_fields_and_list_types_are_upstreams() -> None:
+    """As kube-apiserver 1.37's document (and the migrator's CRD) marks them, which
+    kubectl explain shows (-required-) and server-side apply reads (list types)."""
+    [storage_versions] = [kind for kind in KINDS if kind.kind == "StorageVersion"]
+    document = _document_of(storage_versions)
+    schema = _schema_of(storage_versions, document)
+    assert schema["required"] == ["metadata"]
+    status = _resolve(schema["properties"]["status"], document)
+    entries = status["properties"]["storageVersions"]
+    assert (entries["x-kubernetes-list-type"], entries["x-kubernetes-list-map-keys"]) == (
+        "map",
+        ["apiServerID"],
+    )
+    entry = _resolve(entries["items"], document)
+    assert entry["required"] == ["apiServerID", "encodingVersion", "decodableVersions"]
+    assert entry["properties"]["decodableVersions"]["x-kubernetes-list-type"] == "set"
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    condition = _resolve(conditions["items"], document)
+    assert condition["required"] == ["type", "status", "reason", "message"]
+    [migrations] = [kind for kind in KINDS if kind.kind == "StorageVersionMigration"]
+    document = _document_of(migrations)
+    spec = _resolve(_schema_of(migrations, document)["properties"]["spec"], document)
+    assert spec["required"] == ["resource"]
