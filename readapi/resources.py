@@ -122,7 +122,7 @@ def go_json(value: Any) -> str:
 
 def go_json_body(value: Any) -> bytes:
     """A JSON response body as upstream's encoder writes it: :func:`go_json`, then a
-    newline; a string that is not valid Unicode is replaced, as Go replaces one."""
+    newline (a lone surrogate, which no request or event holds, written as ``?``)."""
     return (go_json(value) + "\n").encode("utf-8", "replace")
 
 
@@ -864,16 +864,11 @@ FIELDS: Final = ("metadata.name", "metadata.namespace")
 CUSTOM_GROUPS: Final = frozenset({"migration.k8s.io"})  # served by CRDs upstream
 
 
-def parse_field_selector(
-    text: str, group: str = "", namespaced: bool = True, *, known: bool = True
-) -> tuple[Requirement, ...]:
-    """A field selector on ``metadata.name`` or ``metadata.namespace`` (``=``, ``==``, ``!=``).
-
-    With ``known`` (the default), its fields are checked too
-    (:func:`check_field_selector`); without, only its syntax, as upstream's handler
-    parses it before it validates the request's options, and its storage refuses an
-    unknown field after.
-    """
+def parse_field_selector(text: str) -> tuple[Requirement, ...]:
+    """A field selector's requirements (``=``, ``==``, ``!=``), its syntax checked; which
+    fields a kind knows is checked after the request's options
+    (:func:`check_field_selector`), as upstream's handler parses it before it validates
+    them and its storage refuses an unknown field after."""
     requirements = []
     for part in _split_selector(text):
         if not part.strip():
@@ -887,15 +882,12 @@ def parse_field_selector(
             )
         operator = "!=" if match[2] == "!=" else "="
         requirements.append(Requirement(match[1], operator, frozenset({match[3]})))
-    if known:
-        check_field_selector(requirements, group, namespaced)
     return tuple(requirements)
 
 
-def check_field_selector(
-    requirements: Iterable[Requirement], group: str = "", namespaced: bool = True
-) -> None:
-    """Refuse a field selector on another field than the kind's, in the words upstream
+def check_field_selector(requirements: Iterable[Requirement], group: str, namespaced: bool) -> None:
+    """Refuse a field selector on a field other than ``metadata.name`` and
+    ``metadata.namespace``, in the words upstream
     uses for the kind's ``group``: those of a custom resource's for the groups upstream
     serves by CRDs (whose cluster-scoped kinds have no ``metadata.namespace`` either),
     else those of ``DefaultMetaV1FieldSelectorConversion``."""
@@ -976,8 +968,14 @@ def bookmark_table(
     with_columns: bool = True,
 ) -> JSON:
     """A watch bookmark's object (:meth:`Kind.bookmark`) as upstream converts it for a
-    Table watch: one row, of an empty object's cells, the bookmark as its object."""
-    row: JSON = {"cells": [column.empty_cell for column in kind.columns], "object": None}
+    Table watch: one row, of an empty object's cells (a built-in kind's printer's; null
+    but the name for a custom resource's), the bookmark as its object."""
+    if kind.group in CUSTOM_GROUPS:
+        # A custom resource's converter writes null for a column its object lacks.
+        cells = ["" if column.format == "name" else None for column in kind.columns]
+    else:
+        cells = [column.empty_cell for column in kind.columns]
+    row: JSON = {"cells": cells, "object": None}
     if include_object == "Object":
         row["object"] = bookmark
     elif include_object == "Metadata":

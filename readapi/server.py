@@ -52,9 +52,10 @@ What it speaks, as kube-apiserver does:
   clusters, 405 for every method but GET (HEAD among them) on a kind's objects, on
   ``/version``, ``/api``, ``/api/v1`` and a group version's discovery, as upstream's
   routes (nothing is written through this API: the ledger is appended to only by its
-  producers), while ``/apis`` and ``/apis/GROUP`` answer any method as GET, as
-  upstream's handlers do, 401 without a
-  valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
+  producers; the migrator's kinds too, whose custom resources' handler upstream answers
+  HEAD on as GET, and any method on their group version's discovery), while
+  ``/apis`` and ``/apis/GROUP`` answer any method as GET, as upstream's handlers do,
+  401 without a valid bearer token when ``--token-file`` is given (``/healthz``, ``/livez`` and
   ``/readyz`` stay open), 400 for bad parameters (label selectors whose keys or values
   are not label names among them);
 * ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` (``authorization.k8s.io/v1``)
@@ -64,7 +65,9 @@ What it speaks, as kube-apiserver does:
   whoami`` the token file's user (:mod:`readapi.access`);
 * ``/api/v1/namespaces/NAME``, which kubectl reads after a NotFound: ``kube-system``
   exists (the leases are there), no other namespace does;
-* every response ``Cache-Control: no-cache, private``, as upstream's;
+* every response ``Cache-Control: no-cache, private``, as upstream's, but what upstream
+  lets clients cache: aggregated discovery (an ETag, ``public``) and an OpenAPI document
+  asked with its hash (``public, immutable``);
 * ``/healthz`` and ``/livez`` (the process runs) and ``/readyz`` (the log is folded up
   to the end it had at start);
 * ``/clusters/CLUSTER/timeline/RESOURCE``: the page ``svledger timeline`` draws
@@ -300,7 +303,11 @@ async def _not_found(request: web.Request) -> web.StreamResponse:
         handler = getattr(served, "handler", None)
         if handler in (_collection, _member):
             kind = resources.kind_of(served["group"], served["version"], served["resource"])
-            allowed = kind is not None
+            # Only where upstream registers a route: a kind in its own scope.
+            allowed = kind is not None and (
+                kind.namespaced == ("namespace" in served)
+                or (handler is _collection and kind.namespaced)
+            )
         elif handler is _group_version:
             allowed = resources.resource_list(served["group"], served["version"]) is not None
         else:
@@ -480,7 +487,12 @@ async def _openapi_document(request: web.Request) -> web.StreamResponse:
         headers["Expires"] = email.utils.format_datetime(
             datetime.now(UTC) + timedelta(days=365), usegmt=True
         )
-    if request.headers.get("If-None-Match") in (headers["ETag"], "*"):
+    # As Go's http.ServeContent reads it: a list, weak tags matching too.
+    held = {
+        tag.strip().removeprefix("W/")
+        for tag in request.headers.get("If-None-Match", "").split(",")
+    }
+    if held & {headers["ETag"], "*"}:
         return web.Response(status=304, headers=headers)
     return web.Response(body=document, content_type="application/json", headers=headers)
 
@@ -582,7 +594,7 @@ def _selection(request: web.Request, kind: Kind) -> Selection:
         namespace=request.match_info.get("namespace"),
         labels=resources.parse_label_selector(query.get("labelSelector", "")),
         # Its fields are checked after the list options (_known_fields), as upstream.
-        fields=resources.parse_field_selector(query.get("fieldSelector", ""), known=False),
+        fields=resources.parse_field_selector(query.get("fieldSelector", "")),
     )
 
 

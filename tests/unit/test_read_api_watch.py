@@ -464,6 +464,9 @@ async def test_a_path_upstream_registers_no_route_for_is_its_generic_404(
             "the server could not find the requested resource",
             {},
         ), path
+        for method in ("HEAD", "POST"):  # no route: a 404 whatever the method
+            async with client.request(method, path) as response:
+                assert response.status == 404, (method, path)
 
 
 async def test_a_status_is_written_as_upstreams_encoder_writes_it(
@@ -658,6 +661,20 @@ async def test_a_table_watchs_bookmark_is_a_table_of_an_empty_object(
         assert row["object"] is None
     else:
         assert (row["object"]["kind"], row["object"]["metadata"]) == (shown, metadata)
+
+
+async def test_a_custom_resources_table_bookmark_has_null_cells_but_its_name(
+    served: tuple[TestClient[Any, Any], LedgerViews],
+) -> None:
+    """Upstream's converter for a custom resource writes null for a column the (empty)
+    object lacks."""
+    client, _ = served
+    states = f"{CLUSTER}/apis/migration.k8s.io/v1alpha1/storagestates"
+    table_type = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    events = await watch(client, states, "allowWatchBookmarks=true", headers=table_type)
+    [row] = events[-1]["object"]["rows"]
+    assert events[-1]["type"] == "BOOKMARK"
+    assert row["cells"] == ["", None, None, None]
 
 
 @pytest.mark.parametrize("query", ["limit=2&resourceVersion=0", "limit=0", "limit=-1"])
