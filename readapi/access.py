@@ -23,6 +23,11 @@ The reviews are checked as upstream's ``ValidateSelfSubjectAccessReview`` and it
 and ``nonResourceAttributes``, empty ``metadata``, and a rules review names a
 namespace. Their ``fieldSelector`` and ``labelSelector`` attributes are accepted and do
 not change the answer (everything is readable, whatever is selected).
+
+The reviews are created only (405 for other methods), posted in JSON, YAML or kubectl's
+protobuf (:mod:`readapi.protobuf`), and are not in discovery (kubectl needs none). The
+server's authentication puts the request's :class:`User` under :data:`USER`, from the
+tokens under :data:`TOKENS` (401 without a valid bearer token when there are any).
 """
 
 from __future__ import annotations
@@ -30,10 +35,17 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from readapi.resources import JSON, ApiError, invalid
+from aiohttp import web
+
+from readapi import negotiation
+from readapi.clusters import check_cluster
+from readapi.gojson import JSON
+from readapi.responses import method_not_allowed, respond
+from readapi.status import ApiError, invalid
 
 GROUP: Final = "authorization.k8s.io"
 API_VERSION: Final = f"{GROUP}/v1"
@@ -64,6 +76,8 @@ class User:
 
 
 ANONYMOUS: Final = User("system:anonymous", groups=("system:unauthenticated",))
+TOKENS: Final = web.AppKey("tokens", dict[str, User])  # the server's, from its token file
+USER: Final = web.RequestKey("user", User)  # whom the request authenticated as
 
 
 def read_tokens(path: Path) -> dict[str, User]:
@@ -209,3 +223,32 @@ def _unrecognized(kind: str, why: str) -> ApiError:
 
 def _shown(value: Any) -> str:
     return json.dumps(value)[:200]
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+async def handle_access_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, access_review)
+
+
+async def handle_rules_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, rules_review)
+
+
+async def handle_self_review(request: web.Request) -> web.StreamResponse:
+    return await _answer_review(request, lambda body: self_review(body, request[USER]))
+
+
+async def _answer_review(request: web.Request, answer: Callable[[Any], JSON]) -> web.Response:
+    """Create a review: read the object posted, answer it with 201 Created, as upstream
+    does, in the media type the request accepts. Nothing is stored; a review is only
+    created (405 for any other method)."""
+    check_cluster(request)
+    if request.method != "POST":
+        return method_not_allowed(request)
+    output = negotiation.negotiate(request.headers.get("Accept", ""), convert=False)
+    body = negotiation.read_body(request.content_type, await request.read())
+    response = respond(output, answer(body))
+    response.set_status(201)
+    return response

@@ -67,7 +67,7 @@ from projections.snapshots import NO_EVENTS
 from projections.state import Changes, State
 from projections.thinning import LeaseTerms, Thinning
 from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
-from readapi.resources import Created, Row, View
+from readapi.kinds import Created, Row, View
 
 Point: TypeAlias = int | datetime
 ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]

@@ -33,7 +33,8 @@ from typing import Any, Final
 import yaml
 
 from readapi import protobuf
-from readapi.resources import JSON, ApiError, go_json_body
+from readapi.gojson import JSON, go_json_body
+from readapi.status import ApiError
 
 JSON_TYPE: Final = "application/json"
 YAML_TYPE: Final = "application/yaml"

@@ -6,7 +6,7 @@ client may cache it), and that URL answers an OpenAPI 3.0 document whose
 ``components.schemas`` hold every kind of the group version, each marked with its
 ``x-kubernetes-group-version-kind``. kubectl finds a resource's kind by discovery, then
 its schema by that mark. This module builds the same documents for the four kinds of
-:mod:`readapi.resources`.
+:mod:`readapi.kinds`.
 
 The schemas describe what this API serves, field for field (``tests/unit/test_openapi.py``
 checks every served object against them), in upstream's type names and JSON shapes;
@@ -17,16 +17,30 @@ have and the ledger never fills (``ObjectMeta.generation``, ``Lease.spec.acquire
 The ``serverRelativeURL`` is the whole path from the server's root, the cluster's prefix
 (``/clusters/CLUSTER``, or a past view's ``/clusters/CLUSTER/at/POINT``) included,
 because client-go requests it as is rather than below the path it was configured with.
+
+The documents are served as upstream's handler serves them, in JSON only: a document's
+ETag is its hash, and a client that has it (``If-None-Match``, read as Go's
+``ServeContent`` reads it: a list, weak tags matching too) gets a 304; asked with the
+current ``hash``, as the index links it, a document is ``Cache-Control: public,
+immutable`` and kept for a year, and asked with a stale one it is a 301 to the current
+one's URL.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import hashlib
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from readapi.resources import JSON, KINDS, Kind, groups
+from aiohttp import web
+
+from readapi.clusters import check_cluster
+from readapi.gojson import JSON
+from readapi.kinds import KINDS, Kind, groups
+from readapi.responses import json_response, no_such_path
 
 _META: Final = "io.k8s.apimachinery.pkg.apis.meta.v1"
 OBJECT_META: Final = f"{_META}.ObjectMeta"
@@ -464,3 +478,41 @@ def index(prefix: str) -> JSON:
             for path in group_version_paths()
         }
     }
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+async def handle_index(request: web.Request) -> web.StreamResponse:
+    check_cluster(request)
+    return json_response(index(request.path.removesuffix("/openapi/v3")))
+
+
+async def handle_document(request: web.Request) -> web.StreamResponse:
+    """A group version's OpenAPI v3 document, as upstream's handler serves one: its
+    ETag the document's hash, 304 to a client that has it; asked with the current
+    ``hash`` (as the index links it), cacheable for a year; with another, a 301 to the
+    current one's URL."""
+    check_cluster(request)
+    path = request.match_info["path"]
+    body = document(path)
+    if body is None:
+        raise no_such_path(request)
+    current = document_hash(path)
+    headers = {"ETag": f'"{current}"', "Vary": "Accept"}
+    if asked := request.query.get("hash"):
+        if asked != current:
+            prefix = request.path.removesuffix(f"/openapi/v3/{path}")
+            raise web.HTTPMovedPermanently(document_url(prefix, path))
+        headers["Cache-Control"] = "public, immutable"
+        headers["Expires"] = email.utils.format_datetime(
+            datetime.now(UTC) + timedelta(days=365), usegmt=True
+        )
+    # As Go's http.ServeContent reads it: a list, weak tags matching too.
+    held = {
+        tag.strip().removeprefix("W/")
+        for tag in request.headers.get("If-None-Match", "").split(",")
+    }
+    if held & {headers["ETag"], "*"}:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type="application/json", headers=headers)

@@ -24,7 +24,8 @@ from typing import Any, Final
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.message import DecodeError
 
-from readapi.resources import JSON, ApiError
+from readapi.gojson import JSON
+from readapi.status import ApiError
 
 MEDIA_TYPE: Final = "application/vnd.kubernetes.protobuf"
 MAGIC: Final = b"k8s\x00"

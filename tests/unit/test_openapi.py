@@ -14,8 +14,9 @@ from ledger.events import Event, Position
 from projections.fold import apply
 from projections.state import State
 from readapi import openapi
+from readapi.gojson import JSON
+from readapi.kinds import KINDS, Kind, View
 from readapi.ledger import LedgerViews
-from readapi.resources import JSON, KINDS, Kind, View
 from tests.histories import histories
 from tests.served import CLUSTER
 

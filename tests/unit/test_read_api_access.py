@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from readapi import access, negotiation, protobuf
-from readapi.resources import ApiError
+from readapi.status import ApiError
 
 # The bodies kubectl (v1.32.4 and v1.37.2 alike) posts for `auth can-i watch leases -n
 # kube-system`, `auth can-i get /healthz` and `auth can-i --list`, captured off the wire.

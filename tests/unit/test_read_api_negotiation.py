@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from readapi.ledger import LedgerViews
 from readapi.negotiation import Output, negotiate
-from readapi.resources import ApiError
+from readapi.status import ApiError
 from tests.served import CLUSTER, LEASES, STORAGE_VERSIONS, watch
 
 SERVED_TYPES = "only the following media types are accepted: application/json, application/yaml"

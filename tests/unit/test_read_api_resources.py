@@ -21,17 +21,17 @@ from projections.state import (
     StorageState,
     StorageVersion,
 )
-from readapi import resources
-from readapi.resources import (
+from readapi import conversions, discovery, kinds, lists, selectors
+from readapi.kinds import (
     LEASES,
     STORAGE_STATES,
     STORAGE_VERSION_MIGRATIONS,
     STORAGE_VERSIONS,
-    ApiError,
     Created,
-    Selection,
     View,
 )
+from readapi.selectors import Selection
+from readapi.status import ApiError
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 
@@ -60,7 +60,7 @@ def storage_version(common: str | None = "apps/v2") -> StorageVersion:
 
 def view(state: State, *, at: datetime = T0 + timedelta(minutes=5)) -> View:
     created = {}
-    for kind in resources.KINDS:
+    for kind in kinds.KINDS:
         for row in kind.rows(state).values():
             created[(kind.kind, tuple(row.key[1:]))] = Created(T0, 3)
     return View(cluster="c", offset=42, time=at, state=state, created=created)
@@ -146,7 +146,7 @@ def test_discovery_gives_each_kind_upstreams_storage_version_hash() -> None:
             ("internal.apiserver.k8s.io", "v1alpha1"),
             ("migration.k8s.io", "v1alpha1"),
         )
-        for entry in (resources.resource_list(group, version) or {})["resources"]
+        for entry in (discovery.resource_list(group, version) or {})["resources"]
     }
     # As a v1.37 kube-apiserver's discovery shows them (computed by its code).
     assert hashes == {
@@ -192,7 +192,7 @@ def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
         storage_versions={("c", "apps", "deployments"): storage_version()},
         storage_states={row.key: row},
     )
-    table = resources.table(STORAGE_STATES, [(row, {"metadata": {}})], view(state))
+    table = conversions.table(STORAGE_STATES, [(row, {"metadata": {}})], view(state))
     assert [c["name"] for c in table["columnDefinitions"]] == [
         "Name", "Current", "Persisted", "Age",
     ]  # fmt: skip
@@ -207,7 +207,7 @@ def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
 def test_a_past_view_shows_ages_as_they_were() -> None:
     state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
     row = state.storage_versions[("c", "apps", "deployments")]
-    late = resources.table(
+    late = conversions.table(
         STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state, at=T0 + timedelta(days=3))
     )
     assert late["rows"][0]["cells"][3] == "3d"
@@ -218,7 +218,7 @@ def test_a_storage_version_table_has_upstreams_columns_then_the_ledgers() -> Non
     # at most three entries, "ID=VERSION" each in their order, "<unset>" for none.
     def cells(row: StorageVersion) -> list[object]:
         state = State(storage_versions={row.key: row})
-        table = resources.table(STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state))
+        table = conversions.table(STORAGE_VERSIONS, [(row, {"metadata": {}})], view(state))
         assert [(c["name"], c["priority"]) for c in table["columnDefinitions"]] == [
             ("Name", 0), ("CommonEncodingVersion", 0), ("StorageVersions", 0), ("Age", 0),
             ("Agreed", 1), ("Servers", 1),
@@ -254,7 +254,7 @@ def test_a_storage_version_table_has_upstreams_columns_then_the_ledgers() -> Non
     ],
 )  # fmt: skip
 def test_ages_read_as_kubectl_prints_them(seconds: float, shown: str) -> None:
-    assert resources.human_duration(seconds) == shown
+    assert kinds.human_duration(seconds) == shown
 
 
 LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1", "replicas": "3", "empty": ""}
@@ -275,7 +275,7 @@ LABELS = {"app": "x", "tier": "db", "kubernetes.io/hostname": "h1", "replicas": 
     ],
 )  # fmt: skip
 def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: bool) -> None:
-    requirements = resources.parse_label_selector(selector)
+    requirements = selectors.parse_label_selector(selector)
     assert all(r.matches(LABELS) for r in requirements) is matches
 
 
@@ -301,40 +301,40 @@ def test_label_selectors_read_as_kubernetes_writes_them(selector: str, matches: 
 )
 def test_a_malformed_selector_is_a_400_naming_it(selector: str) -> None:
     with pytest.raises(ApiError) as refused:
-        resources.parse_label_selector(selector)
+        selectors.parse_label_selector(selector)
     assert refused.value.code == 400 and selector.split()[0] in str(refused.value)
 
 
 def test_field_selectors_know_name_and_namespace_only() -> None:
     obj = {"metadata": {"name": "n1", "namespace": "kube-system"}}
-    selection = Selection(fields=resources.parse_field_selector("metadata.name=n1"))
+    selection = Selection(fields=selectors.parse_field_selector("metadata.name=n1"))
     assert selection.matches(obj)
-    assert not Selection(fields=resources.parse_field_selector("metadata.name!=n1")).matches(obj)
-    spec = resources.parse_field_selector("spec.x=1")
+    assert not Selection(fields=selectors.parse_field_selector("metadata.name!=n1")).matches(obj)
+    spec = selectors.parse_field_selector("spec.x=1")
     with pytest.raises(ApiError, match=r"field label not supported: spec\.x"):
-        resources.check_field_selector(spec, "migration.k8s.io", True)
+        kinds.check_field_selector(spec, "migration.k8s.io", True)
     # A built-in kind's words (upstream's DefaultMetaV1FieldSelectorConversion).
     with pytest.raises(ApiError) as builtin:
-        resources.check_field_selector(spec, "coordination.k8s.io", True)
+        kinds.check_field_selector(spec, "coordination.k8s.io", True)
     assert str(builtin.value) == (
         '"spec.x" is not a known field selector: only "metadata.name", "metadata.namespace"'
     )
     # A cluster-scoped custom resource has no namespace to select on.
-    namespace = resources.parse_field_selector("metadata.namespace=x")
+    namespace = selectors.parse_field_selector("metadata.namespace=x")
     with pytest.raises(ApiError, match=r"field label not supported: metadata\.namespace"):
-        resources.check_field_selector(namespace, "migration.k8s.io", False)
-    resources.check_field_selector(namespace, "migration.k8s.io", True)
+        kinds.check_field_selector(namespace, "migration.k8s.io", False)
+    kinds.check_field_selector(namespace, "migration.k8s.io", True)
 
 
 @given(st.integers(min_value=0), st.text())
 def test_a_continue_token_round_trips(offset: int, name: str) -> None:
-    assert resources.parse_continue(resources.continue_token(offset, name)) == (offset, name)
+    assert lists.parse_continue(lists.continue_token(offset, name)) == (offset, name)
 
 
 @given(st.text())
 def test_any_other_continue_token_is_a_clear_400(token: str) -> None:
     try:
-        resources.parse_continue(token)
+        lists.parse_continue(token)
     except ApiError as error:
         assert error.code == 400 and "continue token" in str(error)
 
@@ -355,7 +355,7 @@ def test_pages_cover_every_selected_item_once_in_order(
     seen: list[str] = []
     after = ""
     while True:
-        chosen, last = resources.page(items, after, limit, selected)
+        chosen, last = lists.page(items, after, limit, selected)
         assert len(chosen) <= limit
         seen += [obj["metadata"]["name"] for obj in chosen]
         if last is None:
@@ -372,13 +372,13 @@ def test_a_page_filled_by_a_selector_continues_while_any_item_remains() -> None:
     def is_a(obj: dict[str, Any]) -> bool:
         return bool(obj["metadata"]["name"] == "a")
 
-    assert resources.page(items, "", 1, is_a) == ([items[0]], "a")
-    assert resources.page(items, "a", 1, is_a) == ([], None)
-    assert resources.page(items, "", 3, is_a) == ([items[0]], None)
+    assert lists.page(items, "", 1, is_a) == ([items[0]], "a")
+    assert lists.page(items, "a", 1, is_a) == ([], None)
+    assert lists.page(items, "", 3, is_a) == ([items[0]], None)
 
 
 def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
-    body = resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=False)
+    body = discovery.aggregated_discovery("apidiscovery.k8s.io/v2", core=False)
     found = {
         (group["metadata"]["name"], version["version"], r["resource"], r["scope"])
         for group in body["items"]
@@ -392,7 +392,7 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
         ("migration.k8s.io", "v1alpha1", "storageversionmigrations", "Cluster"),
     }
     # The core group's one version, v1, as the legacy /api says, with no kinds here.
-    assert resources.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == [
+    assert discovery.aggregated_discovery("apidiscovery.k8s.io/v2", core=True)["items"] == [
         {"metadata": {}, "versions": [{"version": "v1", "resources": [], "freshness": "Current"}]}
     ]
     # As a real kube-apiserver 1.37's: a built-in kind's response kind is in the
@@ -412,10 +412,10 @@ def test_aggregated_discovery_lists_every_kind_with_its_scope() -> None:
 
 def test_the_legacy_core_discovery_reads_as_upstreams() -> None:
     # kube-apiserver 1.37: /api names where it is reached; /api/v1 has no apiVersion.
-    assert resources.api_versions("127.0.0.1:6443")["serverAddressByClientCIDRs"] == [
+    assert discovery.api_versions("127.0.0.1:6443")["serverAddressByClientCIDRs"] == [
         {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}
     ]
-    assert list(resources.core_resources()) == ["kind", "groupVersion", "resources"]
+    assert list(discovery.core_resources()) == ["kind", "groupVersion", "resources"]
 
 
 def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -> None:
@@ -428,7 +428,7 @@ def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -
     )
     for kind, typed in [(STORAGE_VERSIONS, False), (STORAGE_STATES, True)]:
         items = [obj for _, obj in kind.selected(view(state))]
-        listed = resources.object_list(kind, items, 42, "", None)
+        listed = lists.object_list(kind, items, 42, "", None)
         assert (listed["kind"], listed["apiVersion"]) == (f"{kind.kind}List", kind.api_version)
         (item,) = listed["items"]
         assert ("kind" in item, "apiVersion" in item) == (typed, typed)
@@ -449,9 +449,9 @@ def test_a_lease_shows_its_peer_advertise_address_as_upstream_annotates_it() -> 
 
 def test_the_group_list_holds_each_group_as_served_alone_without_its_type() -> None:
     # kube-apiserver's /apis: the items of an APIGroupList carry no kind or apiVersion.
-    listed = resources.group_list()
+    listed = discovery.group_list()
     assert (listed["kind"], listed["apiVersion"]) == ("APIGroupList", "v1")
     for group in listed["groups"]:
-        alone = resources.group_of(group["name"])
+        alone = discovery.group_of(group["name"])
         assert (alone["kind"], alone["apiVersion"]) == ("APIGroup", "v1")
         assert group == {k: v for k, v in alone.items() if k not in ("kind", "apiVersion")}

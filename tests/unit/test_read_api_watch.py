@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from readapi import server
+from readapi import clusters, server
 from readapi.ledger import LedgerViews
-from readapi.resources import ApiError
-from readapi.server import INITIAL_EVENTS_END
+from readapi.status import ApiError
+from readapi.watch import INITIAL_EVENTS_END
 from tests.served import CLUSTER, EVENTS, FOLDED, LEASES, STORAGE_VERSIONS, fold, lease_names, watch
 
 
@@ -65,7 +65,7 @@ async def test_a_watch_with_timeout_seconds_0_runs_for_the_default_timeout(
     served: tuple[TestClient[Any, Any], LedgerViews], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Upstream: 0, like none, is between one and two minimum request timeouts.
-    monkeypatch.setattr(server, "WATCH_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr("readapi.watch.WATCH_TIMEOUT_SECONDS", 1.0)
     client, views = served
     current = views.clusters["cluster-000"].offset
     folding = asyncio.get_running_loop().call_later(0.3, fold, views, EVENTS[FOLDED:])
@@ -579,7 +579,7 @@ async def test_a_resource_version_not_reached_is_a_timeout_to_retry(
     served: tuple[TestClient[Any, Any], LedgerViews], query: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Not older than, and exact (upstream waits for the snapshot too), alike.
-    monkeypatch.setattr(server, "FRESHNESS_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(clusters, "FRESHNESS_WAIT_SECONDS", 0.3)
     client, views = served
     ahead = views.clusters["cluster-000"].offset + 1_000
     async with client.get(f"{STORAGE_VERSIONS}?{query.format(ahead)}") as response:
@@ -593,7 +593,7 @@ async def test_a_watch_list_from_a_resource_version_not_reached_says_so_in_the_s
     served: tuple[TestClient[Any, Any], LedgerViews], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Upstream's watch cache: 200, then an ERROR event with the 504 Status.
-    monkeypatch.setattr(server, "FRESHNESS_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(clusters, "FRESHNESS_WAIT_SECONDS", 0.3)
     client, views = served
     ahead = views.clusters["cluster-000"].offset + 1_000
     query = f"sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion={ahead}"
@@ -745,9 +745,9 @@ async def test_a_list_whose_field_selector_pins_one_key_is_never_paged(
 @pytest.mark.parametrize("text", ["2024-01-01", "2024-01-01T10:00:00", "2024-01-01 10:00"])
 def test_a_point_without_a_zone_is_refused_naming_a_form_that_is_taken(text: str) -> None:
     with pytest.raises(ApiError) as refused:
-        server.parse_point(text)
+        clusters.parse_point(text)
     assert refused.value.code == 400
     suggested = re.search(r"e\.g\. (\S+) for UTC", str(refused.value))
     assert suggested is not None, refused.value
     taken = datetime.fromisoformat(text).replace(tzinfo=UTC)
-    assert server.parse_point(suggested.group(1)) == taken
+    assert clusters.parse_point(suggested.group(1)) == taken
