@@ -62,6 +62,7 @@ from ledger.kafka import (
     PartitionProducer,
     create_topics,
     ledger_consumer,
+    transactions,
 )
 from ledger.reporter import Reporter, ResourceReport, ThreadedReporter
 from ledger.settings import KafkaSettings
@@ -512,7 +513,7 @@ async def test_output_whose_markers_a_restart_lost_is_aborted_and_appended_again
 async def test_a_commit_gives_up_in_time_while_the_broker_is_down(
     broker: LocalKafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kafka, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
+    monkeypatch.setattr(transactions, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
     settings = KafkaSettings(
         bootstrap_servers=broker.bootstrap, topic="svledger-timeout", partitions=1
     )
@@ -806,7 +807,7 @@ async def test_admission_whose_broker_dies_in_a_transaction_moves_the_record_onc
         bootstrap_servers=broker.bootstrap, topic="svledger-admit-down", partitions=1
     )
     await create_topics(settings, ["east"])
-    monkeypatch.setattr(kafka, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
+    monkeypatch.setattr(transactions, "TRANSACTION_TIMEOUT_SECONDS", 3.0)
     commit = kafka.TransactionalProducer.commit
     killed = asyncio.Event()
 

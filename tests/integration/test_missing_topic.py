@@ -83,15 +83,17 @@ def test_a_missing_topic_is_one_clear_line(
 async def test_an_unreachable_broker_is_broker_unavailable_naming_it(
     reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Nothing listens on port 1; connect's patience is cut to a second for the test.
+    # Nothing listens on port 1; connect's patience is cut to a second for the test
+    # (in the module that calls it).
     from ledger import kafka
+    from ledger.kafka import topics
 
-    patient = kafka.connect
+    patient = topics.connect
 
     async def impatient(make, settings, *, timeout=30.0):  # type: ignore[no-untyped-def]
         return await patient(make, settings, timeout=1.0)
 
-    monkeypatch.setattr(kafka, "connect", impatient)
+    monkeypatch.setattr(topics, "connect", impatient)
     settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", topic="svledger.events")
     with pytest.raises(kafka.BrokerUnavailable, match=r"cannot reach Kafka at '127\.0\.0\.1:1'"):
         await getattr(kafka, reader)(settings)

@@ -1,0 +1,276 @@
+"""The ledger's topics: creating them, their partitions, and where each partition ends.
+
+:func:`create_topics` creates the events and dead-letter topics (and the inboxes of a
+guarded ledger) if they do not exist, kept for ever and never compacted
+(:data:`TOPIC_CONFIG`), and hands them over once every partition has a leader. A
+topic it finds made otherwise that would delete records is refused
+(:class:`TopicForgets`).
+
+A missing topic is found by :func:`topic_partitions` before any client waits for it
+(:class:`TopicMissing`): it asks the admin client, whose metadata request neither
+creates the topic nor waits for it.
+
+A cluster's events land in one partition (:func:`partition_of`). Where each partition
+ends is asked on a connection of its own (:class:`EndOffsets`), not behind a reader's
+long-polling fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Self
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError, for_code
+from aiokafka.partitioner import DefaultPartitioner
+
+from ledger.errors import Unavailable, UsageError
+from ledger.kafka.connection import connect
+from ledger.kafka.errors import BrokerUnavailable, NotAuthorized, lost, refusals
+from ledger.settings import KafkaSettings
+
+# Retention forever and no compaction: the history is the product.
+# Kept for ever, never compacted: the ledger's history is its records.
+TOPIC_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+_TOPIC_ALREADY_EXISTS: Final = 36
+# A topic's creation refused for the settings asked: partitions, replication factor.
+_REFUSED_SETTINGS: Final = frozenset({37, 38})  # INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR
+_UNKNOWN_TOPIC: Final = 3
+_TOPIC_AUTHORIZATION_FAILED: Final = TopicAuthorizationFailedError.errno
+
+
+class TopicMissing(Unavailable):
+    """The topic to consume does not exist on the broker."""
+
+
+class TopicForgets(Unavailable):
+    """The events topic exists but does not keep its records for ever (compacted, or a
+    finite retention): the broker would delete the ledger's history."""
+
+
+async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) -> None:
+    """Create the event and dead-letter topics if they do not exist (idempotent).
+
+    ``inboxes`` names clusters whose inbox topic (one partition: one order per
+    cluster) is created too, for a ledger guarded by ``svledger admit``.
+    """
+    wanted = {settings.topic: settings.partitions, settings.dlq_topic: settings.partitions}
+    wanted.update((settings.inbox_topic(cluster), 1) for cluster in inboxes)
+    admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
+    try:
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=partitions,
+                    replication_factor=settings.replication_factor,
+                    topic_configs=dict(TOPIC_CONFIG),
+                )
+                for name, partitions in wanted.items()
+            ]
+        )
+        for topic, code, *rest in response.topic_errors:
+            if code == _TOPIC_AUTHORIZATION_FAILED:
+                raise NotAuthorized(
+                    settings, "Create", f"topic {topic!r}", "TopicAuthorizationFailed"
+                )
+            if code and code != _TOPIC_ALREADY_EXISTS:
+                message = rest[0] if rest and rest[0] else for_code(code).description
+                refused = (
+                    f"cannot create topic {topic!r} ({wanted[topic]} partitions, "
+                    f"replication factor {settings.replication_factor}): {message}"
+                )
+                if code in _REFUSED_SETTINGS:
+                    raise UsageError(
+                        f"{refused}; set SVLEDGER_KAFKA_PARTITIONS and"
+                        " SVLEDGER_KAFKA_REPLICATION_FACTOR to what the cluster can hold"
+                        " (a replication factor of at most its brokers)"
+                    )
+                raise BrokerUnavailable(f"{refused}; check the broker's log")
+        await _await_leaders(admin, settings, list(wanted))
+        await _check_kept(admin, settings)
+    finally:
+        await admin.close()
+
+
+async def _check_kept(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> None:
+    """Raise :class:`TopicForgets` if the events topic would delete records.
+
+    A topic found, not created here, may have been made otherwise: by a producer on a
+    broker that creates topics on first use (Kafka's default), with the broker's
+    defaults (seven days' retention), or by hand.
+    """
+    topic = settings.topic
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, dict.fromkeys(TOPIC_CONFIG))
+    (response,) = await admin.describe_configs([resource])
+    for code, message, _, _, entries in response.resources:
+        if code == _TOPIC_AUTHORIZATION_FAILED:
+            raise NotAuthorized(
+                settings, "DescribeConfigs", f"topic {topic!r}", "TopicAuthorizationFailed"
+            )
+        if code:
+            raise KafkaError(
+                f"cannot read the settings of topic {topic!r}: "
+                f"{message or for_code(code).description}"
+            )
+        wrong = {
+            name: value for name, value, *_ in entries if TOPIC_CONFIG.get(name, value) != value
+        }
+        if wrong:
+            found = ", ".join(f"{name}={value}" for name, value in sorted(wrong.items()))
+            wanted = ",".join(f"{name}={value}" for name, value in TOPIC_CONFIG.items())
+            raise TopicForgets(
+                f"topic {topic!r} on {settings.bootstrap_servers!r} does not keep its records"
+                f" for ever ({found}): the broker would delete the ledger's history. Run"
+                f" kafka-configs.sh --bootstrap-server {settings.bootstrap_servers} --alter"
+                f" --entity-type topics --entity-name {topic} --add-config {wanted}; records"
+                " deleted already are gone (a replay then starts where the log does)"
+            )
+
+
+async def _await_leaders(
+    admin: AIOKafkaAdminClient, settings: KafkaSettings, topics: list[str], timeout: float = 30.0
+) -> None:
+    """Wait until every partition of ``topics`` has a leader.
+
+    A topic exists as soon as the controller has accepted it, but its partitions are
+    led a moment later; clients that start in between only log retriable errors, so
+    the caller is handed the topics once they are usable.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        described = await admin.describe_topics(topics)
+        for topic in described:
+            _check_described(settings, topic)
+        leaderless = [
+            f"{topic['topic']}/{partition['partition']}"
+            for topic in described
+            for partition in topic["partitions"]
+            if partition["leader"] < 0
+        ]
+        leaderless += [
+            topic["topic"] for topic in described if topic["error_code"] or not topic["partitions"]
+        ]
+        if not leaderless and len(described) == len(topics):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise KafkaError(
+                f"partitions {', '.join(leaderless)} have no leader after {timeout:.0f} s; "
+                "check the broker's log"
+            )
+        await asyncio.sleep(0.1)
+
+
+async def topic_partitions(
+    settings: KafkaSettings, topic: str | None = None, *, timeout: float = 30.0
+) -> list[int]:
+    """The partitions of the events topic (or ``topic``); :class:`TopicMissing` at once if
+    there is none, :class:`BrokerUnavailable` if the broker cannot be reached (connecting
+    is given ``timeout`` s) or is lost on the way (a killed broker's closed connection, a node not
+    ready).
+
+    Asked of the admin client, whose metadata request neither creates the topic nor
+    waits for it: a consumer or producer would retry for its whole request timeout,
+    logging an error per attempt, before saying the topic is unknown.
+    """
+    topic = settings.topic if topic is None else topic
+    admin = await connect(
+        lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings, timeout=timeout
+    )
+    try:
+        with lost(settings, f"describing topic {topic!r}"):
+            (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    _check_described(settings, described)
+    if described["error_code"] == _UNKNOWN_TOPIC or not described["partitions"]:
+        create, variable = "svledger topics create", "SVLEDGER_TOPIC"
+        if topic == settings.dlq_topic:
+            variable = "SVLEDGER_DLQ_TOPIC"
+        elif topic.startswith(settings.inbox_prefix):
+            create += f" --inbox {topic.removeprefix(settings.inbox_prefix)}"
+        raise TopicMissing(
+            f"topic {topic!r} does not exist on {settings.bootstrap_servers!r}: "
+            f"create it first (`{create}`) or check {variable}"
+        )
+    if described["error_code"]:
+        raise BrokerUnavailable(
+            f"cannot describe topic {topic!r} on {settings.bootstrap_servers!r}:"
+            f" {for_code(described['error_code']).description}; check the broker's log"
+        )
+    return sorted(partition["partition"] for partition in described["partitions"])
+
+
+def _check_described(settings: KafkaSettings, described: Mapping[str, Any]) -> None:
+    """Raise :class:`NotAuthorized` for a topic the admin client was not allowed to describe.
+
+    Kafka answers so for a topic that does not exist as well, so as not to tell who
+    may not see it that it exists.
+    """
+    if described["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
+        topic = described["topic"]
+        raise NotAuthorized(settings, "Describe", f"topic {topic!r}", "TopicAuthorizationFailed")
+
+
+def partition_of(cluster: str, partitions: Sequence[int]) -> int:
+    """The partition a cluster's events land in: the producers' default partitioner."""
+    ordered = sorted(partitions)
+    partition: int = DefaultPartitioner()(cluster.encode(), ordered, ordered)
+    return partition
+
+
+class EndOffsets:
+    """The end offset of each partition of the topic, asked on a connection of its own.
+
+    ``async with EndOffsets(settings) as ends: await ends()``. A broker answers one
+    connection's requests in order, so asked on a reader's connection they would wait
+    behind its long-polling fetch. ``committed`` (the default) gives last stable
+    offsets, the end a ``read_committed`` reader reaches; else high watermarks, which
+    include the records of a transaction whose markers are still to be written.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, committed: bool = True) -> None:
+        self.settings = settings
+        self.partitions: list[int] = []
+        self._isolation = "read_committed" if committed else "read_uncommitted"
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> Self:
+        self.partitions = await topic_partitions(self.settings)
+        self._consumer = await connect(
+            lambda: AIOKafkaConsumer(
+                **self.settings.client_kwargs(),
+                enable_auto_commit=False,
+                isolation_level=self._isolation,
+            ),
+            self.settings,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def __call__(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """The end offset of ``partitions`` (default: all), now."""
+        assert self._consumer is not None, "use 'async with EndOffsets(...)'"
+        topic = self.settings.topic
+        wanted = self.partitions if partitions is None else partitions
+        tps = [TopicPartition(topic, p) for p in wanted]
+        with (
+            lost(self.settings, f"asking the ends of topic {topic!r}"),
+            refusals(self.settings, topic=("Describe", topic)),  # first: refusals are not lost
+        ):
+            ends = await self._consumer.end_offsets(tps)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+
+async def end_offsets(settings: KafkaSettings) -> dict[int, int]:
+    """The last stable offset of every partition of the topic, now."""
+    async with EndOffsets(settings) as ends:
+        return await ends()
