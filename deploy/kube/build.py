@@ -31,23 +31,34 @@ One client is built too, on first use (:func:`metadata_client`): ``metadata-clie
 (``metadataclient/main.go``), client-go's metadata client and metadata informer at the
 release's staging version, which the tests point at ``svledger serve``.
 
-Binaries go to ``${SVLEDGER_CACHE:-~/.cache/svledger}/kube/<version>/``. A stamp file there
-holds a hash of the version, the build recipe and the wrapper sources, and is written last,
-so a directory with a matching stamp is complete and is reused as is: by a fresh clone on
-the same machine too. On 2 cores a cold build of one release (empty Go module and build
-caches) takes 12 to 13 minutes, module downloads included: kube-apiserver about 8, the
-kube-controller-manager about 3, kubectl about 1 to 2 (most of its packages are kube-apiserver's
-too; 26 s on a warm cache, 60 MB), etcd 30 to 90 seconds; linking kube-apiserver alone needs
-about 2 GiB of memory. Once Go's build cache is warm a rebuild (a changed wrapper source,
-``--rebuild``) takes 15 to 25 seconds, and a matching stamp costs nothing. Both releases
-fill about 6.4 GiB of Go build cache and 1.5 GiB of module cache; each release's binaries
-take about 230 MB. A file lock makes concurrent callers wait for one build instead of racing
-it.
+Binaries go to ``${SVLEDGER_CACHE:-~/.cache/svledger}/kube/<version>/``, and a caller asks
+for the ones it needs (:func:`binaries`' ``names``, ``fetch --binary``; all four by default):
+the tests and demos use all four of the default release, but of the rolling upgrade's old
+release only kube-apiserver and etcd (``LocalCluster`` asks for etcd and kube-apiserver when
+it starts, for kube-controller-manager in ``start_controller_manager``; :func:`kubectl` for
+kubectl). A stamp file in the directory holds a hash of the version, the build recipe and
+the wrapper sources: every binary in a directory with a matching stamp was built by them and
+is reused as is, by a fresh clone on the same machine too. A binary asked for later is built
+beside the directory and renamed into it, whole, leaving the others as they are; a
+directory without a matching stamp is built again aside, with the binaries asked for, then
+swapped in and stamped last. A file lock makes concurrent callers wait for one build
+instead of racing it.
+
+On 2 cores a cold build of one release's four binaries (empty Go module and build caches)
+takes 11 to 13 minutes, module downloads included: kube-apiserver 7.5 to 8, the
+kube-controller-manager 2 to 3, kubectl 0.5 to 2 (most of its packages are kube-apiserver's
+too), etcd 30 to 90 seconds. Without the kube-controller-manager and kubectl, which nothing
+uses of the old release, v1.36.3 takes about 8 to 10.5 minutes instead of 10 to 13. Linking
+kube-apiserver alone needs about 2 GiB of memory. Once Go's build cache is warm a rebuild
+(a changed wrapper source, ``--rebuild``) takes 15 to 25 seconds, and a matching stamp
+costs nothing. Both releases fill about 6.4 GiB of Go build cache and 1.5 GiB of module
+cache; a release's four binaries take about 300 MB (kube-apiserver 105 to 120, the
+kube-controller-manager 95 to 105, kubectl 60, etcd 25).
 
 Stdlib only, so it runs before any virtualenv exists::
 
-    python deploy/kube/build.py fetch                                  # v1.37.2
-    python deploy/kube/build.py fetch --kubernetes v1.37.2 --kubernetes v1.36.3
+    python deploy/kube/build.py fetch                                  # v1.37.2, all four
+    python deploy/kube/build.py fetch --kubernetes v1.36.3 --binary kube-apiserver --binary etcd
 """
 
 from __future__ import annotations
@@ -64,7 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +92,12 @@ _RECIPE = "kube-build/2 CGO_ENABLED=0 -trimpath -ldflags=-s -w"
 _STAMP_NAME = ".stamp"
 _KUBERNETES_MODULE = "k8s.io/kubernetes"
 _ETCD_MODULE = "go.etcd.io/etcd/server/v3"
+# What each Kubernetes binary is built from, in the wrapper module (etcd has a wrapper of its own).
+_KUBE_PACKAGES = {
+    "kube-apiserver": "./cmd/kube-apiserver",
+    "kube-controller-manager": f"{_KUBERNETES_MODULE}/cmd/kube-controller-manager",
+    "kubectl": f"{_KUBERNETES_MODULE}/cmd/kubectl",
+}
 _WRAPPER_MODULE = "svledger.invalid/kube"
 _ETCD_WRAPPER_MODULE = "svledger.invalid/etcd"
 _CLIENT_WRAPPER_MODULE = "svledger.invalid/metadataclient"
@@ -105,38 +122,61 @@ def binary_dir(version: str = DEFAULT_VERSION) -> Path:
     return cache_root() / version
 
 
-def is_built(version: str = DEFAULT_VERSION) -> bool:
-    """Whether ``binary_dir(version)`` holds a complete build of the current wrapper sources."""
-    return _stamp_matches(binary_dir(version), _stamp_digest(version))
+def is_built(version: str = DEFAULT_VERSION, names: Collection[str] = BINARY_NAMES) -> bool:
+    """Whether ``binary_dir(version)`` holds ``names``, built from the current wrapper sources."""
+    return not _to_build(binary_dir(version), _stamp_digest(version), _binary_names(names))
 
 
-def binaries(version: str = DEFAULT_VERSION, *, rebuild: bool = False) -> Path:
-    """Return a directory holding ``kube-apiserver``, ``kube-controller-manager``, ``kubectl``
-    and ``etcd``.
+def binaries(
+    version: str = DEFAULT_VERSION,
+    names: Collection[str] = BINARY_NAMES,
+    *,
+    rebuild: bool = False,
+) -> Path:
+    """Return the directory of ``version``'s binaries, holding at least ``names`` (some of
+    ``BINARY_NAMES``; all of them by default).
 
-    Builds them first unless the cache already holds a build of ``version`` made from the
-    current wrapper sources (or ``rebuild`` is true). Progress goes to stderr.
+    Builds those of ``names`` that the cache lacks, or all of ``names`` if the cache holds no
+    build of ``version`` from the current wrapper sources (or ``rebuild`` is true); binaries
+    built earlier and not asked for are kept if they are current. Progress goes to stderr.
     """
+    wanted = _binary_names(names)
     target = binary_dir(version)
     digest = _stamp_digest(version)
-    if not rebuild and _stamp_matches(target, digest):
+    if not rebuild and not _to_build(target, digest, wanted):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / f".{version}.lock"):
-        # Another process may have finished the same build while this one waited.
-        if not rebuild and _stamp_matches(target, digest):
+        # Another process may have built them while this one waited.
+        todo = wanted if rebuild else _to_build(target, digest, wanted)
+        if not todo:
             return target
+        started = time.monotonic()
         partial = target.parent / f".{version}.partial"
         try:
-            _build(version, target, partial, digest)
+            _build(version, todo, partial)
+            if _stamp_matches(target, digest):
+                # The binaries already there are current: add (or replace) each new one by a
+                # rename, so it is there whole or not at all for a caller that does not wait
+                # for the lock; the stamp stays true throughout.
+                for name in todo:
+                    (partial / name).replace(target / name)
+            else:
+                # Swap the finished build in, stamp last: a directory without the stamp is
+                # never used. Stale binaries not asked for go with the old directory.
+                shutil.rmtree(target, ignore_errors=True)
+                partial.rename(target)
+                (target / _STAMP_NAME).write_text(digest + "\n")
         finally:
             shutil.rmtree(partial, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    _log(f"built {', '.join(todo)} of {version} in {elapsed:.0f} s into {target}")
     return target
 
 
 def kubectl(version: str = DEFAULT_VERSION) -> Path:
-    """Return the path of ``version``'s own ``kubectl``, building the release first if needed."""
-    return binaries(version) / "kubectl"
+    """Return the path of ``version``'s own ``kubectl``, building it first if needed."""
+    return binaries(version, ("kubectl",)) / "kubectl"
 
 
 def metadata_client(version: str = DEFAULT_VERSION) -> Path:
@@ -190,55 +230,50 @@ class _ReleaseModule:
     etcd_version: str
 
 
-def _build(version: str, target: Path, partial: Path, digest: str) -> None:
-    """Build into ``partial``, then move it to ``target`` and stamp it."""
+def _build(version: str, names: Sequence[str], out: Path) -> None:
+    """Build ``names`` of ``version`` into ``out``, emptied first, each checked from its Go
+    build info to be of the release (etcd: of the etcd version the release requires)."""
     go = _find_go()
     env = _go_env()
-    started = time.monotonic()
-    work = target.parent / f".{version}.work"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    work = out.parent / f".{version}.work"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
 
-    _log(f"resolving {_KUBERNETES_MODULE}@{version} and its staging modules")
+    _log(f"resolving {_KUBERNETES_MODULE}@{version}")
     kube_info = _download(go, env, [f"{_KUBERNETES_MODULE}@{version}"], work)[0]
     release = _parse_release_go_mod(Path(kube_info["GoMod"]).read_text(), version)
-    unpublished = _unpublished_staging_modules(go, env, release.staging_modules, version, work)
-    if unpublished:
-        _log(
-            f"not on the module proxy at {_staging_version(version)}, so replaced by empty "
-            f"stubs (no binary links them): {', '.join(unpublished)}"
+    kube_names = [name for name in names if name in _KUBE_PACKAGES]
+    if kube_names:
+        unpublished = _unpublished_staging_modules(go, env, release.staging_modules, version, work)
+        if unpublished:
+            _log(
+                f"not on the module proxy at {_staging_version(version)}, so replaced by "
+                f"empty stubs (no binary links them): {', '.join(unpublished)}"
+            )
+        kube_work = work / "kubernetes"
+        _write_kube_wrapper(kube_work, version, release, unpublished)
+        ldflags = _kube_ldflags(version)
+        for name in kube_names:
+            _go_build(go, env, kube_work, _KUBE_PACKAGES[name], out / name, ldflags)
+            _check_build_info(go, env, out / name, _KUBERNETES_MODULE, version)
+
+    if "etcd" in names:
+        etcd_work = work / "etcd"
+        etcd_info = _download(go, env, [f"{_ETCD_MODULE}@{release.etcd_version}"], work)[0]
+        _write_etcd_wrapper(etcd_work, release.etcd_version, Path(etcd_info["GoMod"]).read_text())
+        _go_build(go, env, etcd_work, _ETCD_MODULE, out / "etcd", "-s -w")
+        _check_build_info(go, env, out / "etcd", _ETCD_MODULE, release.etcd_version)
+
+
+def _binary_names(names: Collection[str]) -> list[str]:
+    """``names`` once each, in ``BINARY_NAMES`` order (the order they are built in)."""
+    unknown = sorted(set(names) - set(BINARY_NAMES))
+    if unknown or not names:
+        raise BuildError(
+            f"cannot build {', '.join(map(repr, unknown)) or 'nothing'} (asked for "
+            f"{names!r}); name one or more of {', '.join(BINARY_NAMES)}"
         )
-    kube_work = work / "kubernetes"
-    _write_kube_wrapper(kube_work, version, release, unpublished)
-    ldflags = _kube_ldflags(version)
-    _go_build(go, env, kube_work, "./cmd/kube-apiserver", partial / "kube-apiserver", ldflags)
-    _go_build(
-        go,
-        env,
-        kube_work,
-        f"{_KUBERNETES_MODULE}/cmd/kube-controller-manager",
-        partial / "kube-controller-manager",
-        ldflags,
-    )
-    _go_build(go, env, kube_work, f"{_KUBERNETES_MODULE}/cmd/kubectl", partial / "kubectl", ldflags)
-
-    etcd_work = work / "etcd"
-    etcd_info = _download(go, env, [f"{_ETCD_MODULE}@{release.etcd_version}"], work)[0]
-    _write_etcd_wrapper(etcd_work, release.etcd_version, Path(etcd_info["GoMod"]).read_text())
-    _go_build(go, env, etcd_work, _ETCD_MODULE, partial / "etcd", "-s -w")
-
-    for name in ("kube-apiserver", "kube-controller-manager", "kubectl"):
-        _check_build_info(go, env, partial / name, _KUBERNETES_MODULE, version)
-    _check_build_info(go, env, partial / "etcd", _ETCD_MODULE, release.etcd_version)
-
-    # Swap the finished build in, stamp last: a directory without the stamp is never used.
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    (target / _STAMP_NAME).write_text(digest + "\n")
-    _log(
-        f"built {version} (etcd {release.etcd_version}) in {time.monotonic() - started:.0f} s "
-        f"into {target}"
-    )
+    return [name for name in BINARY_NAMES if name in names]
 
 
 def _parse_version(version: str) -> re.Match[str]:
@@ -267,10 +302,16 @@ def _stamp_digest(version: str) -> str:
 
 
 def _stamp_matches(directory: Path, digest: str) -> bool:
+    """Whether every binary in ``directory`` was built as ``digest`` says."""
     stamp = directory / _STAMP_NAME
-    if not stamp.is_file() or stamp.read_text().strip() != digest:
-        return False
-    return all((directory / name).is_file() for name in BINARY_NAMES)
+    return stamp.is_file() and stamp.read_text().strip() == digest
+
+
+def _to_build(directory: Path, digest: str, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that ``directory`` lacks: all of them unless its stamp is ``digest``."""
+    if not _stamp_matches(directory, digest):
+        return list(names)
+    return [name for name in names if not (directory / name).is_file()]
 
 
 @contextlib.contextmanager
@@ -544,12 +585,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"Kubernetes release, repeatable (default {DEFAULT_VERSION})",
     )
     fetch.add_argument(
-        "--rebuild", action="store_true", help="build even if the cache holds a matching build"
+        "--binary",
+        action="append",
+        choices=BINARY_NAMES,
+        metavar="NAME",
+        help=f"binary to build, repeatable (default all: {', '.join(BINARY_NAMES)})",
+    )
+    fetch.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the binaries asked for even if the cache holds a matching build",
     )
     args = parser.parse_args(argv)
     try:
         for version in args.kubernetes or [DEFAULT_VERSION]:
-            print(binaries(version, rebuild=args.rebuild), flush=True)
+            print(binaries(version, args.binary or BINARY_NAMES, rebuild=args.rebuild), flush=True)
         return 0
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,6 +1,9 @@
 """A real Kubernetes control plane on 127.0.0.1 (etcd, N kube-apiservers) for tests and demos.
 
-The binaries are the ones ``build.py`` beside this file compiles and caches (see there).
+The binaries are the ones ``build.py`` beside this file compiles and caches (see there),
+each asked for when first needed, so that a release's others are never built for nothing:
+etcd and kube-apiserver of the cluster's release at ``start()``, kube-apiserver of the
+release an apiserver restarts into, kube-controller-manager in ``start_controller_manager()``.
 ``LocalCluster`` starts one etcd (data in a fresh temporary directory, fsync off: nothing
 here outlives the instance) and N kube-apiservers against it, each on a free port, and
 returns only once every apiserver answers ``/readyz``. ``stop()`` ends every process (SIGTERM,
@@ -106,12 +109,14 @@ class ClusterError(RuntimeError):
     """A process of the local cluster could not be started, or stopped unexpectedly."""
 
 
-def binaries(version: str = DEFAULT_VERSION) -> Path:
-    """The directory holding ``version``'s three binaries, built first if need be."""
+def binaries(version: str, names: Sequence[str]) -> Path:
+    """The directory holding ``version``'s binaries ``names``, built first if need be."""
     try:
-        directory: Path = _BUILD.binaries(version)
+        directory: Path = _BUILD.binaries(version, names)
     except _BUILD.BuildError as error:
-        raise ClusterError(f"could not build the Kubernetes {version} binaries: {error}") from error
+        raise ClusterError(
+            f"could not build {', '.join(names)} of Kubernetes {version}: {error}"
+        ) from error
     return directory
 
 
@@ -299,7 +304,7 @@ class LocalCluster:
         """Start etcd and every apiserver; return once each apiserver's ``/readyz`` is ok."""
         if self._workdir is not None:
             raise ClusterError("the cluster is already started")
-        binary_dir = binaries(self._version)
+        binary_dir = binaries(self._version, ("etcd", "kube-apiserver"))
         for tool in ("openssl", "unshare"):
             _require_tool(tool)
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kube-"))
@@ -568,7 +573,7 @@ class LocalCluster:
         if self._controller_manager is not None and self._controller_manager.running:
             raise ClusterError("the kube-controller-manager is already running")
         version = version or self._version
-        binary = binaries(version) / "kube-controller-manager"
+        binary = binaries(version, ("kube-controller-manager",)) / "kube-controller-manager"
         kubeconfig = self.write_kubeconfig(workdir / "controller-manager.kubeconfig", server_index)
         self._controller_manager_port = free_port()
         gates = controller_manager_feature_gates(version)
@@ -670,7 +675,7 @@ class LocalCluster:
     def _apiserver_command(self, server: _APIServer) -> list[str]:
         workdir = self._require_started()
         pki = workdir / "pki"
-        binary = binaries(server.version) / "kube-apiserver"
+        binary = binaries(server.version, ("kube-apiserver",)) / "kube-apiserver"
         args = [
             f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1",
