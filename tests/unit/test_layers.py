@@ -37,6 +37,8 @@ PURE = (
     "ledger/kafka/records.py",
     "ledger/names.py",
     "ledger/validation.py",
+    "kube/protobuf.py",
+    "kube/stored.py",
     "projections/fold.py",
     "projections/state.py",
 )
