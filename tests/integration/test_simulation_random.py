@@ -33,6 +33,9 @@ from simulation.run import simulate
 pytestmark = pytest.mark.slow
 
 RUNS = 200
+#: The runs are drawn in shards, each its own test: a parallel run deals them to several
+#: workers (each shard draws its own examples; together they make ``RUNS``).
+SHARDS = 4
 
 BINARIES = {
     "old": {"widgets.example.com": {"encoding": "v1", "decodable": ["v1", "v2"]}},
@@ -117,14 +120,15 @@ def template(postgres_server: URL) -> Iterator[str]:
             )
 
 
+@pytest.mark.parametrize("shard", range(SHARDS))
 @settings(
-    max_examples=RUNS,
+    max_examples=RUNS // SHARDS,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(document=histories())
 def test_agreement_trigger_never_pollutes_nor_migrates_under_disagreement(
-    document: dict[str, Any], kafka_bootstrap: str, postgres_server: URL, template: str
+    shard: int, document: dict[str, Any], kafka_bootstrap: str, postgres_server: URL, template: str
 ) -> None:
     model = scenario.parse(yaml.safe_dump(document), "generated")
     name = f"svledger_simulation_{uuid.uuid4().hex}"
