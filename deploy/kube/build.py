@@ -146,7 +146,7 @@ def binaries(
     if not rebuild and not _to_build(target, digest, wanted):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{version}.lock"):
+    with locked(target.parent / f".{version}.lock"):
         # Another process may have built them while this one waited.
         todo = wanted if rebuild else _to_build(target, digest, wanted)
         if not todo:
@@ -200,7 +200,7 @@ def metadata_client(version: str = DEFAULT_VERSION) -> Path:
     if built():
         return binary
     target.mkdir(parents=True, exist_ok=True)
-    with _locked(target / ".lock"):
+    with locked(target / ".lock"):
         if built():
             return binary
         go, env = _find_go(), _go_env()
@@ -315,7 +315,8 @@ def _to_build(directory: Path, digest: str, names: Sequence[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` (made if missing) for the block, across processes."""
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
