@@ -310,6 +310,8 @@ class Kube:
                     **query,
                 ) as events:
                     async for event in events:
+                        if not isinstance(event, dict):
+                            raise _watch_refused(stream.resp, event, f"watch of {plural}.{group}")
                         outcome.code = "200"
                         yield event["type"], event["raw_object"]
                 outcome.code = "200"
@@ -410,6 +412,23 @@ def _api_error(error: ApiException, what: str) -> ApiError:
     message = str(body.get("message", "")) or reason
     retry_after = _retry_after(error.headers or {}, body)
     return ApiError(status, f"{what}: HTTP {status} {reason}: {message}", body, retry_after)
+
+
+def _watch_refused(response: Any, line: object, what: str) -> ApiError:
+    """The refusal of a watch the server answered with no stream of events.
+
+    The client library reads a watch's answer line by line whatever its status, and
+    hands back a line that is not JSON as a string: kube-apiserver's plain
+    ``404 page not found`` for an API group it does not serve (a StorageVersion watch
+    after the API was switched off), or a proxy's error page. The status is the
+    answer's own (a 200 that streams something else is a 500, a broken server).
+    """
+    status = int(getattr(response, "status", 0) or 0)
+    if 200 <= status < 300:
+        status = 500
+    reason = str(getattr(response, "reason", "") or "")
+    text = " ".join(str(line).split())[:200]
+    return ApiError(status, f"{what}: HTTP {status} {reason}: {text}")
 
 
 def _retry_after(headers: Mapping[str, str], body: Mapping[str, Any]) -> float | None:

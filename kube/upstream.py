@@ -43,6 +43,53 @@ converts between them), the served ones are served, and the discovered hash is c
 the report (the fold checks it against the kind and version). So agreement on custom
 resources is as visible, and guarded, as on built-in ones.
 
+Built-in resources are read the same way (:func:`built_in_entries`), as that is all a
+stock cluster publishes: ``StorageVersionAPI`` is alpha and off by default. Every
+kube-apiserver lists, in the discovery document of each group/version it serves
+(``/api/v1``, ``/apis/<group>/<version>``), a ``storageVersionHash`` per stored resource:
+upstream's installer hashes the group/version/kind its storage encoder picks for the
+resource's internal object, which is the encoding version, and for a resource stored
+in another group (upstream's *cohabitating* resources: ``events.k8s.io`` ``events`` are
+stored as core ``v1`` ``Event``) that other group's. The hash does not say which
+group/version/kind it is of, so the collector hashes every group/version/kind that any
+of the apiservers it asks serves (each resource's ``kind`` in each discovery document) and
+takes the one whose hash matches; no table of cohabitating resources is needed, and a
+resource one apiserver stores in a version only another one serves (a rolling upgrade)
+is still named. Often the stored version is served by none (seen on v1.36.3 and v1.37.2:
+CustomResourceDefinitions are stored as ``apiextensions.k8s.io/v1beta1``; a resource that
+became GA is stored one more release in its beta, off by default, such as
+``mutatingadmissionpolicies`` in ``admissionregistration.k8s.io/v1beta1`` on v1.36 and
+``clustertrustbundles`` in ``certificates.k8s.io/v1beta1`` on v1.37), so every version
+name upstream's naming allows (``v1`` to ``v3``, each alone or with ``alpha1`` to
+``beta9``) is tried next, for the resource's kinds, in its group and in the groups serving
+the same kind (:func:`_unserved_match`). A hash that matches none of them is not
+reported, with a warning once per apiserver, resource and hash. The entry is:
+
+* encoding version: the matched group/version;
+* served versions: every version of the resource's group whose discovery document, at
+  that apiserver, lists the resource, in the order ``/apis`` lists the group's versions
+  (upstream's priority order, as its ``servedVersions``);
+* decodable versions: the served ones, then the encoding version if it is not among them
+  (a resource stored in another group's version, or in a version this apiserver does not
+  serve, as above). Upstream's ``decodableVersions`` is wider: every version its scheme registers
+  for the kind (served or not: a version switched off by ``--runtime-config``, or one the
+  release still converts from but no longer serves, such as a removed beta), plus the
+  versions of the resources it shares storage with (core ``events`` lists
+  ``events.k8s.io/v1``). Discovery shows none of these, so they are missing. Nothing in
+  the ledger decides on decodable versions beyond upstream's validation (the encoding and
+  served versions are among them), and the StorageState is built from encoding versions
+  only (every hash an apiserver reported encoding with stays in its persisted hashes
+  until a migration under agreement), so the narrower list makes no decision less safe.
+
+Where the cluster serves StorageVersion objects, they alone are the source for built-in
+resources (the collector uses discovery for them only once the cluster has answered
+``404`` for StorageVersions): they are upstream's own word, decodable versions included.
+Nor do they cover the same resources: v1.36.3 and v1.37.2 write no object for
+``events.k8s.io`` ``events`` (core ``events``' lists ``events.k8s.io/v1`` as decodable),
+where discovery gives an entry for each, so a per-entry mix of the two sources would hold
+StorageVersions upstream has not. Comparing them is the cross-check, left to a later
+change.
+
 An entry that vanished from an upstream object is **not** withdrawn, nor forgotten.
 kube-apiservers never remove their own entries; only kube-controller-manager's
 StorageVersion GC does, and it races with restarts: it can delete the entries an
@@ -59,8 +106,9 @@ nothing twice.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
 
@@ -72,7 +120,7 @@ from ledger.events import (
     Meta,
     StorageVersionReported,
 )
-from ledger.hashing import hash_of_stored
+from ledger.hashing import hash_of_stored, storage_version_hash
 from ledger.identity import (
     HOSTNAME_LABEL,
     IDENTITY_LABEL,
@@ -117,7 +165,9 @@ class Entry:
     encoding_version: str
     decodable_versions: tuple[str, ...]  # in the object's order (:func:`_listed`)
     served_versions: tuple[str, ...]  # likewise
-    storage_version_hash: str | None = None  # as the apiserver's discovery shows it
+    # As the apiserver's discovery shows it; None for an entry of a StorageVersion object.
+    storage_version_hash: str | None = None
+    kind: str | None = None  # the stored kind, when known without discovery's help
 
     @property
     def key(self) -> EntryKey:
@@ -235,6 +285,7 @@ class CustomResource:
                     self.versions,
                     self.served,
                     discovered_hash,
+                    self.kind,
                 )
         return None
 
@@ -255,6 +306,138 @@ def parse_custom_resource(obj: Mapping[str, Any]) -> CustomResource:
         tuple(f"{group}/{v['name']}" for v in versions),
         tuple(f"{group}/{v['name']}" for v in versions if v.get("served")),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Served:
+    """A resource as one discovery document (of one group/version) of one apiserver lists it."""
+
+    group: str
+    resource: str  # plural
+    version: str  # the document's group/version, group-qualified (core: ``v1``)
+    kind: str
+    storage_version_hash: str | None  # None: not stored (a virtual resource), or not shown
+
+
+def parse_discovery(document: Mapping[str, Any]) -> list[Served]:
+    """The resources of one discovery document (``APIResourceList`` of ``/api/v1`` or
+    ``/apis/<group>/<version>``), subresources left out; :class:`NotUpstream` if it names
+    no group/version."""
+    group_version = document.get("groupVersion") or ""
+    try:
+        group, _ = split_group_version(group_version)
+    except ValueError as error:
+        raise NotUpstream(f"a discovery document names no group/version: {error}") from error
+    served = []
+    for resource in document.get("resources") or ():
+        name, kind = resource.get("name") or "", resource.get("kind") or ""
+        if name and kind and "/" not in name:
+            found = resource.get("storageVersionHash") or None
+            served.append(Served(group, name, group_version, kind, found))
+    return served
+
+
+def built_in_entries(
+    apiserver_id: str,
+    own: Sequence[Served],
+    everywhere: Sequence[Served],
+    custom: Collection[tuple[str, str]] = (),
+) -> tuple[list[Entry], list[str]]:
+    """The entries that ``apiserver_id``'s own discovery (``own``) shows, and what cannot be.
+
+    ``everywhere`` is what every apiserver asked serves (``own`` included): the stored
+    group/version/kind of a resource is the one among them whose hash its
+    ``storageVersionHash`` is. Resources in ``custom`` (group, resource) are left to
+    :class:`CustomResource`. Returns the entries, in the order of ``own``, and one line per
+    resource whose hash names nothing served (or whose versions disagree), for the shell
+    to log; see the module's docstring for how the versions are derived.
+    """
+    stored_as: dict[str, tuple[str, str]] = {}
+    for served in everywhere:
+        with contextlib.suppress(ValueError):  # a kind or version no hash can be made of
+            stored_hash = hash_of_stored(served.version, served.kind)
+            stored_as.setdefault(stored_hash, (served.version, served.kind))
+    versions: dict[tuple[str, str], list[str]] = {}
+    hashes: dict[tuple[str, str], list[str]] = {}
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for served in own:
+        key = (served.group, served.resource)
+        if key in custom:
+            continue
+        kinds.setdefault(key, set()).add(served.kind)
+        versions.setdefault(key, [])
+        if served.version not in versions[key]:
+            versions[key].append(served.version)
+        if served.storage_version_hash is not None:
+            hashes.setdefault(key, [])
+            if served.storage_version_hash not in hashes[key]:
+                hashes[key].append(served.storage_version_hash)
+    entries: list[Entry] = []
+    problems: list[str] = []
+    for (group, resource), found in hashes.items():
+        where = (
+            f"{apiserver_id}'s discovery of {group_resource_string(group, resource)}"
+            f" ({', '.join(versions[group, resource])})"
+        )
+        if len(found) > 1:
+            problems.append(
+                f"{where} shows storageVersionHash {', '.join(found)} in different versions,"
+                " where one storage has one; not reported"
+            )
+            continue
+        match = stored_as.get(found[0]) or _unserved_match(
+            found[0], group, kinds[group, resource], everywhere
+        )
+        if match is None:
+            problems.append(
+                f"{where} shows storageVersionHash {found[0]}, the hash of none of the"
+                " group/version/kinds the apiservers serve; not reported until one of them"
+                " serves the version it is stored in"
+            )
+            continue
+        encoding, kind = match
+        served_versions = tuple(versions[group, resource])
+        decodable = served_versions + (() if encoding in served_versions else (encoding,))
+        entries.append(
+            Entry(
+                apiserver_id, group, resource, encoding, decodable, served_versions, found[0], kind
+            )
+        )
+    return entries, problems
+
+
+# Every built-in API version is named as upstream's version priority reads them:
+# ``v<major>``, ``v<major>alpha<n>`` or ``v<major>beta<n>``.
+_VERSION_NAMES: Final = tuple(
+    f"v{major}{level}"
+    for major in range(1, 4)
+    for level in ("", *(f"{stage}{n}" for stage in ("beta", "alpha") for n in range(1, 10)))
+)
+
+
+def _unserved_match(
+    found: str, group: str, kinds: Iterable[str], everywhere: Sequence[Served]
+) -> tuple[str, str] | None:
+    """The group/version/kind, served by no apiserver, whose hash is ``found``, if any.
+
+    A kube-apiserver often stores a resource in a version nobody serves: a resource that
+    became GA is stored, for one more release, in the beta version the release before
+    served (upstream's compatibility-version rule), a beta off by default; and
+    CustomResourceDefinitions are stored as ``apiextensions.k8s.io/v1beta1``, which no
+    release serves since v1.22. Such a version is in the apiserver's scheme but in no
+    discovery document, so every version name upstream's naming allows is tried, for the
+    resource's kinds, in its own group and in every group serving the same kind (where a
+    cohabitating resource is stored).
+    """
+    kinds = set(kinds)
+    groups = dict.fromkeys([group, *(s.group for s in everywhere if s.kind in kinds)])
+    for candidate_group in groups:
+        for name in _VERSION_NAMES:
+            version = f"{candidate_group}/{name}" if candidate_group else name
+            for kind in sorted(kinds):
+                if storage_version_hash(candidate_group, name, kind) == found:
+                    return version, kind
+    return None
 
 
 def reconcile(
@@ -355,7 +538,7 @@ def _report(
         split_group_version(entry.encoding_version)
     except ValueError as error:
         return f"{where}: {error}"
-    kind = kind_of(entry.group, entry.resource, entry.encoding_version)
+    kind = entry.kind or kind_of(entry.group, entry.resource, entry.encoding_version)
     if kind is None:
         return f"{where}: discovery names no kind for it in {entry.encoding_version}; retried"
     try:

@@ -316,8 +316,9 @@ def add_collect(subparsers: Subparsers) -> None:
         default=[],
         metavar="HOSTNAME=URL",
         help="an apiserver's own address (not a load balancer's), once per apiserver: its\n"
-        "discovery tells which version it stores each custom resource in, and the kinds\n"
-        "of the resources only an upgraded apiserver serves in a rolling upgrade",
+        "discovery tells which version it stores each resource in (built-in ones too, all\n"
+        "a cluster without the StorageVersion API gives), and the kinds of the resources\n"
+        "only an upgraded apiserver serves in a rolling upgrade",
     )
     parser.add_argument(
         "--renewal-interval",

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import random
 import signal
@@ -43,6 +44,7 @@ from ledger.events import ApiserverHeartbeat, StorageVersionReported
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
 from ledger.kafka import Record, create_topics
+from ledger.names import resource_name, split_group_version
 from ledger.settings import KafkaSettings
 from projections.fold import apply
 from projections.replay import cluster_log
@@ -403,47 +405,114 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         assert_nothing_twice(records)
 
 
+# Upstream's defaults, as operators run kube-apiserver: the StorageVersionAPI gate and
+# its API group off, built-in kinds stored as protobuf. A second --feature-gates or
+# --runtime-config merges into the first (a map flag), a second --storage-media-type
+# replaces it.
+STOCK_APISERVER_ARGS = [
+    "--feature-gates=StorageVersionAPI=false",
+    "--runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+    "--storage-media-type=application/vnd.kubernetes.protobuf",
+]
+
+
+async def discovered_hashes(kube: Kube) -> dict[str, str]:
+    """Every resource (``<group>.<resource>``, ``core.`` for the core group) that the
+    apiserver ``kube`` addresses lists with a storageVersionHash, and that hash."""
+    groups = await kube.get("/apis")
+    paths = ["/api/v1"] + [
+        f"/apis/{v['groupVersion']}" for g in groups["groups"] for v in g["versions"]
+    ]
+    hashes: dict[str, str] = {}
+    for path in paths:
+        try:
+            document = await kube.get(path)
+        except ApiError as error:
+            # An apiserver lists the group/versions of every local APIService, those a
+            # newer release registered too, and serves only its own.
+            if error.status == 404:
+                continue
+            raise
+        group = document["groupVersion"].rpartition("/")[0]
+        for resource in document["resources"]:
+            if "/" not in resource["name"] and resource.get("storageVersionHash"):
+                hashes[f"{group or 'core'}.{resource['name']}"] = resource["storageVersionHash"]
+    return hashes
+
+
 @pytest.mark.kubernetes
-async def test_a_cluster_without_the_storage_version_api_still_gives_leases_and_custom_resources(
+async def test_a_stock_cluster_gives_every_resource_each_apiserver_stores_from_its_discovery(
     settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    # Upstream's default: the StorageVersionAPI gate and its API group are off.
-    off = [
-        "--feature-gates=StorageVersionAPI=false",
-        "--runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
-    ]
+    """No StorageVersion objects, protobuf in etcd, a v1.36.3 and a v1.37.2 apiserver side
+    by side: the ledger holds, for each apiserver, every resource (built-in and custom) its
+    discovery lists with a storageVersionHash, encoded in the version that hash names."""
     with LocalCluster(
-        1,
+        2,
+        version=OLD,
         identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
-        extra_apiserver_args=off,
+        extra_apiserver_args=STOCK_APISERVER_ARGS,
     ) as cluster:
-        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig")))
-        direct = {apiserver_id(cluster.apiserver_hostnames[0]): kube.at(cluster.urls[0])}
-        with pytest.raises(ApiError) as refused:
-            await upstream_views(kube)
-        assert refused.value.status == 404
-        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-        await kube.request("POST", path, widgets(storage="v1"))
-
-        async def collected() -> str | None:
-            state, _ = await cluster_log(settings, CLUSTER)
-            held = {a: lease[:3] for a, lease in ledger_leases(state, CLUSTER).items()}
-            upstream = {a: lease[:3] for a, lease in (await upstream_leases(kube)).items()}
-            if held != upstream:
-                return f"leases {held} != upstream {upstream}"
-            views = ledger_views(state, CLUSTER)
-            if list(views) != ["example.com.widgets"]:
-                return f"StorageVersions {sorted(views)}"
-            return None
-
+        await asyncio.to_thread(cluster.restart_apiserver, 1, NEW)
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
+        direct = {
+            apiserver_id(host): kube.at(url)
+            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
+        }
+        old, new = direct
         try:
+            with pytest.raises(ApiError) as refused:
+                await upstream_views(kube)
+            assert refused.value.status == 404
+            path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+            await kube.request("POST", path, widgets(storage="v1"))
+
+            async def collected() -> str | None:
+                state, _ = await cluster_log(settings, CLUSTER)
+                held = {a: lease[:3] for a, lease in ledger_leases(state, CLUSTER).items()}
+                upstream = {a: lease[:3] for a, lease in (await upstream_leases(kube)).items()}
+                if held != upstream:
+                    return f"leases {held} != upstream {upstream}"
+                expected = {a: await discovered_hashes(k) for a, k in direct.items()}
+                if "example.com.widgets" not in expected[next(iter(direct))]:
+                    return "widgets not discovered yet"
+                ledger: dict[str, dict[str, str]] = {a: {} for a in direct}
+                for (c, group, resource), view in state.storage_versions.items():
+                    for entry in view.entries if c == CLUSTER else ():
+                        ledger[entry.apiserver_id][resource_name(group, resource)] = (
+                            storage_version_hash(
+                                *split_group_version(entry.encoding_version), view.kind
+                            )
+                        )
+                for a in direct:
+                    if ledger[a] != expected[a]:
+                        differ = sorted(
+                            n
+                            for n in ledger[a].keys() | expected[a].keys()
+                            if ledger[a].get(n) != expected[a].get(n)
+                        )
+                        return f"{a}: {len(differ)} differ from its discovery, e.g. {differ[:5]}"
+                return None
+
             async with collecting(settings, kube, apiservers=direct):
-                await eventually(collected, "the lease and the custom resource collected")
-            _, records = await cluster_log(settings, CLUSTER)
+                await eventually(collected, "every discovered resource collected, as stored")
+            state, records = await cluster_log(settings, CLUSTER)
             assert_nothing_twice(records)
         finally:
             await kube.close()
+    views = ledger_views(state, CLUSTER)
+    assert len(views) > 40
+    assert views["events.k8s.io.events"][0][new][0] == "v1"  # stored as core v1 Events
+    assert views["events.k8s.io.events"][0][new][1] == ("events.k8s.io/v1", "v1")
+    assert views["apps.deployments"][0][old][0] == "apps/v1"
+    # The release that changes a storage version, side by side: no agreement.
+    policies = views["admissionregistration.k8s.io.mutatingadmissionpolicies"]
+    assert {a: e[0] for a, e in policies[0].items()} == {
+        old: "admissionregistration.k8s.io/v1beta1",
+        new: "admissionregistration.k8s.io/v1",
+    }
+    assert policies[1] is None
 
 
 @pytest.mark.kubernetes
@@ -533,3 +602,89 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
             finally:
                 for client in (kube, *peers):
                     await client.close()
+
+
+async def test_storage_versions_switched_off_while_watched_are_not_served_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kube-apiserver restarted without the StorageVersion API answers the resumed watch
+    with a plain-text ``404 page not found``: the collector counts them as not served
+    (entries kept), says so once, and lists them again every ``MAX_BACKOFF_SECONDS`` until
+    they are back."""
+    monkeypatch.setattr(collector, "MAX_BACKOFF_SECONDS", 0.2)
+    group, version = "internal.apiserver.k8s.io", "v1alpha1"
+    storage_versions = f"/apis/{group}/{version}/storageversions"
+    leases = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    served = True
+    switched = False
+    lists: list[bool] = []  # whether each list of StorageVersions was served
+    pods = {
+        "metadata": {"name": "core.pods", "resourceVersion": "5"},
+        "status": {
+            "storageVersions": [
+                {
+                    "apiServerID": "apiserver-a",
+                    "encodingVersion": "v1",
+                    "decodableVersions": ["v1"],
+                    "servedVersions": ["v1"],
+                }
+            ]
+        },
+    }
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        nonlocal served, switched
+        watching = request.query.get("watch", "").lower() in ("true", "1")
+        if request.path == storage_versions:
+            if not watching:
+                lists.append(served)
+            elif not switched:  # the apiserver restarts without the API
+                switched, served = True, False
+            if not served:
+                return web.Response(status=404, text="404 page not found\n")
+        if not watching:
+            items = [pods] if request.path == storage_versions else []
+            return web.json_response({"items": items, "metadata": {"resourceVersion": "5"}})
+        stream = web.StreamResponse()  # a watch that shows nothing new
+        await stream.prepare(request)
+        await asyncio.sleep(3600)
+        return stream
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "kube.collector"]
+
+    async def listed_while_off() -> str | None:
+        return None if lists.count(False) >= 3 else f"lists: {lists}"
+
+    async def back() -> str | None:
+        return None if any("serves storageversions now" in m for m in logged()) else "not yet"
+
+    application = web.Application()
+    application.router.add_get(storage_versions, answer)
+    application.router.add_get(leases, answer)
+    caplog.set_level(logging.INFO, logger="kube.collector")
+    async with TestServer(application) as server:
+        kube = kube_at(str(server.make_url("")))
+        watcher = collector.ClusterWatch(kube, {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(watcher.run(stop))
+        try:
+            await eventually(listed_while_off, "StorageVersions listed again while off")
+            assert watcher.synced
+            assert ("apiserver-a", "", "pods") in watcher.snapshot.entries  # none lost
+            with pytest.raises(ApiError) as refused:  # the client's own word for it
+                async for _ in kube.watch(group, version, "storageversions", None, "5"):
+                    pass
+            assert refused.value.status == 404
+            assert "404 page not found" in str(refused.value)
+            served = True
+            await eventually(back, "StorageVersions listed once served again")
+        finally:
+            stop.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await kube.close()
+    messages = logged()
+    assert not [m for m in messages if "string indices" in m or "retrying" in m], messages
+    assert len([m for m in messages if "does not serve" in m]) == 1, messages

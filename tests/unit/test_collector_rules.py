@@ -11,7 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.lease_gc import expired
-from kube.upstream import NotUpstream, Snapshot, parse_lease, parse_storage_version, reconcile
+from kube.upstream import (
+    Entry,
+    NotUpstream,
+    Served,
+    Snapshot,
+    built_in_entries,
+    parse_discovery,
+    parse_lease,
+    parse_storage_version,
+    reconcile,
+)
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
@@ -20,7 +30,8 @@ from ledger.events import (
     Position,
     StorageVersionReported,
 )
-from ledger.hashing import storage_version_hash
+from ledger.hashing import hash_of_stored, storage_version_hash
+from ledger.validation import check_report
 from projections.fold import apply
 from projections.state import State, lease_expired
 
@@ -489,4 +500,279 @@ def test_the_lease_gc_and_the_collector_agree_on_when_a_lease_has_expired(micros
     admitted = stranger.collect(cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS), now)
     assert [type(e) for e in admitted] == (
         [] if gone else [ApiserverHeartbeat, StorageVersionReported]
+    )
+
+
+def discovery_document(
+    group_version: str, *resources: tuple[str, str, str | None]
+) -> dict[str, Any]:
+    """An ``APIResourceList`` as ``/api/v1`` or ``/apis/<group>/<version>`` answers it."""
+    listed: list[dict[str, Any]] = []
+    for name, kind, found in resources:
+        listed.append({"name": name, "kind": kind, "namespaced": True, "verbs": ["get"]})
+        if found is not None:
+            listed[-1]["storageVersionHash"] = found
+    return {"kind": "APIResourceList", "groupVersion": group_version, "resources": listed}
+
+
+def test_discovery_lists_stored_resources_with_their_hash_and_leaves_out_subresources() -> None:
+    core = discovery_document(
+        "v1",
+        ("pods", "Pod", hash_of_stored("v1", "Pod")),
+        ("pods/status", "Pod", None),
+        ("bindings", "Binding", None),  # created, never stored: no hash
+    )
+    assert parse_discovery(core) == [
+        Served("", "pods", "v1", "Pod", hash_of_stored("v1", "Pod")),
+        Served("", "bindings", "v1", "Binding", None),
+    ]
+    with pytest.raises(NotUpstream, match="names no group/version"):
+        parse_discovery({"resources": []})
+
+
+# A few resources as a kube-apiserver's discovery lists them, with the hashes it shows.
+STOCK = [
+    *parse_discovery(
+        discovery_document(
+            "v1",
+            ("pods", "Pod", "xPOwRZ+Yhw8="),
+            ("events", "Event", "r2yiGXH7wu8="),
+            ("bindings", "Binding", None),
+        )
+    ),
+    *parse_discovery(discovery_document("apps/v1", ("deployments", "Deployment", "8aSe+NMegvE="))),
+    *parse_discovery(discovery_document("events.k8s.io/v1", ("events", "Event", "r2yiGXH7wu8="))),
+    *parse_discovery(
+        discovery_document(
+            "autoscaling/v2",
+            ("horizontalpodautoscalers", "HorizontalPodAutoscaler", "qwQve8ut294="),
+        )
+    ),
+    *parse_discovery(
+        discovery_document(
+            "autoscaling/v1",
+            ("horizontalpodautoscalers", "HorizontalPodAutoscaler", "qwQve8ut294="),
+        )
+    ),
+]
+
+
+def test_upstreams_discovery_hashes_are_those_of_the_stored_group_version_kind() -> None:
+    # events.k8s.io events hash as core v1 Events, autoscaling/v1 HPAs as v2 ones.
+    assert [s.storage_version_hash for s in STOCK if s.storage_version_hash] == [
+        hash_of_stored(v, k)
+        for v, k in [
+            ("v1", "Pod"),
+            ("v1", "Event"),
+            ("apps/v1", "Deployment"),
+            ("v1", "Event"),
+            ("autoscaling/v2", "HorizontalPodAutoscaler"),
+            ("autoscaling/v2", "HorizontalPodAutoscaler"),
+        ]
+    ]
+
+
+def test_a_built_in_resource_is_reported_as_the_served_kind_its_discovery_hash_names() -> None:
+    entries, problems = built_in_entries("apiserver-a", STOCK, STOCK)
+    assert problems == []
+    assert {(e.group, e.resource): e for e in entries} == {
+        ("", "pods"): Entry(
+            "apiserver-a", "", "pods", "v1", ("v1",), ("v1",), hash_of_stored("v1", "Pod"), "Pod"
+        ),
+        ("", "events"): Entry(
+            "apiserver-a", "", "events", "v1", ("v1",), ("v1",), "r2yiGXH7wu8=", "Event"
+        ),
+        ("apps", "deployments"): Entry(
+            "apiserver-a",
+            "apps",
+            "deployments",
+            "apps/v1",
+            ("apps/v1",),
+            ("apps/v1",),
+            "8aSe+NMegvE=",
+            "Deployment",
+        ),
+        # Stored in another group's version: decodable from it too.
+        ("events.k8s.io", "events"): Entry(
+            "apiserver-a",
+            "events.k8s.io",
+            "events",
+            "v1",
+            ("events.k8s.io/v1", "v1"),
+            ("events.k8s.io/v1",),
+            "r2yiGXH7wu8=",
+            "Event",
+        ),
+        # Served in two versions, in the order discovery lists them.
+        ("autoscaling", "horizontalpodautoscalers"): Entry(
+            "apiserver-a",
+            "autoscaling",
+            "horizontalpodautoscalers",
+            "autoscaling/v2",
+            ("autoscaling/v2", "autoscaling/v1"),
+            ("autoscaling/v2", "autoscaling/v1"),
+            "qwQve8ut294=",
+            "HorizontalPodAutoscaler",
+        ),
+    }
+    # Reported with the matched kind, though the cluster's discovery names none.
+    snapshot = cluster({"apiserver-a": ("a_1", T0)})
+    snapshot.entries.update((e.key, e) for e in entries)
+    events, problems = reconcile(State(), CLUSTER, snapshot, lambda *_: None, T0)
+    assert problems == []
+    reported = {
+        (e.group, e.resource): (e.kind, e.encoding_version)
+        for e in events
+        if isinstance(e, StorageVersionReported)
+    }
+    assert reported[("events.k8s.io", "events")] == ("Event", "v1")
+    assert len(reported) == 5
+
+
+def mutating_admission_policies(served: str, stored: str) -> list[Served]:
+    kind = "MutatingAdmissionPolicy"
+    return parse_discovery(
+        discovery_document(
+            f"admissionregistration.k8s.io/{served}",
+            ("mutatingadmissionpolicies", kind, hash_of_stored(stored, kind)),
+        )
+    )
+
+
+def test_a_version_only_another_apiserver_serves_is_found_among_what_it_serves() -> None:
+    old = mutating_admission_policies("v1beta1", "admissionregistration.k8s.io/v1beta1")
+    new = mutating_admission_policies("v1", "admissionregistration.k8s.io/v1beta1")
+    [entry], _ = built_in_entries("apiserver-b", new, [*old, *new])
+    assert entry.encoding_version == "admissionregistration.k8s.io/v1beta1"
+    assert entry.served_versions == ("admissionregistration.k8s.io/v1",)
+    assert entry.decodable_versions == (
+        "admissionregistration.k8s.io/v1",
+        "admissionregistration.k8s.io/v1beta1",
+    )
+
+
+def test_a_version_served_by_no_apiserver_is_found_by_upstreams_version_names() -> None:
+    # As v1.36.3 does: mutatingadmissionpolicies served in v1 (v1beta1 is off by default),
+    # stored in v1beta1; CustomResourceDefinitions stored in a version no release serves.
+    own = [
+        *mutating_admission_policies("v1", "admissionregistration.k8s.io/v1beta1"),
+        *parse_discovery(
+            discovery_document(
+                "apiextensions.k8s.io/v1",
+                (
+                    "customresourcedefinitions",
+                    "CustomResourceDefinition",
+                    "jfWCUB31mvA=",  # as a v1.37.2 apiserver shows it
+                ),
+            )
+        ),
+    ]
+    entries, problems = built_in_entries("apiserver-a", own, own)
+    assert problems == []
+    assert [(e.resource, e.encoding_version, e.decodable_versions) for e in entries] == [
+        (
+            "mutatingadmissionpolicies",
+            "admissionregistration.k8s.io/v1beta1",
+            ("admissionregistration.k8s.io/v1", "admissionregistration.k8s.io/v1beta1"),
+        ),
+        (
+            "customresourcedefinitions",
+            "apiextensions.k8s.io/v1beta1",
+            ("apiextensions.k8s.io/v1", "apiextensions.k8s.io/v1beta1"),
+        ),
+    ]
+
+
+def test_a_hash_that_names_nothing_is_not_reported_and_said() -> None:
+    own = mutating_admission_policies("v1", "example.com/v1")  # another group's, unserved
+    entries, problems = built_in_entries("apiserver-b", own, own)
+    assert entries == []
+    assert problems == [
+        "apiserver-b's discovery of mutatingadmissionpolicies.admissionregistration.k8s.io"
+        " (admissionregistration.k8s.io/v1) shows storageVersionHash"
+        f" {own[0].storage_version_hash}, the hash of none of the group/version/kinds the"
+        " apiservers serve; not reported until one of them serves the version it is"
+        " stored in"
+    ]
+    # Named once an apiserver serves that group's kind.
+    widgets = parse_discovery(
+        discovery_document("example.com/v2", ("widgets", "MutatingAdmissionPolicy", None))
+    )
+    [entry], _ = built_in_entries("apiserver-b", own, [*own, *widgets])
+    assert entry.encoding_version == "example.com/v1"
+
+
+def test_custom_resources_are_left_to_their_definitions() -> None:
+    widgets = parse_discovery(
+        discovery_document(
+            "example.com/v1", ("widgets", "Widget", hash_of_stored("example.com/v1", "Widget"))
+        )
+    )
+    assert built_in_entries("apiserver-a", widgets, widgets, {("example.com", "widgets")}) == (
+        [],
+        [],
+    )
+
+
+_GROUPS = ["", "apps", "events.k8s.io", "example.io"]
+_KINDS = ["Event", "Deployment", "Thing"]
+
+
+@st.composite
+def served_sets(draw: st.DrawFn) -> tuple[list[Served], list[Served], tuple[str, str]]:
+    """An apiserver's resource (``things``, group ``example.io``) served in some versions,
+    stored as a random group/version/kind, among random ones the other apiservers serve."""
+
+    def version_of(group: str) -> str:
+        name = draw(st.sampled_from(["v1", "v1beta1", "v2", "v2alpha1"]))
+        return f"{group}/{name}" if group else name
+
+    stored = (version_of(draw(st.sampled_from(_GROUPS))), draw(st.sampled_from(_KINDS)))
+    found = hash_of_stored(*stored)
+    own = [
+        Served("example.io", "things", v, "Thing", found)
+        for v in dict.fromkeys(
+            draw(st.lists(st.builds(version_of, st.just("example.io")), min_size=1))
+        )
+    ]
+    others = [
+        Served(group, draw(st.sampled_from(["things", "events"])), version_of(group), kind, None)
+        for group, kind in draw(
+            st.lists(st.tuples(st.sampled_from(_GROUPS), st.sampled_from(_KINDS)), max_size=12)
+        )
+    ]
+    return own, others, stored
+
+
+@given(served_sets())
+def test_the_stored_version_is_found_whenever_an_apiserver_serves_it(
+    case: tuple[list[Served], list[Served], tuple[str, str]],
+) -> None:
+    own, others, (stored_version, stored_kind) = case
+    everywhere = [*own, *others]
+    entries, problems = built_in_entries("apiserver-a", own, everywhere)
+    served_anywhere = {(s.version, s.kind) for s in everywhere}
+    served = tuple(s.version for s in own)
+    # Unserved, it is found in the resource's group, or one serving the resource's kind.
+    stored_group = stored_version.rpartition("/")[0]
+    groups = {"example.io"} | {s.group for s in everywhere if s.kind == "Thing"}
+    named = stored_kind == "Thing" and stored_group in groups
+    if (stored_version, stored_kind) not in served_anywhere and not named:
+        assert entries == []
+        assert len(problems) == 1 and "the hash of none of" in problems[0]
+        return
+    assert problems == []
+    [entry] = entries
+    assert (entry.encoding_version, entry.kind) == (stored_version, stored_kind)
+    assert entry.served_versions == served
+    expected = served if stored_version in served else (*served, stored_version)
+    assert entry.decodable_versions == expected
+    check_report(
+        entry.group,
+        entry.resource,
+        stored_kind,
+        entry.encoding_version,
+        entry.decodable_versions,
+        entry.served_versions,
+        entry.apiserver_id,
     )
