@@ -36,7 +36,11 @@ stock cluster (no StorageVersion objects) gives every built-in resource too. The
 aggregated discovery (``/apis`` as ``APIGroupDiscoveryList``, two requests instead of one
 per group/version) would be cheaper but carries no ``storageVersionHash``, so the
 per-group/version documents are read: 24 small requests per apiserver and poll on
-v1.37.2 (64 resources with a hash), 55 to 70 ms in all, answered from its memory.
+v1.37.2 (64 resources with a hash), 55 to 70 ms in all, answered from its memory. What a
+read shows holds only for the lease the apiserver held, as the lease watch showed it,
+when the read began: a restarted apiserver (a new lease) is reported with none of it
+until a read under its new lease confirms it, as a restart may bring another release
+(:mod:`kube.upstream`). Reads begin once the leases have been listed.
 
 **Kinds.** A report needs the kind of the objects (the storage version hash is computed
 from group, version and kind), which StorageVersion objects do not carry. It comes
@@ -61,6 +65,7 @@ from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from kube.upstream import (
     CustomResource,
     Entry,
+    Incarnation,
     NotUpstream,
     Served,
     Snapshot,
@@ -200,6 +205,9 @@ class ClusterWatch:
         self._apiservers = apiservers  # apiserver ID -> a client addressing it directly
         self._custom: dict[str, CustomResource] = {}
         self._served: dict[str, list[Served]] = {}  # apiserver ID -> its last discovery
+        # apiserver ID -> its lease when its last discovery read began (None: it had none)
+        self._read_under: dict[str, Incarnation | None] = {}
+        self._leases_listed = asyncio.Event()
         self._listed: set[str] = set()
         self._unserved: set[str] = set()  # told: the cluster does not serve it
         self._told: set[str] = set()  # discovery problems logged once each
@@ -231,8 +239,12 @@ class ClusterWatch:
             log.warning("ignoring CustomResourceDefinition: %s", error)
 
     async def _poll_discovery(self, stop: asyncio.Event) -> None:
-        """Each apiserver's own discovery hash of every resource, as entries."""
+        """Each apiserver's own discovery hash of every resource, as entries, each of the
+        lease the apiserver held when the read began (``Entry.observed_under``)."""
+        await self._leases_listed.wait()  # a read before any lease is known confirms nothing
         while not stop.is_set():
+            leases = self.snapshot.leases
+            under = {a: leases[a].incarnation if a in leases else None for a in self._apiservers}
             # At once, so that one apiserver that does not answer holds up none of the
             # others; its last discovery stands meanwhile.
             read = await asyncio.gather(
@@ -255,6 +267,7 @@ class ClusterWatch:
                     raise found
                 else:
                     self._served[apiserver_id] = found
+                    self._read_under[apiserver_id] = under[apiserver_id]
             for apiserver_id in self._served:
                 for entry in self._discovered(apiserver_id):
                     if self.snapshot.entries.get(entry.key) != entry:
@@ -264,20 +277,24 @@ class ClusterWatch:
 
     def _discovered(self, apiserver_id: str) -> list[Entry]:
         """The entries ``apiserver_id``'s last discovery shows: of custom resources by their
-        definitions, of built-in ones while the cluster does not serve StorageVersions."""
+        definitions, of built-in ones while the cluster does not serve StorageVersions;
+        none if it held no lease when the read began."""
         own = self._served[apiserver_id]
+        read_under = self._read_under[apiserver_id]
+        if read_under is None:
+            return []
         customs = {(c.group, c.resource): c for c in self._custom.values()}
         entries = []
         for served in own:
             custom = customs.get((served.group, served.resource))
             if custom is not None and served.storage_version_hash is not None:
-                entry = custom.entry(apiserver_id, served.storage_version_hash)
+                entry = custom.entry(apiserver_id, served.storage_version_hash, read_under)
                 if entry is not None and entry not in entries:
                     entries.append(entry)
         if STORAGE_VERSIONS[2] not in self._unserved:
             return entries  # built-in resources: the StorageVersion objects' (kube.upstream)
         everywhere = [served for found in self._served.values() for served in found]
-        built_in, problems = built_in_entries(apiserver_id, own, everywhere, customs)
+        built_in, problems = built_in_entries(apiserver_id, read_under, own, everywhere, customs)
         for problem in problems:
             if problem not in self._told:
                 self._told.add(problem)
@@ -396,6 +413,8 @@ class ClusterWatch:
             log.info("the cluster serves %s now: collecting storage versions", plural)
         for obj in items:
             apply("ADDED", obj)
+        if plural == LEASES[2]:
+            self._leases_listed.set()
         self._listed.add(plural)
         self.changed.set()
         resource_version: str = page["metadata"]["resourceVersion"]

@@ -95,8 +95,28 @@ kube-apiservers never remove their own entries; only kube-controller-manager's
 StorageVersion GC does, and it races with restarts: it can delete the entries an
 apiserver has just re-registered, for as long as that apiserver runs. The ledger
 removes an apiserver's entries itself when its lease ends, and a restarted apiserver
-(a new lease) is reported with the entries last seen for it until it writes new ones,
-so the ledger stays complete where upstream's objects do not.
+(a new lease) is reported with the StorageVersion entries last seen for it until it
+writes new ones, so the ledger stays complete where upstream's objects do not. A
+restarted kube-apiserver rewrites its own entries before it accepts a write of their
+resource (upstream's write barrier), and the watch shows that rewrite even when the GC
+removes it afterwards, so the entry carried over stands only until then.
+
+An entry read from an apiserver's discovery has no such rewrite behind it: it is what
+the process answering at that address said, and a restart may bring another binary
+(a downgrade stores ``mutatingadmissionpolicies`` in ``v1beta1`` again). So it holds
+only for the lease it was read under (:attr:`Entry.observed_under`: the lease object's
+UID and holder as the collector's lease watch showed them when the read began), and is
+reported only while that lease is the apiserver's: a new lease (the object deleted and
+created again, or a new holder) is reported with no discovered entry until a read made
+under it confirms one. A read that began before the collector saw the new lease is
+passed over (the next one, seconds later, counts); one that began after it was answered
+by the new process, since a restarted apiserver takes its lease only once it serves, at
+the address the old one left. A new holder in an existing lease (kube-apiserver before
+1.35 keeps its lease across a restart, and from 1.35 deletes and recreates it at start,
+which a watch may show as one change) also ends the ledger's lease of the old holder
+(``ApiserverLeaseReleased``, before the new holder's heartbeat): the fold keeps an
+apiserver's entries across heartbeats, so without it the new process would inherit the
+old one's entries in the ledger itself.
 
 Because :func:`reconcile` compares with the ledger rather than with what the watch
 showed before, a restarted collector (which reads the ledger back from the log)
@@ -135,6 +155,7 @@ from projections.state import State, lease_expired
 SOURCE: Final = "svledger-collector"
 
 EntryKey: TypeAlias = tuple[str, str, str]  # apiserver ID, group, resource
+Incarnation: TypeAlias = tuple[str, str]  # a lease object's UID and holder identity
 # The kind of ``resource`` stored as a group-qualified version; None if discovery has none.
 KindOf: TypeAlias = Callable[[str, str, str], str | None]  # (group, resource, version)
 
@@ -153,6 +174,12 @@ class Lease:
     lease_duration_seconds: int | None  # None: none, or not positive (expired, as upstream)
     renew_time: datetime | None  # None: none (expired, as upstream)
     peer_advertise_address: str | None = None  # its annotation, if any
+    uid: str = ""  # the object's metadata.uid: a lease deleted and created again has a new one
+
+    @property
+    def incarnation(self) -> Incarnation:
+        """What tells this lease from any earlier or later one of the same apiserver."""
+        return (self.uid, self.holder_identity)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,6 +195,10 @@ class Entry:
     # As the apiserver's discovery shows it; None for an entry of a StorageVersion object.
     storage_version_hash: str | None = None
     kind: str | None = None  # the stored kind, when known without discovery's help
+    # The apiserver's lease (:attr:`Lease.incarnation`) when the discovery that shows the
+    # entry was read: reported for that lease only. None for an entry of a StorageVersion
+    # object, which stands across leases (see the module's docstring).
+    observed_under: Incarnation | None = None
 
     @property
     def key(self) -> EntryKey:
@@ -181,8 +212,9 @@ class Snapshot:
     ``entries`` holds the last entry seen for each (apiserver, resource), from any
     watch event or list, and forgets none: an entry that vanished from its object was
     removed by kube-controller-manager's StorageVersion GC, never by its apiserver,
-    and the GC races with apiserver restarts. Entries of apiservers without a lease
-    are ignored by :func:`reconcile`, so the snapshot need not prune them.
+    and the GC races with apiserver restarts. Entries of apiservers without a lease,
+    and discovered entries observed under another lease than the apiserver's, are
+    ignored by :func:`reconcile`, so the snapshot need not prune them.
     """
 
     leases: dict[str, Lease] = dataclasses.field(default_factory=dict)
@@ -217,6 +249,7 @@ def parse_lease(obj: Mapping[str, Any]) -> Lease:
     duration = spec.get("leaseDurationSeconds")
     holder = spec.get("holderIdentity") or ""
     peer = (metadata.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION) or None
+    uid = metadata.get("uid") or ""
     if "\x00" in holder or "\x00" in (peer or ""):
         raise NotUpstream(f"lease {name!r} holds a NUL character, which no event may carry")
     return Lease(
@@ -226,6 +259,7 @@ def parse_lease(obj: Mapping[str, Any]) -> Lease:
         int(duration) if duration and int(duration) > 0 else None,
         parse_time(renew) if renew else None,
         peer,
+        uid,
     )
 
 
@@ -272,9 +306,12 @@ class CustomResource:
     versions: tuple[str, ...]  # every version, group-qualified
     served: tuple[str, ...]  # the served ones
 
-    def entry(self, apiserver_id: str, discovered_hash: str) -> Entry | None:
-        """The entry of an apiserver whose discovery shows ``discovered_hash``, if it is
-        the hash of one of the versions (the one that apiserver stores in)."""
+    def entry(
+        self, apiserver_id: str, discovered_hash: str, observed_under: Incarnation
+    ) -> Entry | None:
+        """The entry of an apiserver whose discovery, read under its lease
+        ``observed_under``, shows ``discovered_hash``, if it is the hash of one of the
+        versions (the one that apiserver stores in)."""
         for version in self.versions:
             if hash_of_stored(version, self.kind) == discovered_hash:
                 return Entry(
@@ -286,6 +323,7 @@ class CustomResource:
                     self.served,
                     discovered_hash,
                     self.kind,
+                    observed_under,
                 )
         return None
 
@@ -339,11 +377,13 @@ def parse_discovery(document: Mapping[str, Any]) -> list[Served]:
 
 def built_in_entries(
     apiserver_id: str,
+    observed_under: Incarnation,
     own: Sequence[Served],
     everywhere: Sequence[Served],
     custom: Collection[tuple[str, str]] = (),
 ) -> tuple[list[Entry], list[str]]:
-    """The entries that ``apiserver_id``'s own discovery (``own``) shows, and what cannot be.
+    """The entries that ``apiserver_id``'s own discovery (``own``), read under its lease
+    ``observed_under``, shows, and what cannot be.
 
     ``everywhere`` is what every apiserver asked serves (``own`` included): the stored
     group/version/kind of a resource is the one among them whose hash its
@@ -400,7 +440,15 @@ def built_in_entries(
         decodable = served_versions + (() if encoding in served_versions else (encoding,))
         entries.append(
             Entry(
-                apiserver_id, group, resource, encoding, decodable, served_versions, found[0], kind
+                apiserver_id,
+                group,
+                resource,
+                encoding,
+                decodable,
+                served_versions,
+                found[0],
+                kind,
+                observed_under,
             )
         )
     return entries, problems
@@ -450,13 +498,15 @@ def reconcile(
 ) -> tuple[list[Event], list[str]]:
     """What to append so the ledger holds what ``snapshot`` shows, and what cannot be.
 
-    Returns the events, in the order to append them (heartbeats, then lease ends, then
-    reports), and one line per entry that cannot be reported yet (no kind known, or a
-    report upstream's validation would refuse), for the shell to log.
+    Returns the events, in the order to append them (heartbeats, each after the end of
+    the lease of the holder it replaces, then lease ends, then reports), and one line per
+    entry that cannot be reported yet (no kind known, or a report upstream's validation
+    would refuse), for the shell to log.
     """
     events: list[Event] = []
     problems: list[str] = []
     live: set[str] = set()
+    replaced: set[str] = set()  # apiservers whose ledger lease ends here for a new holder
     for apiserver_id, lease in sorted(snapshot.leases.items()):
         held = state.leases.get((cluster, apiserver_id))
         if held is None and lease_expired(lease.renew_time, lease.lease_duration_seconds, now):
@@ -471,6 +521,14 @@ def reconcile(
             step = min(renewal_interval, timedelta(seconds=held.lease_duration_seconds / 2))
             if lease.renew_time <= held.renew_time or lease.renew_time < held.renew_time + step:
                 continue
+        if held is not None and held.holder_identity != lease.holder_identity:
+            # Another process holds the lease: the old one's lease, and its entries, end.
+            replaced.add(apiserver_id)
+            events.append(
+                ApiserverLeaseReleased(
+                    Meta.new(cluster, apiserver_id, now), apiserver_id, held.holder_identity
+                )
+            )
         events.append(
             ApiserverHeartbeat(
                 Meta.new(cluster, apiserver_id, lease.renew_time),
@@ -506,7 +564,12 @@ def reconcile(
     # order of its status.storageVersions: the ledger appends a new entry as upstream
     # does, so it lists them as upstream's object does.
     for entry in snapshot.entries.values():
-        if entry.apiserver_id not in live or _holds(state, cluster, entry):
+        if entry.apiserver_id not in live:
+            continue
+        under = entry.observed_under
+        if under is not None and under != snapshot.leases[entry.apiserver_id].incarnation:
+            continue  # read under an earlier lease: not confirmed by the process holding it
+        if entry.apiserver_id not in replaced and _holds(state, cluster, entry):
             continue
         report = _report(cluster, entry, kind_of, now)
         if isinstance(report, str):

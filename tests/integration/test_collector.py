@@ -33,7 +33,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from deploy.kube.cluster import LocalCluster
-from deploy.kube.rolling_upgrade import NEW, OLD
+from deploy.kube.rolling_upgrade import GROUP, NEW, NEW_VERSION, OLD, OLD_VERSION, RESOURCES
 from kube import collector
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
@@ -513,6 +513,86 @@ async def test_a_stock_cluster_gives_every_resource_each_apiserver_stores_from_i
         new: "admissionregistration.k8s.io/v1",
     }
     assert policies[1] is None
+
+
+@pytest.mark.kubernetes
+async def test_an_apiserver_restarted_on_the_older_release_never_inherits_what_the_newer_stored(
+    settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """Issue 51: a stock apiserver on v1.37.2 (``mutatingadmissionpolicies`` and their
+    bindings stored as ``v1``) restarted on v1.36.3 (stored as ``v1beta1``). From its new
+    lease's first heartbeat on, no state of the ledger, event by event, holds the new
+    lease with ``v1``: what the v1.37.2 process's discovery showed is never carried over;
+    and the ledger ends with ``v1beta1``, as the v1.36.3 process's discovery shows."""
+    with LocalCluster(
+        2,
+        version=NEW,
+        identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
+        identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+        extra_apiserver_args=STOCK_APISERVER_ARGS,
+    ) as cluster:
+        kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
+        direct = {
+            apiserver_id(host): kube.at(url)
+            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
+        }
+        restarted = apiserver_id(cluster.apiserver_hostnames[1])
+        names = [resource_name(GROUP, resource) for resource, _ in RESOURCES]
+
+        def stored(state: State) -> dict[str, str | None]:
+            views = ledger_views(state, CLUSTER)
+            return {
+                n: views[n][0][restarted][0] if n in views and restarted in views[n][0] else None
+                for n in names
+            }
+
+        async def stored_in(version: str, holder: str | None) -> str | None:
+            state, _ = await cluster_log(settings, CLUSTER)
+            lease = ledger_leases(state, CLUSTER).get(restarted)
+            if lease is None or (holder is not None and lease[0] != holder):
+                return f"the ledger's lease of {restarted}: {lease}"
+            held = stored(state)
+            return None if set(held.values()) == {version} else f"{restarted} stores {held}"
+
+        try:
+            async with collecting(settings, kube, apiservers=direct):
+                await eventually(lambda: stored_in(NEW_VERSION, None), f"stored as {NEW_VERSION}")
+                old_holder = (await upstream_leases(kube))[restarted][0]
+                await asyncio.to_thread(cluster.restart_apiserver, 1, OLD)
+
+                async def new_lease() -> str | None:
+                    lease = (await upstream_leases(kube)).get(restarted)
+                    if lease is None or lease[0] == old_holder:
+                        return f"upstream's lease of {restarted}: {lease}"
+                    return None
+
+                await eventually(new_lease, f"{OLD}'s lease of {restarted}")
+                new_holder = (await upstream_leases(kube))[restarted][0]
+                await eventually(
+                    lambda: stored_in(OLD_VERSION, new_holder), f"stored as {OLD_VERSION} again"
+                )
+            _, records = await cluster_log(settings, CLUSTER)
+        finally:
+            await kube.close()
+    assert_nothing_twice(records)
+    state = State()
+    joined = False
+    for record in records:
+        apply(state, record.event, record.position)
+        event = record.event
+        if isinstance(event, ApiserverHeartbeat) and event.apiserver_id == restarted:
+            joined = joined or event.holder_identity == new_holder
+        if joined:
+            assert state.leases[CLUSTER, restarted].holder_identity == new_holder
+            assert NEW_VERSION not in stored(state).values(), (record.position, event)
+            if (
+                isinstance(event, StorageVersionReported)
+                and event.apiserver_id == restarted
+                and resource_name(event.group, event.resource) in names
+            ):
+                assert event.encoding_version != NEW_VERSION, (record.position, event)
+    assert joined
+    assert set(stored(state).values()) == {OLD_VERSION}
 
 
 @pytest.mark.kubernetes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +37,8 @@ from projections.fold import apply
 from projections.state import State, lease_expired
 
 CLUSTER = "real"
+A_1 = ("uid-a_1", "a_1")  # the lease of apiserver-a held by a_1, as lease_object makes it
+B_1 = ("uid-b_1", "b_1")
 T0 = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
 KINDS = {
     ("apps", "deployments"): "Deployment",
@@ -51,11 +54,14 @@ def kind_of(group: str, resource: str, version: str) -> str | None:
 
 
 def lease_object(
-    apiserver: str, holder: str, renew: datetime, duration: int = 3600
+    apiserver: str, holder: str, renew: datetime, duration: int = 3600, uid: str | None = None
 ) -> dict[str, Any]:
+    """An identity Lease; its UID is the holder's unless ``uid`` says (an object created
+    again by the same process)."""
     return {
         "metadata": {
             "name": apiserver,
+            "uid": f"uid-{holder}" if uid is None else uid,
             "namespace": "kube-system",
             "labels": {
                 "apiserver.kubernetes.io/identity": "kube-apiserver",
@@ -172,9 +178,13 @@ def test_a_renewal_interval_appends_a_renewal_per_interval_and_every_new_holder(
         appended += [e.renew_time for e in events if isinstance(e, ApiserverHeartbeat)]
     assert appended == [T0, T0 + minute, T0 + 2 * minute, T0 + 3 * minute]
 
-    # A restart (a new holder) is appended at once, and so is its lease's end.
+    # A restart (a new holder) is appended at once, after the old holder's lease ends,
+    # and so is its lease's end.
     restart = T0 + timedelta(seconds=185)
-    [heartbeat] = ledger.collect(cluster({"apiserver-a": ("a_2", restart)}), restart, minute)
+    [replaced, heartbeat] = ledger.collect(
+        cluster({"apiserver-a": ("a_2", restart)}), restart, minute
+    )
+    assert isinstance(replaced, ApiserverLeaseReleased) and replaced.holder_identity == "a_1"
     assert isinstance(heartbeat, ApiserverHeartbeat) and heartbeat.holder_identity == "a_2"
     [released] = ledger.collect(cluster({}), restart + timedelta(seconds=5), minute)
     assert isinstance(released, ApiserverLeaseReleased)
@@ -418,6 +428,164 @@ def test_a_restarted_apiserver_is_reported_again_though_its_objects_did_not_chan
     assert [type(e).__name__ for e in back] == ["ApiserverHeartbeat", "StorageVersionReported"]
 
 
+def discovered(apiserver: str, encoding: str, under: tuple[str, str]) -> Entry:
+    """``apiserver``'s entry for deployments in its discovery, read under its lease ``under``."""
+    decodable = tuple(sorted({encoding, "apps/v1"}))
+    found = hash_of_stored(encoding, "Deployment")
+    return Entry(
+        apiserver,
+        "apps",
+        "deployments",
+        encoding,
+        decodable,
+        (encoding,),
+        found,
+        "Deployment",
+        under,
+    )
+
+
+def with_entries(snapshot: Snapshot, *entries: Entry) -> Snapshot:
+    snapshot.entries.update((e.key, e) for e in entries)
+    return snapshot
+
+
+def held_entries(ledger: Ledger) -> dict[tuple[str, str], str]:
+    """(apiserver, resource) -> the encoding version the ledger holds."""
+    return {
+        (e.apiserver_id, resource): e.encoding_version
+        for (_, _, resource), view in ledger.state.storage_versions.items()
+        for e in view.entries
+    }
+
+
+def test_a_restarted_apiserver_is_reported_with_no_discovered_entry_it_has_not_confirmed() -> None:
+    # Issue 51: restarted on an older binary, it stores in apps/v1beta1; what the old
+    # process's discovery showed (apps/v1) must not stand for it, in the ledger or the report.
+    ledger = Ledger()
+    a_2 = ("uid-a_2", "a_2")
+    old_v1 = discovered("apiserver-a", "apps/v1", A_1)
+    ledger.collect(with_entries(cluster({"apiserver-a": ("a_1", T0)}), old_v1), T0)
+    assert held_entries(ledger) == {("apiserver-a", "deployments"): "apps/v1"}
+
+    # The lease seen again with another holder (deleted and created at start, one change
+    # to the watch): the old holder's lease ends, with its entries; nothing is reported.
+    restart = T0 + timedelta(seconds=8)
+    restarted = cluster({"apiserver-a": ("a_2", restart)})
+    replaced, joined = ledger.collect(with_entries(restarted, old_v1), restart)
+    assert isinstance(replaced, ApiserverLeaseReleased) and replaced.holder_identity == "a_1"
+    assert isinstance(joined, ApiserverHeartbeat) and joined.holder_identity == "a_2"
+    assert held_entries(ledger) == {}
+
+    # A read begun before the collector saw the new lease confirms nothing either.
+    stale = discovered("apiserver-a", "apps/v1beta1", A_1)
+    assert ledger.collect(with_entries(restarted, stale), restart) == []
+    # One begun under it does.
+    [confirmed] = ledger.collect(
+        with_entries(restarted, discovered("apiserver-a", "apps/v1beta1", a_2)), restart
+    )
+    assert isinstance(confirmed, StorageVersionReported)
+    assert confirmed.encoding_version == "apps/v1beta1"
+    assert held_entries(ledger) == {("apiserver-a", "deployments"): "apps/v1beta1"}
+
+
+def test_a_lease_created_again_by_the_same_process_waits_for_a_read_under_it() -> None:
+    # The object deleted (seen by the collector) and created again, same holder: a new
+    # lease all the same, whose discovered entries are read again before they count.
+    ledger = Ledger()
+    ledger.collect(
+        with_entries(
+            cluster({"apiserver-a": ("a_1", T0)}), discovered("apiserver-a", "apps/v1", A_1)
+        ),
+        T0,
+    )
+    [released] = ledger.collect(cluster({}), T0 + timedelta(seconds=1))
+    assert isinstance(released, ApiserverLeaseReleased)
+    back = T0 + timedelta(seconds=2)
+    again = Snapshot()
+    again.leases["apiserver-a"] = parse_lease(lease_object("apiserver-a", "a_1", back, uid="u2"))
+    with_entries(again, discovered("apiserver-a", "apps/v1", A_1))
+    assert [type(e) for e in ledger.collect(again, back)] == [ApiserverHeartbeat]
+    with_entries(again, discovered("apiserver-a", "apps/v1", ("u2", "a_1")))
+    assert [type(e) for e in ledger.collect(again, back)] == [StorageVersionReported]
+
+
+@st.composite
+def restarts(
+    draw: st.DrawFn,
+) -> list[tuple[dict[str, tuple[str, str] | None], list[tuple[str, str, bool]]]]:
+    """Apiservers over time: each step, each one's lease (UID, holder) or None (deleted),
+    and the discovery reads that end in it: (apiserver, encoding version, whether the
+    read began under the lease before the current one)."""
+    leases: dict[str, tuple[str, str] | None] = {"apiserver-a": None, "apiserver-b": None}
+    serial = itertools.count()
+    steps = []
+    for _ in range(draw(st.integers(1, 10))):
+        for apiserver, lease in list(leases.items()):
+            change = draw(st.sampled_from(["keep", "restart", "recreate", "delete"]))
+            if change == "restart" or (lease is None and change != "delete"):
+                n = next(serial)
+                leases[apiserver] = (f"uid-{n}", f"{apiserver}_{n}")
+            elif change == "recreate" and lease is not None:
+                leases[apiserver] = (f"uid-{next(serial)}", lease[1])
+            elif change == "delete":
+                leases[apiserver] = None
+        reads = draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(sorted(leases)), st.sampled_from(_VERSIONS), st.booleans()
+                ),
+                max_size=3,
+            )
+        )
+        steps.append((dict(leases), reads))
+    return steps
+
+
+@given(restarts())
+def test_a_lease_never_holds_a_discovered_entry_not_read_under_its_holder(
+    steps: list[tuple[dict[str, tuple[str, str] | None], list[tuple[str, str, bool]]]],
+) -> None:
+    ledger = Ledger()
+    snapshot = Snapshot()
+    previous: dict[str, tuple[str, str]] = {}  # apiserver -> the lease before the current
+    current: dict[str, tuple[str, str]] = {}
+    read_by: dict[tuple[str, str], set[str]] = collections.defaultdict(set)  # (apiserver, holder)
+    now = T0
+    for leases, reads in steps:
+        now += timedelta(seconds=5)
+        snapshot.leases.clear()
+        for apiserver, lease in leases.items():
+            if lease is not None and lease != current.get(apiserver):
+                if apiserver in current:
+                    previous[apiserver] = current[apiserver]
+                current[apiserver] = lease
+            if lease is not None:
+                uid, holder = lease
+                obj = lease_object(apiserver, holder, now, uid=uid)
+                snapshot.leases[apiserver] = parse_lease(obj)
+        for apiserver, encoding, stale in reads:
+            under = previous.get(apiserver) if stale else current.get(apiserver)
+            if under is None:
+                continue
+            # A read under a lease ended before this step was answered by its process.
+            read_by[apiserver, under[1]].add(encoding)
+            with_entries(snapshot, discovered(apiserver, encoding, under))
+        ledger.collect(snapshot, now)
+        assert ledger.collect(snapshot, now) == []  # converged
+        held = held_entries(ledger)
+        for apiserver, lease in leases.items():
+            held_as = held.get((apiserver, "deployments"))
+            if lease is None:
+                assert held_as is None
+                continue
+            # Never an entry its holder's process did not show.
+            assert held_as is None or held_as in read_by[apiserver, lease[1]]
+            shown = snapshot.entries.get((apiserver, "apps", "deployments"))
+            if shown is not None and shown.observed_under == lease:
+                assert held_as == shown.encoding_version  # and every one it confirmed
+
+
 def test_a_restarted_collector_appends_nothing_the_ledger_holds() -> None:
     first = Ledger()
     snapshot = cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}, DEPLOYMENTS)
@@ -573,14 +741,22 @@ def test_upstreams_discovery_hashes_are_those_of_the_stored_group_version_kind()
 
 
 def test_a_built_in_resource_is_reported_as_the_served_kind_its_discovery_hash_names() -> None:
-    entries, problems = built_in_entries("apiserver-a", STOCK, STOCK)
+    entries, problems = built_in_entries("apiserver-a", A_1, STOCK, STOCK)
     assert problems == []
     assert {(e.group, e.resource): e for e in entries} == {
         ("", "pods"): Entry(
-            "apiserver-a", "", "pods", "v1", ("v1",), ("v1",), hash_of_stored("v1", "Pod"), "Pod"
+            "apiserver-a",
+            "",
+            "pods",
+            "v1",
+            ("v1",),
+            ("v1",),
+            hash_of_stored("v1", "Pod"),
+            "Pod",
+            A_1,
         ),
         ("", "events"): Entry(
-            "apiserver-a", "", "events", "v1", ("v1",), ("v1",), "r2yiGXH7wu8=", "Event"
+            "apiserver-a", "", "events", "v1", ("v1",), ("v1",), "r2yiGXH7wu8=", "Event", A_1
         ),
         ("apps", "deployments"): Entry(
             "apiserver-a",
@@ -591,6 +767,7 @@ def test_a_built_in_resource_is_reported_as_the_served_kind_its_discovery_hash_n
             ("apps/v1",),
             "8aSe+NMegvE=",
             "Deployment",
+            A_1,
         ),
         # Stored in another group's version: decodable from it too.
         ("events.k8s.io", "events"): Entry(
@@ -602,6 +779,7 @@ def test_a_built_in_resource_is_reported_as_the_served_kind_its_discovery_hash_n
             ("events.k8s.io/v1",),
             "r2yiGXH7wu8=",
             "Event",
+            A_1,
         ),
         # Served in two versions, in the order discovery lists them.
         ("autoscaling", "horizontalpodautoscalers"): Entry(
@@ -613,6 +791,7 @@ def test_a_built_in_resource_is_reported_as_the_served_kind_its_discovery_hash_n
             ("autoscaling/v2", "autoscaling/v1"),
             "qwQve8ut294=",
             "HorizontalPodAutoscaler",
+            A_1,
         ),
     }
     # Reported with the matched kind, though the cluster's discovery names none.
@@ -642,7 +821,7 @@ def mutating_admission_policies(served: str, stored: str) -> list[Served]:
 def test_a_version_only_another_apiserver_serves_is_found_among_what_it_serves() -> None:
     old = mutating_admission_policies("v1beta1", "admissionregistration.k8s.io/v1beta1")
     new = mutating_admission_policies("v1", "admissionregistration.k8s.io/v1beta1")
-    [entry], _ = built_in_entries("apiserver-b", new, [*old, *new])
+    [entry], _ = built_in_entries("apiserver-b", B_1, new, [*old, *new])
     assert entry.encoding_version == "admissionregistration.k8s.io/v1beta1"
     assert entry.served_versions == ("admissionregistration.k8s.io/v1",)
     assert entry.decodable_versions == (
@@ -667,7 +846,7 @@ def test_a_version_served_by_no_apiserver_is_found_by_upstreams_version_names() 
             )
         ),
     ]
-    entries, problems = built_in_entries("apiserver-a", own, own)
+    entries, problems = built_in_entries("apiserver-a", A_1, own, own)
     assert problems == []
     assert [(e.resource, e.encoding_version, e.decodable_versions) for e in entries] == [
         (
@@ -685,7 +864,7 @@ def test_a_version_served_by_no_apiserver_is_found_by_upstreams_version_names() 
 
 def test_a_hash_that_names_nothing_is_not_reported_and_said() -> None:
     own = mutating_admission_policies("v1", "example.com/v1")  # another group's, unserved
-    entries, problems = built_in_entries("apiserver-b", own, own)
+    entries, problems = built_in_entries("apiserver-b", B_1, own, own)
     assert entries == []
     assert problems == [
         "apiserver-b's discovery of mutatingadmissionpolicies.admissionregistration.k8s.io"
@@ -698,7 +877,7 @@ def test_a_hash_that_names_nothing_is_not_reported_and_said() -> None:
     widgets = parse_discovery(
         discovery_document("example.com/v2", ("widgets", "MutatingAdmissionPolicy", None))
     )
-    [entry], _ = built_in_entries("apiserver-b", own, [*own, *widgets])
+    [entry], _ = built_in_entries("apiserver-b", B_1, own, [*own, *widgets])
     assert entry.encoding_version == "example.com/v1"
 
 
@@ -708,7 +887,7 @@ def test_custom_resources_are_left_to_their_definitions() -> None:
             "example.com/v1", ("widgets", "Widget", hash_of_stored("example.com/v1", "Widget"))
         )
     )
-    assert built_in_entries("apiserver-a", widgets, widgets, {("example.com", "widgets")}) == (
+    assert built_in_entries("apiserver-a", A_1, widgets, widgets, {("example.com", "widgets")}) == (
         [],
         [],
     )
@@ -750,7 +929,7 @@ def test_the_stored_version_is_found_whenever_an_apiserver_serves_it(
 ) -> None:
     own, others, (stored_version, stored_kind) = case
     everywhere = [*own, *others]
-    entries, problems = built_in_entries("apiserver-a", own, everywhere)
+    entries, problems = built_in_entries("apiserver-a", A_1, own, everywhere)
     served_anywhere = {(s.version, s.kind) for s in everywhere}
     served = tuple(s.version for s in own)
     # Unserved, it is found in the resource's group, or one serving the resource's kind.
