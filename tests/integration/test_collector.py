@@ -374,10 +374,7 @@ def widgets(storage: str) -> dict[str, object]:
 async def test_custom_resources_are_collected_from_each_apiservers_discovery(
     settings: KafkaSettings, kube: Kube, kube_cluster: LocalCluster
 ) -> None:
-    direct = {
-        apiserver_id(host): kube.at(url)
-        for host, url in zip(kube_cluster.apiserver_hostnames, kube_cluster.urls, strict=True)
-    }
+    direct = addressed(kube, kube_cluster)
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     await kube.request("POST", path, widgets(storage="v1"))
 
@@ -414,6 +411,14 @@ STOCK_APISERVER_ARGS = [
     "--runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
     "--storage-media-type=application/vnd.kubernetes.protobuf",
 ]
+
+
+def addressed(kube: Kube, cluster: LocalCluster) -> dict[str, Kube]:
+    """A client of each of ``cluster``'s apiservers, by apiserver ID (``--apiserver``)."""
+    return {
+        apiserver_id(host): kube.at(url)
+        for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
+    }
 
 
 async def discovered_hashes(kube: Kube) -> dict[str, str]:
@@ -456,10 +461,7 @@ async def test_a_stock_cluster_gives_every_resource_each_apiserver_stores_from_i
     ) as cluster:
         await asyncio.to_thread(cluster.restart_apiserver, 1, NEW)
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
-        direct = {
-            apiserver_id(host): kube.at(url)
-            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
-        }
+        direct = addressed(kube, cluster)
         old, new = direct
         try:
             with pytest.raises(ApiError) as refused:
@@ -519,7 +521,7 @@ async def test_a_stock_cluster_gives_every_resource_each_apiserver_stores_from_i
 async def test_an_apiserver_restarted_on_the_older_release_never_inherits_what_the_newer_stored(
     settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    """Issue 51: a stock apiserver on v1.37.2 (``mutatingadmissionpolicies`` and their
+    """A stock apiserver on v1.37.2 (``mutatingadmissionpolicies`` and their
     bindings stored as ``v1``) restarted on v1.36.3 (stored as ``v1beta1``). From its new
     lease's first heartbeat on, no state of the ledger, event by event, holds the new
     lease with ``v1``: what the v1.37.2 process's discovery showed is never carried over;
@@ -532,10 +534,7 @@ async def test_an_apiserver_restarted_on_the_older_release_never_inherits_what_t
         extra_apiserver_args=STOCK_APISERVER_ARGS,
     ) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
-        direct = {
-            apiserver_id(host): kube.at(url)
-            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
-        }
+        direct = addressed(kube, cluster)
         restarted = apiserver_id(cluster.apiserver_hostnames[1])
         names = [resource_name(GROUP, resource) for resource, _ in RESOURCES]
 
@@ -608,10 +607,7 @@ async def test_in_a_rolling_upgrade_the_resources_only_the_new_release_serves_ar
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
     ) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
-        direct = {
-            apiserver_id(host): kube.at(url)
-            for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
-        }
+        direct = addressed(kube, cluster)
         try:
             before = set(await upstream_views(kube))
             await asyncio.to_thread(cluster.restart_apiserver, 1, NEW)

@@ -460,7 +460,7 @@ def held_entries(ledger: Ledger) -> dict[tuple[str, str], str]:
 
 
 def test_a_restarted_apiserver_is_reported_with_no_discovered_entry_it_has_not_confirmed() -> None:
-    # Issue 51: restarted on an older binary, it stores in apps/v1beta1; what the old
+    # Restarted on an older binary, it stores in apps/v1beta1; what the old
     # process's discovery showed (apps/v1) must not stand for it, in the ledger or the report.
     ledger = Ledger()
     a_2 = ("uid-a_2", "a_2")
