@@ -93,11 +93,11 @@ LONGEST_FIRST = (
     "tests/integration/test_serve.py",
 )
 
-#: Modules whose tests are dealt one by one rather than as a module: long tests that
-#: start what they need themselves (a broker each, a cluster each), so nothing is started
-#: twice, and no worker is left with minutes of one module while the others idle. (Of
-#: ``test_broker_faults``, two tests share a module's Kubernetes cluster; dealt apart they
-#: may start one each, 10 to 15 s, against minutes saved.)
+#: Modules whose tests are dealt one by one rather than as a module, so that no worker is
+#: left with minutes of one module while the others idle: long tests that start what they
+#: need themselves (a broker each, a cluster each). Of ``test_broker_faults``, two tests
+#: share a module's Kubernetes cluster; dealt apart they may start one each (10 to 15 s,
+#: against minutes saved).
 DEALT_BY_TEST = frozenset(
     {
         "tests/integration/test_broker_faults.py",
@@ -160,9 +160,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    while _shared_broker:
+    if _shared_broker:
         _shared_broker.pop().stop()
-    os.environ.pop(_SHARED_KAFKA, None)
+        del os.environ[_SHARED_KAFKA]
 
 
 @pytest.fixture(scope="session")
