@@ -5,7 +5,9 @@
 
 * no common encoding version (apiservers disagree, or none reports the resource)
   and a migration Pending or Running -> ``MigrationCancelled`` with reason
-  ``EncodingVersionsDisagree``;
+  ``EncodingVersionsDisagree``, or ``EncodingVersionsUnknown`` where the entries agree
+  but an apiserver holding a live lease has none (the condition is ``Unknown``: what
+  it writes is not known, so nothing it may have written can be proven migrated);
 * a common version with hash ``h``, persisted hashes not just ``[h]``, and no active
   migration for ``(h, current StorageVersion revision)`` -> ``MigrationCancelled``
   (``StorageVersionChanged``) for every other active migration of the resource, then
@@ -17,8 +19,8 @@
   without this it would stay active for good.
 
 Only live apiservers have entries in a StorageVersion (the fold drops the entries of
-an expired or released lease), so "all live apiservers agree" is "the common version
-is set".
+an expired or released lease), and the fold sets the common version only when every
+live apiserver has one, so "all live apiservers agree" is "the common version is set".
 
 A migration's ID is a UUIDv5 of the state it was decided on: cluster, resource,
 target hash, StorageVersion revision and StorageState revision. A request is made
@@ -72,6 +74,7 @@ import collections
 import contextlib
 import dataclasses
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -80,13 +83,14 @@ from ledger import metrics
 from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, MigrationRequested
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
-from projections.fold import active_migrations
+from projections.fold import active_migrations, unreported
 from projections.snapshots import SnapshotSource
 from projections.state import PHASES, Changes, Migration, ResourceKey, State
 
 SOURCE: Final = "svledger-migrator"
 GROUP_ID: Final = "svledger-migrator"
 REASON_DISAGREE: Final = "EncodingVersionsDisagree"
+REASON_UNKNOWN: Final = "EncodingVersionsUnknown"
 REASON_CHANGED: Final = "StorageVersionChanged"
 
 # Fixed namespace of the migrator's UUIDv5 identifiers; never change it.
@@ -131,6 +135,9 @@ def decide(
     active = active_migrations(state, resource_key)
     common = storage_version.common_encoding_version if storage_version is not None else None
     target_hash = storage_state.current_storage_version_hash if storage_state is not None else None
+    if storage_version is not None and storage_version.condition.status == "Unknown":
+        message = f"agreement on {name!r} is unknown: {storage_version.condition.message}"
+        return [_cancel(m, cause, REASON_UNKNOWN, message) for m in active]
     if storage_version is None or storage_state is None or common is None or target_hash is None:
         message = f"the live apiservers do not agree on an encoding version of {name!r}"
         return [_cancel(m, cause, REASON_DISAGREE, message) for m in active]
@@ -255,10 +262,49 @@ async def run_migrator(
         logs = [log for log in follower.logs.values() if log.caught_up]
         return [sample for log in logs for sample in migrations_by_phase(log.state).items()]
 
+    def states() -> list[State]:
+        return [log.state for log in follower.logs.values() if log.caught_up]
+
     async with follower:
-        with metrics.MIGRATIONS.sampling(phases):
+        with (
+            metrics.MIGRATIONS.sampling(phases),
+            metrics.AGREEMENT.sampling(lambda: agreement_samples(states())),
+            metrics.UNREPORTED_APISERVERS.sampling(lambda: unreported_samples(states())),
+            metrics.SOURCE_CONFLICTS.sampling(lambda: conflict_samples(states())),
+        ):
             async for folded in follower.batches(stop):
                 await _react(folded, failed, backoff)
+
+
+def agreement_samples(states: Iterable[State]) -> list[tuple[tuple[str, str, str], int]]:
+    """``svledger_storage_version_agreement``: 1 per StorageVersion, for its status."""
+    return [
+        ((sv.cluster, sv.name, sv.condition.status), 1)
+        for state in states
+        for sv in state.storage_versions.values()
+    ]
+
+
+def unreported_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
+    """``svledger_storage_version_unreported_apiservers``: members without an entry."""
+    return [
+        ((sv.cluster, sv.name), len(unreported(state, key, sv.entries)))
+        for state in states
+        for key, sv in state.storage_versions.items()
+    ]
+
+
+def conflict_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
+    """``svledger_storage_version_source_conflicts``: apiservers whose sources disagree."""
+    samples = []
+    for state in states:
+        for sv in state.storage_versions.values():
+            by_apiserver: dict[str, set[str]] = {}
+            for entry in sv.entries:
+                by_apiserver.setdefault(entry.apiserver_id, set()).add(entry.encoding_version)
+            conflicts = sum(1 for versions in by_apiserver.values() if len(versions) > 1)
+            samples.append(((sv.cluster, sv.name), conflicts))
+    return samples
 
 
 async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:

@@ -15,7 +15,13 @@ import dataclasses
 import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
+
+# Where a report was read (``StorageVersionReported.source``); None: the apiserver said it
+# itself (the embedded reporter). An apiserver holds an entry per source it was read from.
+SOURCE_DISCOVERY: Final = "discovery"  # the storageVersionHash in its own discovery
+SOURCE_STORAGE_VERSION: Final = "storageversion"  # its entry in a StorageVersion object
+SOURCES: Final = (SOURCE_DISCOVERY, SOURCE_STORAGE_VERSION)
 
 
 class Position(NamedTuple):
@@ -162,6 +168,7 @@ class StorageVersionReported:
     decodable_versions: tuple[str, ...]
     served_versions: tuple[str, ...]
     storage_version_hash: str | None = None
+    source: str | None = None  # SOURCES: where it was read; None: the apiserver itself
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,6 +177,8 @@ class StorageVersionWithdrawn:
     apiserver_id: str
     group: str
     resource: str
+    source: str | None = None  # the withdrawn entry's, as in StorageVersionReported
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -189,6 +189,24 @@ MIGRATIONS: Final = SampledGauge(
     "Migrations of each cluster by phase, in the migrator's fold of its partitions.",
     ["cluster", "phase"],
 )
+AGREEMENT: Final = SampledGauge(
+    "svledger_storage_version_agreement",
+    "Each StorageVersion's AllEncodingVersionsEqual condition in the migrator's fold: 1 for "
+    "its status (True, False, Unknown), by cluster and resource.",
+    ["cluster", "resource", "status"],
+)
+UNREPORTED_APISERVERS: Final = SampledGauge(
+    "svledger_storage_version_unreported_apiservers",
+    "Apiservers holding a live lease without an entry in a StorageVersion, in the "
+    "migrator's fold: above 0, agreement on the resource is unknown.",
+    ["cluster", "resource"],
+)
+SOURCE_CONFLICTS: Final = SampledGauge(
+    "svledger_storage_version_source_conflicts",
+    "Apiservers whose sources (discovery, StorageVersion object) name different encoding "
+    "versions of a resource, in the migrator's fold.",
+    ["cluster", "resource"],
+)
 REACTION_SECONDS: Final = Histogram(
     "svledger_reaction_seconds",
     "From the time of the event that made a resource's apiservers agree to the commit of "

@@ -41,6 +41,20 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   apiserver's report replaces its entry in place and a new apiserver's is appended;
   dropping an apiserver's entries keeps the others' order. The views keep the order
   in each entry row's ``ordinal``. Agreement does not depend on the order.
+* **Membership is complete or there is no agreement.** Every apiserver holding a lease
+  in the cluster must have an entry in a StorageVersion for its common encoding version
+  to be set: while one has none (it just joined and has not reported yet, or the
+  collector cannot read it: its entries were withdrawn), the condition is ``Unknown``
+  (reason ``CommonEncodingVersionUnknown``, naming it) and no migration starts or goes
+  on (:func:`agreement`). A heartbeat that adds a member and an end of a lease recompute
+  the agreement of every StorageVersion of the cluster; plain renewals touch none.
+  Upstream sets ``commonEncodingVersion`` from the entries present alone.
+* **An apiserver may be read from several sources** (``StorageVersionReported.source``:
+  its own discovery, its StorageVersion entry, or its own report): it holds one entry
+  per source, and the entries of every source must name one encoding version, so two
+  sources contradicting each other are a disagreement (the condition's message names
+  them). A withdrawal removes the entry of its source only; the end of a lease removes
+  all of the apiserver's.
 * ``current_storage_version_hash`` is the hash of the common encoding version and
   is null while the apiservers disagree or none reports the resource: the KEP
   defines it as the hash of *the* current storage version, and while servers
@@ -86,9 +100,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 from ledger.events import (
     ApiserverHeartbeat,
@@ -121,10 +135,12 @@ from projections.state import (
     MESSAGE_SET,
     MESSAGE_UNSET,
     REASON_SET,
+    REASON_UNKNOWN,
     REASON_UNSET,
     UNKNOWN_HASH,
     Changes,
     Condition,
+    ConditionStatus,
     Lease,
     LeaseKey,
     Migration,
@@ -233,6 +249,7 @@ def agreement(
     previous_common: str | None,
     previous_condition: Condition | None,
     now: datetime,
+    unreported: Collection[str] = (),
 ) -> tuple[str | None, Condition]:
     """The common encoding version and ``AllEncodingVersionsEqual`` condition of ``entries``.
 
@@ -240,27 +257,72 @@ def agreement(
     entry has the same encoding version; the condition's ``last_transition_time`` is
     ``now`` when there was no condition, when its status flips, or when the common
     version moves from one value to another, and is kept otherwise.
+
+    Beyond upstream: ``unreported`` are the apiservers that hold a live lease in the
+    cluster but have no entry, from any source. Agreement is then unknown, not true: the
+    common version is unset and the condition ``Unknown``
+    (:data:`~projections.state.REASON_UNKNOWN`), naming them, unless the entries
+    disagree already (``False``, upstream's). Upstream computes agreement over the
+    entries it has, so an apiserver that never wrote its entry (or whose entry the GC
+    removed) counts for nothing there; here every member must have said what it writes,
+    as an apiserver nobody asked may write anything. A message names an apiserver
+    whose sources name different versions (:data:`~ledger.events.SOURCES`).
     """
+    entries = tuple(entries)
     versions = {entry.encoding_version for entry in entries}
-    common = next(iter(versions)) if len(versions) == 1 else None
-    status: Literal["True", "False"] = "False" if common is None else "True"
-    reason, message = (REASON_UNSET, MESSAGE_UNSET) if common is None else (REASON_SET, MESSAGE_SET)
-    if previous_condition is None or transitions(previous_common, previous_condition, common):
+    common = next(iter(versions)) if len(versions) == 1 and not unreported else None
+    status: ConditionStatus
+    if len(versions) > 1:
+        status, reason, message = "False", REASON_UNSET, MESSAGE_UNSET + _conflicts(entries)
+    elif unreported:
+        status, reason = "Unknown", REASON_UNKNOWN
+        message = (
+            "Common encoding version unknown: no storage version reported by"
+            f" {', '.join(sorted(unreported))}, holding a live lease"
+        )
+    else:
+        status, reason, message = "True", REASON_SET, MESSAGE_SET
+    if previous_condition is None or transitions(
+        previous_common, previous_condition, common, status
+    ):
         transition = now
     else:
         transition = previous_condition.last_transition_time
     return common, Condition(CONDITION_TYPE, status, reason, message, transition)
 
 
+def _conflicts(entries: tuple[ServerStorageVersion, ...]) -> str:
+    """``: <apiserver>: discovery v1, storageversion v1beta1; ...`` for each apiserver
+    whose sources name different encoding versions; "" when there is none."""
+    by_apiserver: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        by_apiserver.setdefault(entry.apiserver_id, {})[entry.source] = entry.encoding_version
+    conflicts = [
+        f"{apiserver_id}: "
+        + ", ".join(f"{source or 'reported'} {version}" for source, version in sorted(by.items()))
+        for apiserver_id, by in by_apiserver.items()
+        if len(set(by.values())) > 1
+    ]
+    return f"; sources disagree: {'; '.join(conflicts)}" if conflicts else ""
+
+
 def transitions(
-    previous_common: str | None, previous: Condition | None, common: str | None
+    previous_common: str | None,
+    previous: Condition | None,
+    common: str | None,
+    status: ConditionStatus,
 ) -> bool:
     """Whether the condition transitions as the common version goes from
-    ``previous_common`` to ``common``: there was none, its status flips, or the common
-    version moves from one value to another."""
-    status = "False" if common is None else "True"
+    ``previous_common`` to ``common`` and its status to ``status``: there was none, its
+    status changes, or the common version moves from one value to another."""
     moved = previous_common is not None and common is not None and previous_common != common
     return previous is None or previous.status != status or moved
+
+
+def unreported(state: State, key: ResourceKey, entries: Iterable[ServerStorageVersion]) -> set[str]:
+    """The members of ``key``'s cluster (apiservers with a lease) without an entry in it."""
+    members = state.members_by_cluster.get(key[0], set())
+    return members - {entry.apiserver_id for entry in entries}
 
 
 def live_leases(state: State, cluster: str) -> list[Lease]:
@@ -324,7 +386,12 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         revision=revision,
         peer_advertise_address=event.peer_advertise_address,
     )
+    joins = lease.key not in state.leases
     _store(state.leases, lease.key, lease, changes.leases)
+    if joins:
+        # A new member: nothing it writes is known until it reports, resource by resource.
+        state.members_by_cluster.setdefault(cluster, set()).add(event.apiserver_id)
+        _refresh_agreement(state, cluster, event.meta.occurred_at, revision, changes)
 
 
 def _lease_ended(
@@ -366,13 +433,28 @@ def _lease_ended(
         )
         return
     _delete(state.leases, lease_key, changes.leases)
-    # StorageVersion GC: the apiserver's entries go with its lease.
-    for key in list(state.resources_by_apiserver.get(lease_key, ())):
+    _discard(state.members_by_cluster, cluster, event.apiserver_id)
+    # StorageVersion GC: the apiserver's entries go with its lease; and one member fewer
+    # may complete the membership of a resource it never reported.
+    _refresh_agreement(
+        state, cluster, event.meta.occurred_at, revision, changes, leaving=event.apiserver_id
+    )
+
+
+def _refresh_agreement(
+    state: State,
+    cluster: str,
+    now: datetime,
+    revision: str,
+    changes: Changes,
+    leaving: str | None = None,
+) -> None:
+    """Recompute every StorageVersion of ``cluster`` after its membership changed,
+    without the entries of ``leaving`` (an apiserver whose lease ended)."""
+    for key in sorted(state.resources_by_cluster.get(cluster, ())):
         storage_version = state.storage_versions[key]
-        entries = tuple(e for e in storage_version.entries if e.apiserver_id != event.apiserver_id)
-        _set_entries(
-            state, key, entries, storage_version.kind, event.meta.occurred_at, revision, changes
-        )
+        entries = tuple(e for e in storage_version.entries if e.apiserver_id != leaving)
+        _set_entries(state, key, entries, storage_version.kind, now, revision, changes)
 
 
 def _reported(state: State, event: StorageVersionReported, revision: str, changes: Changes) -> None:
@@ -405,11 +487,12 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
         encoding_version=event.encoding_version,
         decodable_versions=event.decodable_versions,
         served_versions=event.served_versions,
+        source=event.source or "",
     )
     previous = state.storage_versions.get(key)
     others = () if previous is None else previous.entries
-    if any(e.apiserver_id == event.apiserver_id for e in others):
-        entries = tuple(entry if e.apiserver_id == event.apiserver_id else e for e in others)
+    if any(e.key == entry.key for e in others):
+        entries = tuple(entry if e.key == entry.key else e for e in others)
     else:
         entries = (*others, entry)
     reported_hash = hash_of_stored(event.encoding_version, event.kind)
@@ -432,20 +515,20 @@ def _withdrawn(
     state: State, event: StorageVersionWithdrawn, revision: str, changes: Changes
 ) -> None:
     key: ResourceKey = (event.meta.cluster, event.group, event.resource)
+    entry_key = (event.apiserver_id, event.source or "")
     storage_version = state.storage_versions.get(key)
-    if storage_version is None or all(
-        entry.apiserver_id != event.apiserver_id for entry in storage_version.entries
-    ):
+    if storage_version is None or all(entry.key != entry_key for entry in storage_version.entries):
+        read = f" read from {event.source}" if event.source else ""
         _reject(
             changes,
             event,
             revision,
-            f"apiserver {event.apiserver_id!r} has no entry in StorageVersion"
+            f"apiserver {event.apiserver_id!r} has no entry{read} in StorageVersion"
             f" {resource_name(event.group, event.resource)!r} of cluster"
             f" {event.meta.cluster!r}; nothing to withdraw",
         )
         return
-    entries = tuple(e for e in storage_version.entries if e.apiserver_id != event.apiserver_id)
+    entries = tuple(e for e in storage_version.entries if e.key != entry_key)
     _set_entries(
         state, key, entries, storage_version.kind, event.meta.occurred_at, revision, changes
     )
@@ -474,6 +557,7 @@ def _set_entries(
             None if previous is None else previous.common_encoding_version,
             None if previous is None else previous.condition,
             now,
+            unreported(state, key, entries),
         )
         storage_version = StorageVersion(
             cluster=key[0],
@@ -486,8 +570,10 @@ def _set_entries(
             revision=revision,
         )
         _store(state.storage_versions, key, storage_version, changes.storage_versions)
+        state.resources_by_cluster.setdefault(key[0], set()).add(key)
     elif previous is not None:
         _delete(state.storage_versions, key, changes.storage_versions)
+        _discard(state.resources_by_cluster, key[0], key)
 
     before = set() if previous is None else {e.apiserver_id for e in previous.entries}
     after = {e.apiserver_id for e in entries}

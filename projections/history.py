@@ -6,12 +6,13 @@ counted, in ``lease_renewals``), so a resource's story is a query away:
 
 * the events about the resource itself (reports, withdrawals, resets), by subject;
 * the events of its migrations, by migration ID;
-* the releases and expiries of leases that removed one of its entries: an
-  apiserver's lease ending drops that apiserver's entry from every StorageVersion,
-  so such an event is about the resource although its subject is the apiserver.
-  Which lease ends removed an entry is decided by walking the resource's applied
-  events in log order (:func:`with_entry_removals`), not guessed from apiserver
-  names alone.
+* the lease events that moved its StorageVersion while it had one: a member joining
+  (its first heartbeat: agreement is unknown until it reports) and a lease ending (it
+  drops that apiserver's entries from every StorageVersion, and one member fewer may
+  complete the membership of a resource it never reported). Their subject is the
+  apiserver, not the resource. Which of them moved the resource is decided by walking
+  the resource's applied events and the cluster's lease events in log order
+  (:func:`with_membership`), not guessed from apiserver names alone.
 
 The SQL (:func:`history`, :func:`gather`) is kept apart from the words
 (:func:`format_history`, :func:`explanation`) and from name resolution
@@ -36,6 +37,7 @@ from sqlalchemy import Connection, select, union
 
 from ledger.errors import UsageError
 from ledger.events import (
+    ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
     MigrationRequested,
@@ -66,6 +68,7 @@ from projections.state import (
 )
 from projections.store import history_starts, load_state
 
+HEARTBEAT: Final = ApiserverHeartbeat.__name__
 REPORTED: Final = StorageVersionReported.__name__
 WITHDRAWN: Final = StorageVersionWithdrawn.__name__
 RESET: Final = StorageStateReset.__name__
@@ -128,6 +131,10 @@ class Facts:
     # The StorageVersion as the history begins, where it begins at a fold snapshot (a
     # replay started from one); None where it begins with the log, or had none then.
     start: StorageVersion | None = None
+    # The cluster's applied joins and lease ends, in log order, all of them (``history``
+    # holds those that moved the resource), and its members as the history begins.
+    membership: tuple[HistoryEntry, ...] = ()
+    members_at_start: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------- resolution
@@ -194,32 +201,36 @@ def history(
 ) -> list[HistoryEntry]:
     """The events that touched ``resource``, in log order (see the module docstring)."""
     key = resolve(resource, cluster, known_resources(connection))
-    return _history(connection, key, _start(connection, key))
+    start, members = _start(connection, key)
+    return _history(connection, key, start, members)[0]
 
 
-def _start(connection: Connection, key: ResourceKey) -> StorageVersion | None:
-    """``key``'s StorageVersion in the fold snapshot its history begins at, if any: only
-    its cluster's partition's snapshot is read (a cluster's events are in one)."""
+def _start(
+    connection: Connection, key: ResourceKey
+) -> tuple[StorageVersion | None, frozenset[str]]:
+    """``key``'s StorageVersion and its cluster's members (apiservers with a lease) in the
+    fold snapshot its history begins at, if any: only its cluster's partition's snapshot
+    is read (a cluster's events are in one)."""
     events = ledger_events.c
     partition = connection.scalar(
         select(events.log_partition).where(events.cluster == key[0]).limit(1)
     )
     if partition is None:
-        return None
-    return next(
-        (
-            storage_version
-            for rows in history_starts(connection, partition)
-            for storage_version in rows[1]
-            if storage_version.key == key
-        ),
-        None,
-    )
+        return None, frozenset()
+    for rows in history_starts(connection, partition):
+        members = frozenset(lease.apiserver_id for lease in rows[0] if lease.cluster == key[0])
+        found = (storage_version for storage_version in rows[1] if storage_version.key == key)
+        return next(found, None), members
+    return None, frozenset()
 
 
 def _history(
-    connection: Connection, key: ResourceKey, start: StorageVersion | None
-) -> list[HistoryEntry]:
+    connection: Connection,
+    key: ResourceKey,
+    start: StorageVersion | None,
+    members: frozenset[str],
+) -> tuple[list[HistoryEntry], list[HistoryEntry]]:
+    """The resource's history, and its cluster's applied joins and lease ends."""
     cluster, group, resource = key
     own = _entries(
         connection,
@@ -253,51 +264,72 @@ def _history(
         )
     )
     migrations = _entries(connection, cluster, _MIGRATION_EVENTS, migration_ids)
-    holders = () if start is None else tuple(entry.apiserver_id for entry in start.entries)
-    reporters = sorted(
-        {entry.payload["apiserver_id"] for entry in own if entry.event_type == REPORTED}
-        | set(holders)
-    )
-    lease_ends = _entries(connection, cluster, _LEASE_ENDS, reporters)
-    return sorted(
-        [*with_entry_removals(own, lease_ends, holders), *migrations],
-        key=lambda entry: entry.position,
-    )
+    holders = () if start is None else tuple(entry.key for entry in start.entries)
+    lease_events = [
+        entry
+        for entry in _cluster_entries(connection, cluster, (HEARTBEAT, *_LEASE_ENDS))
+        if entry.applied
+    ]
+    kept, membership = with_membership(own, lease_events, holders, members)
+    return sorted([*kept, *migrations], key=lambda entry: entry.position), membership
 
 
-def with_entry_removals(
+def with_membership(
     resource_events: Iterable[HistoryEntry],
-    lease_ends: Iterable[HistoryEntry],
-    holders_at_start: Iterable[str] = (),
-) -> list[HistoryEntry]:
-    """A resource's own events plus the lease ends that removed one of its entries.
+    lease_events: Iterable[HistoryEntry],
+    holders_at_start: Iterable[tuple[str, str]] = (),
+    members_at_start: Iterable[str] = (),
+) -> tuple[list[HistoryEntry], list[HistoryEntry]]:
+    """A resource's own events plus the lease events that moved its StorageVersion, and
+    the cluster's joins and lease ends (every applied one, in log order).
 
-    Walks both in log order, tracking which apiservers hold an entry (from
-    ``holders_at_start``, those of a history that begins at a fold snapshot): an
-    applied report adds one, an applied withdrawal or lease end removes it. A lease
-    end is kept only if its apiserver held an entry at that point.
+    Walks both in log order, tracking the cluster's members (from ``members_at_start``:
+    a heartbeat of an apiserver that holds no lease adds one, an applied lease end
+    removes it) and the resource's entries by (apiserver, source) (from
+    ``holders_at_start``, those of a history that begins at a fold snapshot: an applied
+    report adds one, an applied withdrawal removes its source's, a lease end all of its
+    apiserver's). A join or a lease end is kept while the resource has an entry: it
+    moved the resource's agreement (:func:`projections.fold.agreement`).
     """
     holders = set(holders_at_start)
+    members = set(members_at_start)
     kept: list[HistoryEntry] = []
-    for entry in sorted([*resource_events, *lease_ends], key=lambda e: e.position):
+    membership: list[HistoryEntry] = []
+    for entry in sorted([*resource_events, *lease_events], key=lambda e: e.position):
         apiserver: str = entry.payload.get("apiserver_id", "")
-        if entry.event_type in _LEASE_ENDS:
-            if entry.applied and apiserver in holders:
-                holders.discard(apiserver)
-                kept.append(entry)
+        source: str = entry.payload.get("source") or ""
+        if entry.event_type in (HEARTBEAT, *_LEASE_ENDS):
+            joins = entry.event_type == HEARTBEAT
+            if entry.applied and (apiserver in members) != joins:
+                (members.add if joins else members.discard)(apiserver)
+                membership.append(entry)
+                if holders:
+                    kept.append(entry)
+                holders = {held for held in holders if joins or held[0] != apiserver}
             continue
         if entry.applied and entry.event_type == REPORTED:
-            holders.add(apiserver)
+            holders.add((apiserver, source))
         elif entry.applied and entry.event_type == WITHDRAWN:
-            holders.discard(apiserver)
+            holders.discard((apiserver, source))
         kept.append(entry)
-    return kept
+    return kept, membership
+
+
+def _cluster_entries(
+    connection: Connection, cluster: str, event_types: Sequence[str]
+) -> list[HistoryEntry]:
+    """Every event of ``event_types`` in ``cluster``, whatever its subject."""
+    return _entries(connection, cluster, event_types, None)
 
 
 def _entries(
-    connection: Connection, cluster: str, event_types: Sequence[str], subjects: Sequence[str]
+    connection: Connection,
+    cluster: str,
+    event_types: Sequence[str],
+    subjects: Sequence[str] | None,
 ) -> list[HistoryEntry]:
-    if not subjects:
+    """The events of ``event_types`` about ``subjects`` (None: any) in ``cluster``."""
+    if subjects is not None and not subjects:
         return []
     events, rejected = ledger_events, rejected_events
     query = (
@@ -318,12 +350,10 @@ def _entries(
             & (rejected.c.log_partition == events.c.log_partition)
             & (rejected.c.log_offset == events.c.log_offset),
         )
-        .where(
-            events.c.cluster == cluster,
-            events.c.subject.in_(subjects),
-            events.c.event_type.in_(event_types),
-        )
+        .where(events.c.cluster == cluster, events.c.event_type.in_(event_types))
     )
+    if subjects is not None:
+        query = query.where(events.c.subject.in_(subjects))
     return [
         HistoryEntry(
             position=Position(row.log_partition, row.log_offset),
@@ -364,12 +394,20 @@ def describe(entry: HistoryEntry) -> str:
     p = entry.payload
     event_type = entry.event_type
     if event_type == REPORTED:
+        read = f", read from {p['source']}" if p.get("source") else ""
         return (
             f"{p['apiserver_id']} encodes in {p['encoding_version']}"
-            f" (decodes {', '.join(p['decodable_versions'])})"
+            f" (decodes {', '.join(p['decodable_versions'])}{read})"
         )
     if event_type == WITHDRAWN:
-        return f"{p['apiserver_id']} withdrew its entry"
+        read = f" read from {p['source']}" if p.get("source") else ""
+        why = f": {p['reason']}" if p.get("reason") else ""
+        return f"{p['apiserver_id']}'s entry{read} withdrawn{why}"
+    if event_type == HEARTBEAT:
+        return (
+            f"{p['apiserver_id']} joined (holder {p['holder_identity']}): agreement is unknown"
+            " until it reports"
+        )
     if event_type == RESET:
         return f"persisted hashes reset to [{UNKNOWN_HASH}]: {p['reason']}"
     if event_type == RELEASED:
@@ -399,8 +437,8 @@ def explain(connection: Connection, resource: str, cluster: str | None = None) -
 
 def gather(connection: Connection, key: ResourceKey) -> Facts:
     state = load_state(connection, key)
-    start = _start(connection, key)
-    history = _history(connection, key, start)
+    start, members = _start(connection, key)
+    history, membership = _history(connection, key, start, members)
     return Facts(
         key=key,
         storage_version=state.storage_versions.get(key),
@@ -408,6 +446,8 @@ def gather(connection: Connection, key: ResourceKey) -> Facts:
         migrations=in_request_order(state.migrations.values(), history),
         history=tuple(history),
         start=start,
+        membership=tuple(membership),
+        members_at_start=members,
     )
 
 
@@ -479,10 +519,16 @@ def _agreement_lines(facts: Facts) -> list[str]:
     ]
     for entry in storage_version.entries:
         report = next(
-            (r for r in reversed(reports) if r.payload["apiserver_id"] == entry.apiserver_id), None
+            (
+                r
+                for r in reversed(reports)
+                if (r.payload["apiserver_id"], r.payload.get("source") or "") == entry.key
+            ),
+            None,
         )
+        read = f" (read from {entry.source})" if entry.source else ""
         lines.append(
-            f"  - {entry.apiserver_id} encodes in {entry.encoding_version}, decodes"
+            f"  - {entry.apiserver_id}{read} encodes in {entry.encoding_version}, decodes"
             f" {', '.join(entry.decodable_versions)}; last reported by {_cite(report)}"
         )
     condition = storage_version.condition
@@ -494,6 +540,13 @@ def _agreement_lines(facts: Facts) -> list[str]:
     common = storage_version.common_encoding_version
     if common is not None:
         lines.append(f"They agree: the common encoding version is {common}; {since}")
+    elif condition.status == "Unknown":
+        lines.append(
+            "Agreement is unknown: an apiserver holding a live lease has said nothing about"
+            " this resource, so it may write any version; no migration starts or goes on"
+            f" until it reports or its lease ends; {since}"
+        )
+        lines += _unreported_lines(facts)
     else:
         by_version: dict[str, list[str]] = {}
         for entry in storage_version.entries:
@@ -505,28 +558,76 @@ def _agreement_lines(facts: Facts) -> list[str]:
     return lines
 
 
+def _unreported_lines(facts: Facts) -> list[str]:
+    """Why each member without an entry has none: when it joined, and the withdrawal
+    (with its reason) that took its last entry, if one did."""
+    storage_version = facts.storage_version
+    assert storage_version is not None
+    members: dict[str, HistoryEntry | None] = dict.fromkeys(facts.members_at_start)
+    for entry in facts.membership:
+        apiserver = entry.payload["apiserver_id"]
+        if entry.event_type == HEARTBEAT:
+            members[apiserver] = entry
+        else:
+            members.pop(apiserver, None)
+    reporting = {entry.apiserver_id for entry in storage_version.entries}
+    lines = []
+    for apiserver, joined in sorted(members.items()):
+        if apiserver in reporting:
+            continue
+        withdrawn = next(
+            (
+                e
+                for e in reversed(_applied(facts, WITHDRAWN))
+                if e.payload["apiserver_id"] == apiserver
+            ),
+            None,
+        )
+        peer = None if joined is None else joined.payload.get("peer_advertise_address")
+        address = f"its lease names peer address {peer}" if peer else "its lease names no address"
+        line = f"  - {apiserver} joined at {_cite(joined)} ({address}) and has no entry"
+        if withdrawn is not None:
+            reason = withdrawn.payload.get("reason")
+            line += f"; its last was withdrawn at {_cite(withdrawn)}" + (
+                f": {reason}" if reason else ""
+            )
+        lines.append(line)
+    return lines
+
+
 def transition_cause(facts: Facts) -> HistoryEntry | None:
     """The event whose fold last moved the condition: found by folding agreement along
     the history, as the fold does (:func:`projections.fold.transitions`), not by the
     transition's time, which several events may share."""
     start = facts.start
-    encodings = {} if start is None else {e.apiserver_id: e.encoding_version for e in start.entries}
+    encodings = {} if start is None else {e.key: e.encoding_version for e in start.entries}
+    members = set(facts.members_at_start)
     common = None if start is None else start.common_encoding_version
     condition = None if start is None else start.condition
     cause = None
-    for entry in _applied(facts, REPORTED, WITHDRAWN, *_LEASE_ENDS):
+    walk = sorted(
+        [*_applied(facts, REPORTED, WITHDRAWN), *facts.membership], key=lambda e: e.position
+    )
+    for entry in walk:
         apiserver = entry.payload["apiserver_id"]
+        source = entry.payload.get("source") or ""
         if entry.event_type == REPORTED:
-            encodings[apiserver] = entry.payload["encoding_version"]
-        elif encodings.pop(apiserver, None) is None:
-            continue  # it held no entry
-        if not encodings:  # the StorageVersion is deleted with its last entry
+            encodings[apiserver, source] = entry.payload["encoding_version"]
+        elif entry.event_type == WITHDRAWN:
+            encodings.pop((apiserver, source), None)
+        elif entry.event_type == HEARTBEAT:
+            members.add(apiserver)
+        else:
+            members.discard(apiserver)
+            encodings = {key: v for key, v in encodings.items() if key[0] != apiserver}
+        if not encodings:  # no StorageVersion: deleted with its last entry, or none yet
             common = condition = None
             continue
         previous_common, previous = common, condition
-        entries = [ServerStorageVersion(a, v, (), ()) for a, v in encodings.items()]
-        common, condition = agreement(entries, common, condition, entry.occurred_at)
-        if transitions(previous_common, previous, common):
+        entries = [ServerStorageVersion(a, v, (), (), src) for (a, src), v in encodings.items()]
+        unreported = members - {a for a, _ in encodings}
+        common, condition = agreement(entries, common, condition, entry.occurred_at, unreported)
+        if transitions(previous_common, previous, common, condition.status):
             cause = entry
     return cause
 

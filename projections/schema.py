@@ -137,7 +137,7 @@ storage_versions: Final = Table(
     Column("condition_last_transition_time", UTCDateTime, nullable=False),
     Column("revision", String, nullable=False),
     PrimaryKeyConstraint("cluster", "api_group", "resource"),
-    _one_of("condition_status", ("True", "False"), "condition_status"),
+    _one_of("condition_status", ("True", "False", "Unknown"), "condition_status"),
     Index(None, "cluster", "name", unique=True),
 )
 
@@ -153,7 +153,9 @@ server_storage_versions: Final = Table(
     Column("served_versions", JSONDocument, nullable=False),
     # The entry's place in status.storageVersions: upstream's order (projections.fold).
     Column("ordinal", Integer, nullable=False),
-    PrimaryKeyConstraint("cluster", "api_group", "resource", "apiserver_id"),
+    # Where it was read (StorageVersionReported.source); "" for the apiserver's own report.
+    Column("source", String, nullable=False, server_default=""),
+    PrimaryKeyConstraint("cluster", "api_group", "resource", "apiserver_id", "source"),
     ForeignKeyConstraint(
         ["cluster", "api_group", "resource"],
         [storage_versions.c.cluster, storage_versions.c.api_group, storage_versions.c.resource],

@@ -27,6 +27,11 @@ REASON_SET: Final = "CommonEncodingVersionSet"
 REASON_UNSET: Final = "CommonEncodingVersionUnset"
 MESSAGE_SET: Final = "Common encoding version set"
 MESSAGE_UNSET: Final = "Common encoding version unset"
+# Not upstream's: an apiserver holding a live lease has not reported the resource (from
+# any source), so no one knows what it writes (projections.fold).
+REASON_UNKNOWN: Final = "CommonEncodingVersionUnknown"
+
+ConditionStatus: TypeAlias = Literal["True", "False", "Unknown"]
 
 Phase: TypeAlias = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 ACTIVE_PHASES: Final[frozenset[str]] = frozenset({"Pending", "Running"})
@@ -112,19 +117,26 @@ def lease_expired(renew_time: datetime | None, duration_seconds: int | None, now
 @_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerStorageVersion:
-    """One apiserver's report for one resource (``status.storageVersions[]``)."""
+    """One apiserver's report for one resource (``status.storageVersions[]``), as read from
+    one source (``StorageVersionReported.source``; "" for the apiserver's own report)."""
 
     apiserver_id: str
     encoding_version: str
     decodable_versions: tuple[str, ...]
     served_versions: tuple[str, ...]
+    # Last, with a default: rows pickled before it existed (fold snapshots) load as "".
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.apiserver_id, self.source)
 
 
 @_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
 class Condition:
     type: str
-    status: Literal["True", "False"]
+    status: ConditionStatus
     reason: str
     message: str
     last_transition_time: datetime
@@ -322,10 +334,13 @@ def seen_by_cluster(rows: Iterable[SeenEvent]) -> dict[str, SeenEvents]:
 @dataclasses.dataclass
 class State:
     """Every view's rows, the event IDs a repeated event is found by (``seen``), and
-    three indexes derived from the rows (not views, not stored).
+    indexes derived from the rows (not views, not stored).
 
-    The indexes keep the fold's work per event proportional to the resource it
-    touches: ``resources_by_apiserver`` finds the StorageVersions holding an entry of
+    The indexes keep the fold's work per event proportional to what it touches:
+    ``members_by_cluster`` holds the apiserver IDs with a lease in each cluster (every
+    one must report a resource for agreement), ``resources_by_cluster`` the
+    StorageVersions of each cluster (a member joining or leaving moves the agreement of
+    each), ``resources_by_apiserver`` finds the StorageVersions holding an entry of
     an apiserver whose lease ends, ``active_migrations_by_resource`` the Pending or
     Running migrations of a resource, ``inactive_migrations_by_resource`` its other ones
     (Succeeded, Failed, Cancelled). They are built from the rows given to the
@@ -348,12 +363,25 @@ class State:
     inactive_migrations_by_resource: dict[ResourceKey, set[MigrationKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    members_by_cluster: dict[str, set[str]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    resources_by_cluster: dict[str, set[ResourceKey]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         by_apiserver: dict[LeaseKey, set[ResourceKey]] = {}
+        by_cluster: dict[str, set[ResourceKey]] = {}
         for key, storage_version in self.storage_versions.items():
+            by_cluster.setdefault(key[0], set()).add(key)
             for entry in storage_version.entries:
                 by_apiserver.setdefault((key[0], entry.apiserver_id), set()).add(key)
+        members: dict[str, set[str]] = {}
+        for cluster, apiserver_id in self.leases:
+            members.setdefault(cluster, set()).add(apiserver_id)
+        self.members_by_cluster = members
+        self.resources_by_cluster = by_cluster
         active: dict[ResourceKey, set[MigrationKey]] = {}
         inactive: dict[ResourceKey, set[MigrationKey]] = {}
         for migration_key, migration in self.migrations.items():

@@ -431,6 +431,7 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
                     encoding_version=row["encoding_version"],
                     decodable_versions=tuple(row["decodable_versions"]),
                     served_versions=tuple(row["served_versions"]),
+                    source=row["source"],
                 ),
             )
         )
@@ -651,6 +652,7 @@ def _entry_row(
         json_text(entry.decodable_versions),
         json_text(entry.served_versions),
         ordinal,
+        entry.source,
     )
 
 

@@ -249,6 +249,19 @@ def _first_entries(entries: Sequence[ServerStorageVersion], shown: int = 3) -> s
     return text or "<unset>"
 
 
+def per_apiserver(entries: Sequence[ServerStorageVersion]) -> list[ServerStorageVersion]:
+    """One entry per apiserver, the first of its sources in the entries' order: upstream's
+    ``storageVersions`` is a list map keyed by ``apiServerID``. Where an apiserver's
+    sources disagree the condition's message names them (:func:`projections.fold.agreement`)."""
+    seen: set[str] = set()
+    shown = []
+    for entry in entries:
+        if entry.apiserver_id not in seen:
+            seen.add(entry.apiserver_id)
+            shown.append(entry)
+    return shown
+
+
 def _storage_version_body(row: StorageVersion, view: View) -> JSON:
     """Upstream's ``StorageVersionStatus``, its fields in upstream's order and its empty
     ones (``servedVersions`` of an apiserver that reports none) left out, as upstream's
@@ -264,7 +277,7 @@ def _storage_version_body(row: StorageVersion, view: View) -> JSON:
                     {"servedVersions": list(entry.served_versions)} if entry.served_versions else {}
                 ),
             }
-            for entry in row.entries
+            for entry in per_apiserver(row.entries)
         ],
     }
     if row.common_encoding_version is not None:
@@ -315,10 +328,10 @@ STORAGE_VERSIONS: Final = Kind(
     cells=lambda row, view: [
         row.name,
         row.common_encoding_version or "<unset>",
-        _first_entries(row.entries),
+        _first_entries(per_apiserver(row.entries)),
         _age("StorageVersion", row, view),
         row.condition.status,
-        len(row.entries),
+        len(per_apiserver(row.entries)),
     ],
 )
 

@@ -4,7 +4,8 @@ On one time axis (UTC, tick labels at round times, the date wherever it changes)
 
 * the agreement row: a band where the apiservers agree (the StorageVersion's common
   encoding version is set), labelled with that version, and a pale band where they
-  disagree; nothing where no apiserver reports on the resource;
+  disagree; nothing where no apiserver reports on the resource, nor where agreement is
+  unknown (an apiserver holding a live lease has not reported it);
 * one row per apiserver that reported on the resource, labelled with its hostname:
   bars coloured by the version it encodes and, under them, its lease: a line while it
   is held, a dot where the apiserver joined (its first heartbeat, or the first under a
@@ -182,7 +183,8 @@ def timeline(
             _versions(apiservers, storage_version, cause)
             common = storage_version.common_encoding_version if storage_version else None
             _window(agreement, common, cause)
-            differ = storage_version is not None and common is None
+            # Unknown agreement (a member has not reported) is neither band: a gap.
+            differ = storage_version is not None and storage_version.condition.status == "False"
             _window(disagreement, DISAGREE if differ else None, cause)
         for migration_key in changes.migrations:
             migration = state.migrations.get(migration_key)

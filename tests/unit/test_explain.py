@@ -39,7 +39,7 @@ from projections.history import (
     hash_origins,
     in_request_order,
     resolve,
-    with_entry_removals,
+    with_membership,
 )
 from projections.state import ResourceKey, State
 from tests.histories import storage_version_hash
@@ -71,6 +71,9 @@ def entry(event: Event, position: Position, rejection: str | None) -> HistoryEnt
         payload=payload,
         rejection=rejection,
     )
+
+
+LEASE_EVENTS = ("ApiserverHeartbeat", "ApiserverLeaseReleased", "ApiserverLeaseExpired")
 
 
 class Scenario:
@@ -106,11 +109,10 @@ class Scenario:
         )  # fmt: skip
 
     def facts(self) -> Facts:
-        """What ``gather`` would read: heartbeats are not part of a resource's history."""
-        own = [e for e in self.entries if e.event_type != "ApiserverHeartbeat"]
-        history = with_entry_removals(
-            [e for e in own if "Lease" not in e.event_type],
-            [e for e in own if "Lease" in e.event_type],
+        """What ``gather`` would read: the resource's events and the cluster's lease events."""
+        lease_events = [e for e in self.entries if e.event_type in LEASE_EVENTS and e.applied]
+        history, membership = with_membership(
+            [e for e in self.entries if e.event_type not in LEASE_EVENTS], lease_events
         )
         return Facts(
             key=KEY,
@@ -120,6 +122,7 @@ class Scenario:
                 (m for m in self.state.migrations.values() if m.resource_key == KEY), history
             ),
             history=tuple(history),
+            membership=tuple(membership),
         )
 
 
@@ -366,14 +369,22 @@ def test_a_history_that_begins_at_a_fold_snapshot_starts_from_its_entries() -> N
     expired = s.add(
         ApiserverLeaseExpired(s.meta("lease-gc"), "b", START + timedelta(minutes=2), 3600)
     )
-    after = [e for e in s.entries[begins:] if e.event_type != "ApiserverHeartbeat"]
-    history = with_entry_removals(
-        [e for e in after if "Lease" not in e.event_type],
-        [e for e in after if "Lease" in e.event_type],
-        [entry.apiserver_id for entry in start.entries],
+    after = s.entries[begins:]
+    history, membership = with_membership(
+        [e for e in after if e.event_type not in LEASE_EVENTS],
+        [e for e in after if e.event_type in LEASE_EVENTS],
+        [entry.key for entry in start.entries],
+        {"a", "b"},
     )
     facts = Facts(
-        KEY, s.state.storage_versions[KEY], s.state.storage_states[KEY], (), tuple(history), start
+        KEY,
+        s.state.storage_versions[KEY],
+        s.state.storage_states[KEY],
+        (),
+        tuple(history),
+        start,
+        tuple(membership),
+        frozenset({"a", "b"}),
     )
     assert expired in {e.position for e in history}
     text = explanation(facts)

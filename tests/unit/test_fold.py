@@ -47,7 +47,7 @@ from tests.histories import storage_version_hash
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 PODS = ("", "pods", "Pod")
 DEPLOYMENTS = ("apps", "deployments", "Deployment")
-Status: TypeAlias = tuple[Literal["True", "False"], str, str]
+Status: TypeAlias = tuple[Literal["True", "False", "Unknown"], str, str]
 SET: Status = ("True", "CommonEncodingVersionSet", "Common encoding version set")
 UNSET: Status = ("False", "CommonEncodingVersionUnset", "Common encoding version unset")
 
@@ -99,17 +99,30 @@ class Log:
         decodable: tuple[str, ...] = ("v1", "v2"),
         served: tuple[str, ...] = ("v1",),
         resource: tuple[str, str, str] = PODS,
+        source: str | None = None,
     ) -> Changes:
         group, name, kind = resource
         return self.append(
             StorageVersionReported(
-                self.meta(apiserver), apiserver, group, name, kind, encoding, decodable, served
+                self.meta(apiserver),
+                apiserver,
+                group,
+                name,
+                kind,
+                encoding,
+                decodable,
+                served,
+                source=source,
             )
         )
 
-    def withdraw(self, apiserver: str, resource: tuple[str, str, str] = PODS) -> Changes:
+    def withdraw(
+        self, apiserver: str, resource: tuple[str, str, str] = PODS, source: str | None = None
+    ) -> Changes:
         return self.append(
-            StorageVersionWithdrawn(self.meta(apiserver), apiserver, resource[0], resource[1])
+            StorageVersionWithdrawn(
+                self.meta(apiserver), apiserver, resource[0], resource[1], source
+            )
         )
 
     def release(self, apiserver: str, holder: str | None = None) -> Changes:
@@ -213,10 +226,11 @@ def test_first_entry_sets_the_common_version_and_the_condition() -> None:
 
 
 def test_new_entry_with_another_encoding_version_clears_common_version() -> None:
-    log = joined("1", "2", "3")
+    log = joined("1", "2")
     log.report("1", "v1")
     log.report("2", "v1")
     assert log.storage_version().common_encoding_version == "v1"
+    log.heartbeat("3")
 
     log.report("3", "v2")
 
@@ -228,9 +242,12 @@ def test_new_entry_with_another_encoding_version_clears_common_version() -> None
 
 
 def test_new_entry_with_extra_decodable_versions_keeps_common_version() -> None:
+    # Upstream's case adds apiserver 4's entry to agreeing ones; here 4 is a member from
+    # the start (agreement waits for its report) and its new entry replaces its first.
     log = joined("1", "2", "4")
     log.report("1", "v1")
     log.report("2", "v1", served=("v1", "v2"))
+    log.report("4", "v1")
     agreed_at = log.storage_version().condition.last_transition_time
 
     log.report("4", "v1", decodable=("v1", "v2", "v4"), served=("v1", "v2"))
@@ -332,30 +349,34 @@ def test_lease_ended_removes_its_entries_and_recomputes_agreement(end: str) -> N
     assert changes.rejections == []
 
 
-def test_expiry_for_an_apiserver_without_entries_changes_no_storage_version() -> None:
+def test_expiry_for_an_apiserver_without_entries_completes_the_membership() -> None:
     log = joined("1", "2")
     log.report("1", "v1")
-    before = dict(log.state.storage_versions), dict(log.state.storage_states)
+    assert log.storage_version().condition.status == "Unknown"
 
     changes = log.expire("2")
 
     assert ("east", "2") not in log.state.leases
-    assert (dict(log.state.storage_versions), dict(log.state.storage_states)) == before
-    assert changes == Changes(leases={("east", "2")})
+    assert encodings(log.storage_version()) == {"1": "v1"}
+    assert log.storage_version().condition == condition(SET, log.now)
+    assert log.storage_state().current_storage_version_hash == pods_hash("v1")
+    key = ("east", "", "pods")
+    assert changes == Changes(leases={("east", "2")}, storage_versions={key}, storage_states={key})
 
 
 def test_last_entry_removed_deletes_the_storage_version_but_not_its_storage_state() -> None:
     log = joined("1", "2")
     log.report("1", "v1")
     log.report("2", "v1")
-    log.withdraw("1")
+    log.withdraw("1")  # 1 holds a lease and no entry: agreement is unknown from here
+    unknown_since = log.revision
 
     changes = log.expire("2")
 
     assert not log.has_storage_version()
     assert ("east", "", "pods") in changes.storage_versions
     assert log.storage_state() == StorageState(
-        "east", "", "pods", ("Unknown", pods_hash("v1")), None, log.revision
+        "east", "", "pods", ("Unknown", pods_hash("v1")), None, unknown_since
     )
     assert log.state.resources_by_apiserver == {}
 
@@ -622,9 +643,109 @@ def test_withdrawal_removes_one_entry() -> None:
     log.withdraw("2")
 
     assert encodings(log.storage_version()) == {"1": "v1"}
-    assert log.storage_version().condition == condition(SET, log.now)
+    # 2 still holds a lease: what it writes is unknown until its lease ends.
+    assert log.storage_version().condition.status == "Unknown"
+    assert log.storage_version().common_encoding_version is None
     assert encodings(log.storage_version(DEPLOYMENTS)) == {"2": "v2"}
     assert log.withdraw("2").rejections
+    log.release("2")
+    assert log.storage_version().condition == condition(SET, log.now)
+
+
+# --- membership: every live apiserver must have reported ------------------------------
+
+
+UNKNOWN_REASON = "CommonEncodingVersionUnknown"
+
+
+def test_a_member_that_has_not_reported_leaves_agreement_unknown() -> None:
+    log = joined("1", "2")
+
+    log.report("1", "v1")
+
+    storage_version = log.storage_version()
+    assert storage_version.common_encoding_version is None
+    assert storage_version.condition.status == "Unknown"
+    assert storage_version.condition.reason == UNKNOWN_REASON
+    assert "2" in storage_version.condition.message
+    assert log.storage_state().current_storage_version_hash is None
+    log.report("2", "v1")
+    assert log.storage_version().condition == condition(SET, log.now)
+
+
+def test_a_joining_member_makes_every_resource_of_its_cluster_unknown_until_it_reports() -> None:
+    log = joined("1")
+    log.report("1", "v1")
+    log.report("1", "v1", resource=DEPLOYMENTS)
+    other = Log(log.state, cluster="west", partition=1)
+    other.heartbeat("9")
+    other.report("9", "v1")
+
+    changes = log.heartbeat("2")
+
+    assert changes.storage_versions == {("east", "", "pods"), ("east", "apps", "deployments")}
+    for resource in (PODS, DEPLOYMENTS):
+        assert log.storage_version(resource).condition.status == "Unknown"
+        assert log.storage_version(resource).revision == log.revision
+    assert other.storage_version().condition.status == "True"  # clusters never meet
+    log.report("2", "v1")
+    assert log.storage_version().condition == condition(SET, log.now)
+    assert log.storage_version(DEPLOYMENTS).condition.status == "Unknown"
+    assert not log.heartbeat("2").storage_versions  # a renewal is no join
+
+
+def test_a_success_requested_before_a_member_joined_is_stale() -> None:
+    log = joined("1")
+    log.report("1", "v1")
+    log.request("m", "v1", log.revision)
+    log.step(MigrationStarted, "m")
+    log.heartbeat("2")
+    log.report("2", "v1")  # the same version: but it may have written anything before
+
+    changes = log.step(MigrationSucceeded, "m", 3)
+
+    assert log.storage_state().persisted_storage_version_hashes == ("Unknown", pods_hash("v1"))
+    assert changes.rejections[0].reason.startswith("stale success")
+
+
+def test_sources_of_one_apiserver_are_entries_of_their_own_and_must_agree() -> None:
+    log = joined("1")
+    log.report("1", "v1", source="discovery")
+    log.report("1", "v1", source="storageversion")
+    assert [e.key for e in log.storage_version().entries] == [
+        ("1", "discovery"),
+        ("1", "storageversion"),
+    ]
+    assert log.storage_version().condition == condition(SET, log.now - timedelta(seconds=1))
+
+    log.report("1", "v2", source="discovery")
+
+    storage_version = log.storage_version()
+    assert storage_version.common_encoding_version is None
+    assert storage_version.condition.status == "False"
+    assert storage_version.condition.message == (
+        "Common encoding version unset; sources disagree: 1: discovery v2, storageversion v1"
+    )
+    log.withdraw("1", source="storageversion")
+    assert log.storage_version().common_encoding_version == "v2"
+    assert log.withdraw("1", source="storageversion").rejections  # that entry is gone
+    assert log.withdraw("1").rejections  # and it never reported itself
+
+
+def test_the_end_of_a_lease_drops_every_source_of_its_apiserver() -> None:
+    log = joined("1", "2")
+    log.report("1", "v1", source="discovery")
+    log.report("1", "v1", source="storageversion")
+    log.report("2", "v2", source="discovery")
+
+    log.expire("2")
+
+    assert [e.key for e in log.storage_version().entries] == [
+        ("1", "discovery"),
+        ("1", "storageversion"),
+    ]
+    assert log.storage_version().common_encoding_version == "v1"
+    assert log.state.resources_by_apiserver == {("east", "1"): {("east", "", "pods")}}
 
 
 def test_entries_keep_upstreams_order() -> None:

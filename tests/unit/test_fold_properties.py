@@ -140,18 +140,24 @@ def assert_storage_versions_consistent(state: State) -> None:
         cluster = key[0]
         ids = [entry.apiserver_id for entry in storage_version.entries]
         assert ids, "a StorageVersion without entries must have been deleted"
-        assert len(ids) == len(set(ids)), "one entry per apiserver"
+        keys = [entry.key for entry in storage_version.entries]
+        assert len(keys) == len(set(keys)), "one entry per apiserver and source"
         assert all((cluster, apiserver) in state.leases for apiserver in ids)
+        members = {a for c, a in state.leases if c == cluster}
+        assert state.members_by_cluster.get(cluster, set()) == members
         versions = {entry.encoding_version for entry in storage_version.entries}
+        unreported = members - set(ids)
         common = storage_version.common_encoding_version
-        assert common == (versions.pop() if len(versions) == 1 else None)
+        agreed = len(versions) == 1 and not unreported
+        assert common == (versions.pop() if agreed else None)
         condition = storage_version.condition
-        if common is None:
-            assert (condition.status, condition.reason, condition.message) == (
-                "False",
-                "CommonEncodingVersionUnset",
-                "Common encoding version unset",
-            )
+        if len(versions) > 1:
+            assert (condition.status, condition.reason) == ("False", "CommonEncodingVersionUnset")
+            assert condition.message.startswith("Common encoding version unset")
+        elif unreported:
+            assert condition.status == "Unknown"
+            assert condition.reason == "CommonEncodingVersionUnknown"
+            assert all(apiserver in condition.message for apiserver in unreported)
         else:
             assert (condition.status, condition.reason, condition.message) == (
                 "True",

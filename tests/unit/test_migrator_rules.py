@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 
-from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, Backoff, decide
+from consumers.migrator import REASON_CHANGED, REASON_DISAGREE, REASON_UNKNOWN, Backoff, decide
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
@@ -61,6 +61,15 @@ class Ledger:
                 self.meta(apiserver), apiserver, f"{apiserver}_x", apiserver, 3600, renew
             )
         )
+
+    def join(self, apiserver: str) -> list[Event]:
+        """A heartbeat of a new member, then what the trigger decides on it."""
+        renew = START + timedelta(seconds=self.offset)
+        self.renewals[apiserver] = renew
+        heartbeat = ApiserverHeartbeat(
+            self.meta(apiserver), apiserver, f"{apiserver}_x", apiserver, 3600, renew
+        )
+        return self.react(heartbeat)
 
     def reported(self, apiserver: str, version: str) -> StorageVersionReported:
         """``apiserver`` encodes pods in ``version``, decoding and serving v1 and v2."""
@@ -239,6 +248,22 @@ def test_a_failed_migration_is_not_requested_again_until_the_resource_changes() 
     assert kinds(decided) == ["MigrationRequested"]
 
 
+def test_a_member_that_has_not_reported_cancels_and_blocks_requests_until_it_does() -> None:
+    ledger = three_on_v1()
+    assert ledger.active() == [("v1", "Pending")]
+
+    joined = ledger.join("a4")
+
+    assert kinds(joined) == [f"MigrationCancelled({REASON_UNKNOWN})"]
+    cancelled = joined[0]
+    assert isinstance(cancelled, MigrationCancelled) and "a4" in (cancelled.message or "")
+    assert kinds(ledger.report("a1", "v1")) == []  # still unknown: nothing requested
+    assert kinds(ledger.report("a4", "v1")) == ["MigrationRequested"]
+    # And the end of an unreported member's lease completes the membership.
+    assert kinds(ledger.join("a5")) == [f"MigrationCancelled({REASON_UNKNOWN})"]
+    assert kinds(ledger.expire("a5")) == ["MigrationRequested"]
+
+
 def test_losing_every_apiserver_cancels() -> None:
     ledger = three_on_v1()
     ledger.expire("a1")
@@ -283,7 +308,9 @@ def test_decisions_follow_the_rules_and_are_idempotent(
         if common is None:
             assert requests == []
             assert {c.migration_id for c in cancels} == {m.migration_id for m in active_before}
-            assert all(c.reason == REASON_DISAGREE for c in cancels)
+            unknown = storage_version is not None and storage_version.condition.status == "Unknown"
+            reason = REASON_UNKNOWN if unknown else REASON_DISAGREE
+            assert all(c.reason == reason for c in cancels)
         if requests:
             (request,) = requests
             assert storage_version is not None and storage_state is not None

@@ -90,6 +90,7 @@ def upgrade_history() -> History:
     h = History()
     for host in ("a", "b"):
         h.join(0, host)
+    for host in ("a", "b"):
         h.report(0, host, "apps/v1")
     h.report(5, "a", "apps/v2")
     h.request(6, "m1")

@@ -72,6 +72,7 @@ def test_an_old_log_folds_into_the_same_hashes_and_agreement_as_before() -> None
         old_report("apiserver-a", "apps", "v2", 3),
         old_report("apiserver-b", "apps", "v2", 4),
         old_report("apiserver-a", "", "v1", 5),
+        old_report("apiserver-b", "", "v1", 6),
     ]
     old_log = [*heartbeats, *(decode(as_v1(r)) for r in reports)]
     new_log = [decode(encode(e)) for e in old_log]  # as written today: v2 records
