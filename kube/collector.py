@@ -28,7 +28,9 @@ collectors never both append. The collector decides on the cluster's partition o
 once it is caught up with its own last append.
 
 **Each apiserver's discovery.** With the addresses of the apiservers themselves
-(``--apiserver HOSTNAME=URL``), the collector also watches CustomResourceDefinitions and
+(``--apiserver HOSTNAME=URL``, else the peer address an identity lease advertises in its
+``kubernetes.io/peer-advertise-address`` annotation, which kube-apiservers running the
+mixed-version proxy write), the collector also watches CustomResourceDefinitions and
 reads every apiserver's discovery every few seconds (``/api/v1``, ``/apis`` and each
 group/version it lists): the ``storageVersionHash`` it shows for a resource, custom or
 built-in, names the version that apiserver stores it in (:mod:`kube.upstream`), so a
@@ -40,7 +42,13 @@ v1.37.2 (64 resources with a hash), 55 to 70 ms in all, answered from its memory
 read shows holds only for the lease the apiserver held, as the lease watch showed it,
 when the read began: a restarted apiserver (a new lease) is reported with none of it
 until a read under its new lease confirms it, as a restart may bring another release
-(:mod:`kube.upstream`). Reads begin once the leases have been listed.
+(:mod:`kube.upstream`). Reads begin once the leases have been listed. A read that fails
+(no answer, refused, an error status) withdraws the apiserver's discovered entries, with
+the reason, so agreement is unknown until a read succeeds; one without any address is
+warned about once. A cluster reached only through a load balancer, without peer
+addresses or ``--apiserver``, gives leases and (with the alpha API) StorageVersion
+entries, but no discovered entry: each apiserver's own discovery cannot be asked there,
+as the balancer picks which one answers.
 
 **Kinds.** A report needs the kind of the objects (the storage version hash is computed
 from group, version and kind), which StorageVersion objects do not carry. It comes
@@ -77,6 +85,7 @@ from kube.upstream import (
     reconcile,
 )
 from ledger.clock import Clock
+from ledger.events import SOURCE_DISCOVERY
 from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
@@ -203,6 +212,7 @@ class ClusterWatch:
         self.changed = asyncio.Event()
         self._kube = kube
         self._apiservers = apiservers  # apiserver ID -> a client addressing it directly
+        self._peers: dict[str, Kube] = {}  # peer address -> a client addressing it
         self._custom: dict[str, CustomResource] = {}
         self._served: dict[str, list[Served]] = {}  # apiserver ID -> its last discovery
         # apiserver ID -> its lease when its last discovery read began (None: it had none)
@@ -217,16 +227,40 @@ class ClusterWatch:
         return self._listed >= {LEASES[2], STORAGE_VERSIONS[2]}
 
     async def run(self, stop: asyncio.Event) -> None:
-        follows = [
+        await asyncio.gather(
             self._follow(LEASES, self._leases, stop, label_selector=IDENTITY_SELECTOR),
             self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
-        ]
-        if self._apiservers:
-            follows += [
-                self._follow(CUSTOM_RESOURCES, self._custom_resources, stop),
-                self._poll_discovery(stop),
-            ]
-        await asyncio.gather(*follows)
+            self._follow(CUSTOM_RESOURCES, self._custom_resources, stop),
+            self._poll_discovery(stop),
+        )
+
+    def _addressed(self) -> dict[str, Kube]:
+        """A client for each live apiserver the collector can address: as ``--apiserver``
+        names it, else at the peer address its identity lease advertises (the
+        ``kubernetes.io/peer-advertise-address`` annotation, written by kube-apiservers
+        that run the mixed-version proxy), with the kubeconfig's credentials. One with
+        neither is logged once: agreement on every resource is unknown while it lives."""
+        addressed = {}
+        for apiserver_id, lease in sorted(self.snapshot.leases.items()):
+            if apiserver_id in self._apiservers:
+                addressed[apiserver_id] = self._apiservers[apiserver_id]
+            elif lease.peer_advertise_address:
+                address = lease.peer_advertise_address
+                if address not in self._peers:
+                    self._peers[address] = self._kube.at(f"https://{address}")
+                addressed[apiserver_id] = self._peers[address]
+            elif apiserver_id not in self._told:
+                self._told.add(apiserver_id)
+                log.warning(
+                    "no address for apiserver %s (host %s): its lease advertises no peer"
+                    " address and --apiserver does not name its host, so what it stores is"
+                    " unknown and no resource can reach agreement while its lease lives;"
+                    " give --apiserver %s=https://HOST:PORT",
+                    apiserver_id,
+                    lease.hostname or "?",
+                    lease.hostname or "HOSTNAME",
+                )
+        return addressed
 
     def _custom_resources(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -244,41 +278,71 @@ class ClusterWatch:
         await self._leases_listed.wait()  # a read before any lease is known confirms nothing
         while not stop.is_set():
             leases = self.snapshot.leases
-            under = {a: leases[a].incarnation if a in leases else None for a in self._apiservers}
+            addressed = self._addressed()
+            under = {a: leases[a].incarnation if a in leases else None for a in addressed}
             # At once, so that one apiserver that does not answer holds up none of the
-            # others; its last discovery stands meanwhile.
+            # others.
             read = await asyncio.gather(
                 *(
                     asyncio.wait_for(_read_discovery(kube), DISCOVERY_READ_SECONDS)
-                    for kube in self._apiservers.values()
+                    for kube in addressed.values()
                 ),
                 return_exceptions=True,
             )
-            for apiserver_id, found in zip(self._apiservers, read, strict=True):
-                if isinstance(found, TimeoutError):
-                    log.info(
-                        "discovery at %s: no answer within %.0f s",
-                        apiserver_id,
-                        DISCOVERY_READ_SECONDS,
-                    )
-                elif isinstance(found, ApiError | ClusterUnreachable | CertificateError):
-                    log.info("discovery at %s: %s", apiserver_id, found)
-                elif isinstance(found, BaseException):
+            for apiserver_id, found in zip(addressed, read, strict=True):
+                if isinstance(found, BaseException) and not isinstance(
+                    found, TimeoutError | ApiError | ClusterUnreachable | CertificateError
+                ):
                     raise found
+                if isinstance(found, BaseException):
+                    # Nobody knows what it writes now: its discovered entries leave the
+                    # ledger (kube.upstream.reconcile) until a read succeeds again.
+                    why = (
+                        f"no answer within {DISCOVERY_READ_SECONDS:.0f} s"
+                        if isinstance(found, TimeoutError)
+                        else str(found)
+                    )
+                    if self.snapshot.discovery.get(apiserver_id) != why:
+                        log.warning("discovery at %s: %s", apiserver_id, why)
+                    self.snapshot.discovery[apiserver_id] = why
+                    self._served.pop(apiserver_id, None)
                 else:
+                    if self.snapshot.discovery.get(apiserver_id):
+                        log.info("discovery at %s answers again", apiserver_id)
+                    self.snapshot.discovery[apiserver_id] = ""
                     self._served[apiserver_id] = found
                     self._read_under[apiserver_id] = under[apiserver_id]
-            for apiserver_id in self._served:
-                for entry in self._discovered(apiserver_id):
-                    if self.snapshot.entries.get(entry.key) != entry:
-                        self.snapshot.entries[entry.key] = entry
-                        self.changed.set()
+            for apiserver_id in addressed:
+                self._replace_discovered(apiserver_id)
             await _sleep_or_stop(stop, DISCOVERY_POLL_SECONDS)
+
+    def _replace_discovered(self, apiserver_id: str) -> None:
+        """Put ``apiserver_id``'s discovered entries in the snapshot in place of its earlier
+        ones (none, if its last read failed)."""
+        found = {}
+        if apiserver_id in self._served:
+            found = {entry.key: entry for entry in self._discovered(apiserver_id)}
+        entries = self.snapshot.entries
+        gone = [
+            key
+            for key, entry in entries.items()
+            if key[0] == apiserver_id and entry.source == SOURCE_DISCOVERY and key not in found
+        ]
+        for key in gone:
+            del entries[key]
+        changed = bool(gone)
+        for key, entry in found.items():
+            if entries.get(key) != entry:
+                entries[key] = entry
+                changed = True
+        if changed:
+            self.changed.set()
 
     def _discovered(self, apiserver_id: str) -> list[Entry]:
         """The entries ``apiserver_id``'s last discovery shows: of custom resources by their
-        definitions, of built-in ones while the cluster does not serve StorageVersions;
-        none if it held no lease when the read began."""
+        definitions, of built-in ones by their hashes (beside the StorageVersion objects'
+        where the cluster serves them: the cross-check); none if it held no lease when the
+        read began."""
         own = self._served[apiserver_id]
         read_under = self._read_under[apiserver_id]
         if read_under is None:
@@ -291,8 +355,6 @@ class ClusterWatch:
                 entry = custom.entry(apiserver_id, served.storage_version_hash, read_under)
                 if entry is not None and entry not in entries:
                     entries.append(entry)
-        if STORAGE_VERSIONS[2] not in self._unserved:
-            return entries  # built-in resources: the StorageVersion objects' (kube.upstream)
         everywhere = [served for found in self._served.values() for served in found]
         built_in, problems = built_in_entries(apiserver_id, read_under, own, everywhere, customs)
         for problem in problems:

@@ -81,14 +81,25 @@ reported, with a warning once per apiserver, resource and hash. The entry is:
   only (every hash an apiserver reported encoding with stays in its persisted hashes
   until a migration under agreement), so the narrower list makes no decision less safe.
 
-Where the cluster serves StorageVersion objects, they alone are the source for built-in
-resources (the collector uses discovery for them only once the cluster has answered
-``404`` for StorageVersions): they are upstream's own word, decodable versions included.
-Nor do they cover the same resources: v1.36.3 and v1.37.2 write no object for
-``events.k8s.io`` ``events`` (core ``events``' lists ``events.k8s.io/v1`` as decodable),
-where discovery gives an entry for each, so a per-entry mix of the two sources would hold
-StorageVersions upstream has not. Comparing them is the cross-check, left to a later
-change.
+Where the cluster serves StorageVersion objects, both sources are reported, each
+report saying which it is (``source``: ``storageversion`` for an object's entry,
+``discovery`` for a hash): the fold keeps an entry per apiserver and source and sees two
+that name different versions as a disagreement, so an apiserver whose StorageVersion
+entry contradicts its own discovery (an entry left by an earlier process, one written
+by hand) stops every migration of the resource, and ``explain``, ``serve`` (the
+condition's message) and ``svledger_storage_version_source_conflicts`` name it. They do
+not cover quite the same resources (v1.36.3 and v1.37.2 write no StorageVersion for
+``events.k8s.io`` ``events``, which discovery gives), which the per-source entries make
+harmless.
+
+**Membership.** Agreement needs an entry of every apiserver holding a live lease
+(:func:`projections.fold.agreement`); an apiserver the collector has no address for
+(neither ``--apiserver`` nor the lease's peer-address annotation) has none on a stock
+cluster, and one whose discovery cannot be read loses its discovered entries
+(``StorageVersionWithdrawn`` with the reason), so agreement on every resource is unknown
+until it is read again or its lease ends. The ledger's discovered entries of an apiserver
+this collector has not asked yet stand (a restarted collector does not withdraw what its
+predecessor read); a resource that left an apiserver's discovery is withdrawn too.
 
 An entry that vanished from an upstream object is **not** withdrawn, nor forgotten.
 kube-apiservers never remove their own entries; only kube-controller-manager's
@@ -133,12 +144,15 @@ from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
 
 from ledger.events import (
+    SOURCE_DISCOVERY,
+    SOURCE_STORAGE_VERSION,
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
     Event,
     Meta,
     StorageVersionReported,
+    StorageVersionWithdrawn,
 )
 from ledger.hashing import hash_of_stored, storage_version_hash
 from ledger.identity import (
@@ -154,7 +168,7 @@ from projections.state import State, lease_expired
 
 SOURCE: Final = "svledger-collector"
 
-EntryKey: TypeAlias = tuple[str, str, str]  # apiserver ID, group, resource
+EntryKey: TypeAlias = tuple[str, str, str, str]  # apiserver ID, group, resource, source
 Incarnation: TypeAlias = tuple[str, str]  # a lease object's UID and holder identity
 # The kind of ``resource`` stored as a group-qualified version; None if discovery has none.
 KindOf: TypeAlias = Callable[[str, str, str], str | None]  # (group, resource, version)
@@ -201,15 +215,20 @@ class Entry:
     observed_under: Incarnation | None = None
 
     @property
+    def source(self) -> str:
+        """Where it was read (``StorageVersionReported.source``)."""
+        return SOURCE_STORAGE_VERSION if self.observed_under is None else SOURCE_DISCOVERY
+
+    @property
     def key(self) -> EntryKey:
-        return (self.apiserver_id, self.group, self.resource)
+        return (self.apiserver_id, self.group, self.resource, self.source)
 
 
 @dataclasses.dataclass
 class Snapshot:
     """The cluster as the collector's watches have shown it.
 
-    ``entries`` holds the last entry seen for each (apiserver, resource), from any
+    ``entries`` holds the last entry seen for each (apiserver, resource, source), from any
     watch event or list, and forgets none: an entry that vanished from its object was
     removed by kube-controller-manager's StorageVersion GC, never by its apiserver,
     and the GC races with apiserver restarts. Entries of apiservers without a lease,
@@ -219,6 +238,10 @@ class Snapshot:
 
     leases: dict[str, Lease] = dataclasses.field(default_factory=dict)
     entries: dict[EntryKey, Entry] = dataclasses.field(default_factory=dict)
+    # The apiservers whose discovery this collector has asked, each with why it could not
+    # be read ("" when it was): the ledger's discovered entries of these that
+    # ``entries`` lacks are withdrawn (:func:`reconcile`); of the others, left as they are.
+    discovery: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def parse_time(text: str) -> datetime:
@@ -576,7 +599,45 @@ def reconcile(
             problems.append(report)
         else:
             events.append(report)
+    events += _withdrawals(state, cluster, snapshot, live - replaced, now)
     return events, problems
+
+
+def _withdrawals(
+    state: State, cluster: str, snapshot: Snapshot, live: Collection[str], now: datetime
+) -> list[StorageVersionWithdrawn]:
+    """The discovered entries the ledger holds for a live apiserver whose discovery the
+    collector asked but no longer shows them: it could not be read (then nobody knows
+    what it writes, and the fold holds agreement unknown until it is read again), or the
+    resource left it (a CustomResourceDefinition deleted). Entries of StorageVersion
+    objects are never withdrawn (see the module's docstring)."""
+    withdrawals = []
+    for key in sorted(state.resources_by_cluster.get(cluster, ())):
+        for held in state.storage_versions[key].entries:
+            apiserver_id = held.apiserver_id
+            if held.source != SOURCE_DISCOVERY or apiserver_id not in live:
+                continue
+            if apiserver_id not in snapshot.discovery:
+                continue  # not asked yet by this collector: what the ledger holds stands
+            if (apiserver_id, key[1], key[2], SOURCE_DISCOVERY) in snapshot.entries:
+                continue
+            unreadable = snapshot.discovery[apiserver_id]
+            reason = (
+                f"its discovery could not be read: {unreadable}"
+                if unreadable
+                else "its discovery no longer shows a storageVersionHash for the resource"
+            )
+            withdrawals.append(
+                StorageVersionWithdrawn(
+                    Meta.new(cluster, SOURCE, now),
+                    apiserver_id,
+                    key[1],
+                    key[2],
+                    SOURCE_DISCOVERY,
+                    reason,
+                )
+            )
+    return withdrawals
 
 
 def _holds(state: State, cluster: str, entry: Entry) -> bool:
@@ -584,7 +645,7 @@ def _holds(state: State, cluster: str, entry: Entry) -> bool:
     if storage_version is None:
         return False
     for held in storage_version.entries:
-        if held.apiserver_id == entry.apiserver_id:
+        if held.key == (entry.apiserver_id, entry.source):
             return (
                 held.encoding_version == entry.encoding_version
                 and held.decodable_versions == entry.decodable_versions
@@ -626,4 +687,5 @@ def _report(
         entry.decodable_versions,
         entry.served_versions,
         entry.storage_version_hash,
+        entry.source,
     )

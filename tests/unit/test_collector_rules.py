@@ -30,6 +30,7 @@ from ledger.events import (
     Event,
     Position,
     StorageVersionReported,
+    StorageVersionWithdrawn,
 )
 from ledger.hashing import hash_of_stored, storage_version_hash
 from ledger.validation import check_report
@@ -955,3 +956,58 @@ def test_the_stored_version_is_found_whenever_an_apiserver_serves_it(
         entry.served_versions,
         entry.apiserver_id,
     )
+
+
+# --- sources and membership -------------------------------------------------------------
+
+
+def test_each_report_says_its_source_and_a_contradiction_between_them_is_a_disagreement() -> None:
+    ledger = Ledger()
+    snapshot = cluster({"apiserver-a": ("a_1", T0)}, DEPLOYMENTS)  # its object says apps/v1
+    with_entries(snapshot, discovered("apiserver-a", "apps/v1", A_1))
+    events = ledger.collect(snapshot, T0)
+    sources = [e.source for e in events if isinstance(e, StorageVersionReported)]
+    assert sorted(sources) == ["discovery", "storageversion"]
+    key = (CLUSTER, "apps", "deployments")
+    assert ledger.state.storage_versions[key].common_encoding_version == "apps/v1"
+
+    # Its discovery names another version than its StorageVersion entry.
+    with_entries(snapshot, discovered("apiserver-a", "apps/v2", A_1))
+    [report] = ledger.collect(snapshot, T0)
+    assert isinstance(report, StorageVersionReported) and report.source == "discovery"
+    storage_version = ledger.state.storage_versions[key]
+    assert storage_version.common_encoding_version is None
+    assert "sources disagree: apiserver-a: discovery apps/v2, storageversion apps/v1" in (
+        storage_version.condition.message
+    )
+
+
+def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entries() -> None:
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    snapshot = with_entries(
+        cluster(leases),
+        discovered("apiserver-a", "apps/v1", A_1),
+        discovered("apiserver-b", "apps/v1", B_1),
+    )
+    # A ledger a predecessor wrote: this collector has asked neither apiserver yet.
+    ledger.collect(snapshot, T0)
+    del snapshot.entries["apiserver-b", "apps", "deployments", "discovery"]
+    assert ledger.collect(snapshot, T0) == []  # b not asked yet: its entry stands
+
+    snapshot.discovery.update({"apiserver-a": "", "apiserver-b": "connection refused"})
+    [withdrawn] = ledger.collect(snapshot, T0)
+
+    assert isinstance(withdrawn, StorageVersionWithdrawn)
+    assert (withdrawn.apiserver_id, withdrawn.source) == ("apiserver-b", "discovery")
+    assert withdrawn.reason == "its discovery could not be read: connection refused"
+    condition = ledger.state.storage_versions[CLUSTER, "apps", "deployments"].condition
+    assert condition.status == "Unknown" and "apiserver-b" in condition.message
+    assert ledger.collect(snapshot, T0) == []  # once
+    # Read again: reported again, and agreement is back.
+    snapshot.discovery["apiserver-b"] = ""
+    with_entries(snapshot, discovered("apiserver-b", "apps/v1", B_1))
+    [reported] = ledger.collect(snapshot, T0)
+    assert isinstance(reported, StorageVersionReported)
+    condition = ledger.state.storage_versions[CLUSTER, "apps", "deployments"].condition
+    assert condition.status == "True"
