@@ -74,6 +74,7 @@ from kube.upstream import (
     CustomResource,
     Entry,
     Incarnation,
+    Lease,
     NotUpstream,
     Served,
     Snapshot,
@@ -86,7 +87,7 @@ from kube.upstream import (
 )
 from ledger.clock import Clock
 from ledger.events import SOURCE_DISCOVERY
-from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE
+from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE, SHUTDOWN_WINDOW_SECONDS
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
@@ -207,12 +208,21 @@ async def _read_discovery(kube: Kube, *, quiet: bool = True) -> list[Served]:
 class ClusterWatch:
     """The cluster's identity Leases and StorageVersions, kept in a :class:`Snapshot`."""
 
-    def __init__(self, kube: Kube, apiservers: Mapping[str, Kube]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        apiservers: Mapping[str, Kube],
+        shutdown_window: float = SHUTDOWN_WINDOW_SECONDS,
+    ) -> None:
         self.snapshot = Snapshot()
         self.changed = asyncio.Event()
         self._kube = kube
         self._apiservers = apiservers  # apiserver ID -> a client addressing it directly
         self._peers: dict[str, Kube] = {}  # peer address -> a client addressing it
+        self._shutdown_window = shutdown_window
+        # Departing apiservers (Snapshot.departing): when the deletion of the lease was
+        # seen (the loop's time), and the lease it deleted.
+        self._departed: dict[str, tuple[float, Lease]] = {}
         self._custom: dict[str, CustomResource] = {}
         self._served: dict[str, list[Served]] = {}  # apiserver ID -> its last discovery
         # apiserver ID -> its lease when its last discovery read began (None: it had none)
@@ -242,13 +252,9 @@ class ClusterWatch:
         neither is logged once: agreement on every resource is unknown while it lives."""
         addressed = {}
         for apiserver_id, lease in sorted(self.snapshot.leases.items()):
-            if apiserver_id in self._apiservers:
-                addressed[apiserver_id] = self._apiservers[apiserver_id]
-            elif lease.peer_advertise_address:
-                address = lease.peer_advertise_address
-                if address not in self._peers:
-                    self._peers[address] = self._kube.at(f"https://{address}")
-                addressed[apiserver_id] = self._peers[address]
+            client = self._client(apiserver_id, lease)
+            if client is not None:
+                addressed[apiserver_id] = client
             elif apiserver_id not in self._told:
                 self._told.add(apiserver_id)
                 log.warning(
@@ -261,6 +267,51 @@ class ClusterWatch:
                     lease.hostname or "HOSTNAME",
                 )
         return addressed
+
+    def _client(self, apiserver_id: str, lease: Lease) -> Kube | None:
+        """A client addressing ``apiserver_id`` itself, if its address is known."""
+        if apiserver_id in self._apiservers:
+            return self._apiservers[apiserver_id]
+        address = lease.peer_advertise_address
+        if not address:
+            return None
+        if address not in self._peers:
+            self._peers[address] = self._kube.at(f"https://{address}")
+        return self._peers[address]
+
+    async def _check_departures(self) -> None:
+        """End the departure of each departing apiserver that has stopped: its discovery,
+        asked after its lease was deleted, does not answer; or, without an address, the
+        shutdown window has passed since. One that answers still serves (and may write)."""
+        loop = asyncio.get_running_loop()
+        for apiserver_id, (seen, lease) in list(self._departed.items()):
+            client = self._client(apiserver_id, lease)
+            began = loop.time()
+            if client is None:
+                stopped = began - seen >= self._shutdown_window
+                how = f"no address to ask it; {self._shutdown_window:.0f} s have passed"
+            else:
+                try:
+                    await asyncio.wait_for(client.get("/api"), PEER_DISCOVERY_SECONDS)
+                except (TimeoutError, ApiError, ClusterUnreachable, CertificateError) as error:
+                    stopped, how = True, f"its discovery no longer answers ({error or 'timeout'})"
+                else:
+                    stopped, how = False, ""
+            if stopped and self._departed.get(apiserver_id, (None,))[0] == seen:
+                log.info("apiserver %s has stopped: %s", apiserver_id, how)
+                del self._departed[apiserver_id]
+                self.snapshot.departing.discard(apiserver_id)
+                self.changed.set()
+
+    def _depart(self, apiserver_id: str, lease: Lease) -> None:
+        """``apiserver_id``'s lease object is gone: hold it departing until it stops."""
+        self._departed[apiserver_id] = (asyncio.get_running_loop().time(), lease)
+        self.snapshot.departing.add(apiserver_id)
+        log.info(
+            "the lease of apiserver %s was deleted; it is a member until it stops serving"
+            " (kube-apiserver serves on for its --shutdown-delay-duration)",
+            apiserver_id,
+        )
 
     def _custom_resources(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -314,6 +365,7 @@ class ClusterWatch:
                     self._read_under[apiserver_id] = under[apiserver_id]
             for apiserver_id in addressed:
                 self._replace_discovered(apiserver_id)
+            await self._check_departures()
             await _sleep_or_stop(stop, DISCOVERY_POLL_SECONDS)
 
     def _replace_discovered(self, apiserver_id: str) -> None:
@@ -366,13 +418,18 @@ class ClusterWatch:
     def _leases(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
-            self.snapshot.leases.pop(name, None)
+            lease = self.snapshot.leases.pop(name, None)
+            if lease is not None:
+                self._depart(name, lease)
             return
         try:
             self.snapshot.leases[name] = parse_lease(obj)
         except NotUpstream as error:
             self.snapshot.leases.pop(name, None)
             log.info("ignoring lease: %s", error)
+            return
+        self._departed.pop(name, None)  # a lease again: a restart, whose holder ends the old
+        self.snapshot.departing.discard(name)
 
     def _storage_versions(self, kind: str, obj: dict[str, Any]) -> None:
         # Entries are merged, never dropped: see kube.upstream.Snapshot.
@@ -468,6 +525,7 @@ class ClusterWatch:
             token = page.get("metadata", {}).get("continue")
             if not token:
                 break
+        before = dict(self.snapshot.leases)
         if plural == LEASES[2]:
             self.snapshot.leases.clear()  # a lease missing from the list has ended
         if plural in self._unserved:
@@ -476,6 +534,9 @@ class ClusterWatch:
         for obj in items:
             apply("ADDED", obj)
         if plural == LEASES[2]:
+            for name, lease in before.items():
+                if name not in self.snapshot.leases:
+                    self._depart(name, lease)  # deleted while the watch was down
             self._leases_listed.set()
         self._listed.add(plural)
         self.changed.set()
@@ -494,6 +555,7 @@ async def run_collector(
     apiservers: Mapping[str, Kube] | None = None,
     renewal_interval: timedelta = timedelta(0),
     snapshots: SnapshotSource | None = None,
+    shutdown_window: float = SHUTDOWN_WINDOW_SECONDS,
 ) -> None:
     """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set.
 
@@ -502,7 +564,7 @@ async def run_collector(
     ``snapshots``: the projector's database, to rebuild partitions from their latest
     fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
     """
-    watcher = ClusterWatch(kube, apiservers or {})
+    watcher = ClusterWatch(kube, apiservers or {}, shutdown_window)
     discovery = Discovery(kube, clock, (apiservers or {}).values())
     told: set[str] = set()  # problems logged once each
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")

@@ -22,7 +22,12 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
   when it had expired by its own ``renewTime + leaseDurationSeconds``, else
   ``ApiserverLeaseReleased`` (from 1.35 kube-apiserver deletes its own lease when it
   stops gracefully, and again when it starts; before, its lease stays, holder and all,
-  is renewed again by the restarted server, and expires only if it is not restarted);
+  is renewed again by the restarted server, and expires only if it is not restarted),
+  but only once the apiserver is no longer ``departing`` (:attr:`Snapshot.departing`):
+  a kube-apiserver deletes its lease as soon as it is told to stop and serves on, writes
+  included, for its ``--shutdown-delay-duration``, so a deleted lease is no proof that it
+  stopped writing. The shell holds it departing until its discovery, asked after the
+  deletion, no longer answers (or, without an address, for ``--shutdown-window``);
 * a Lease object without ``renewTime`` or ``leaseDurationSeconds`` is expired, as
   upstream's lease GC (``isLeaseExpired``) holds it: not a member, and
   ``ApiserverLeaseExpired`` if the ledger holds its apiserver's lease. One without
@@ -242,6 +247,10 @@ class Snapshot:
     # be read ("" when it was): the ledger's discovered entries of these that
     # ``entries`` lacks are withdrawn (:func:`reconcile`); of the others, left as they are.
     discovery: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Apiservers whose lease object is gone but which may still serve (and write): a
+    # kube-apiserver deletes its lease when told to stop, then serves on for its
+    # --shutdown-delay-duration. The ledger keeps their leases (and entries) meanwhile.
+    departing: set[str] = dataclasses.field(default_factory=set)
 
 
 def parse_time(text: str) -> datetime:
@@ -566,6 +575,9 @@ def reconcile(
     for (lease_cluster, apiserver_id), held in sorted(state.leases.items()):
         if lease_cluster != cluster or apiserver_id in live:
             continue
+        departing = apiserver_id in snapshot.departing and apiserver_id not in snapshot.leases
+        if departing and not lease_expired(held.renew_time, held.lease_duration_seconds, now):
+            continue  # its lease is deleted, but it may still write: not ended yet
         ended: Event
         # A lease the cluster still has but that is not live has no renew time or
         # duration: expired, by upstream's rule, whatever the ledger's renew time says.

@@ -29,6 +29,10 @@ IDENTITY_SELECTOR: Final = f"{IDENTITY_LABEL}={IDENTITY_NAME}"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 # Where peers proxy requests to the apiserver (its UnknownVersionInteroperabilityProxy).
 PEER_ADDRESS_ANNOTATION: Final = "kubernetes.io/peer-advertise-address"
+# How long an apiserver whose lease was deleted, and which the collector cannot ask, is
+# taken to serve on (kube-apiserver's --shutdown-delay-duration; upstream's default is 0,
+# managed offerings and OpenShift run 70 s); ``svledger collect --shutdown-window``.
+SHUTDOWN_WINDOW_SECONDS: Final = 90.0
 LEASE_DURATION_SECONDS: Final = 3600
 RENEW_INTERVAL_SECONDS: Final = 10
 GC_PERIOD_SECONDS: Final = 3600

@@ -12,6 +12,7 @@ from kubernetes_asyncio.client import Configuration
 
 from kube.client import Kube
 from kube.upstream import parse_lease, parse_storage_version
+from ledger.events import SOURCE_STORAGE_VERSION
 from ledger.identity import IDENTITY_SELECTOR
 from ledger.names import resource_name
 from projections.state import State
@@ -32,17 +33,21 @@ KUBE_LEASE_GC_SECONDS = 5.0
 
 
 def ledger_views(state: State, cluster: str) -> Views:
+    """The ledger's StorageVersions as :func:`upstream_views` shows upstream's: one entry
+    per apiserver, the one read from its StorageVersion entry where there is one (the
+    ledger also holds what its discovery shows, which must agree)."""
     views: Views = {}
     for (c, group, resource), sv in state.storage_versions.items():
         if c != cluster:
             continue
+        preferred = sorted(sv.entries, key=lambda e: e.source != SOURCE_STORAGE_VERSION)
         entries = {
             e.apiserver_id: (
                 e.encoding_version,
                 e.decodable_versions,
                 e.served_versions,
             )
-            for e in sv.entries
+            for e in reversed(preferred)
         }
         condition = (sv.condition.type, sv.condition.status, sv.condition.reason)
         views[resource_name(group, resource)] = (entries, sv.common_encoding_version, condition)

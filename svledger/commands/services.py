@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Final
 
 from ledger.errors import UsageError
+from ledger.identity import SHUTDOWN_WINDOW_SECONDS
 from svledger.options import (
     Subparsers,
     add_cluster_option,
@@ -291,13 +292,17 @@ def add_collect(subparsers: Subparsers) -> None:
         help="follow a real cluster's kube-apiservers into the ledger",
         description=(
             "Watch one real Kubernetes cluster's apiserver identity Leases (kube-system,\n"
-            "apiserver.kubernetes.io/identity=kube-apiserver) and StorageVersion objects\n"
-            "(internal.apiserver.k8s.io/v1alpha1; kube-apiserver needs the StorageVersionAPI\n"
-            "feature gate and that API enabled) and append what the ledger lacks:\n"
-            "a heartbeat per lease renewal, the lease's end when it is deleted, a report per\n"
-            "new or changed entry (never a withdrawal: the ledger removes an apiserver's\n"
-            "entries itself when its lease ends). A restarted collector appends only what is\n"
-            "missing; a second one for the same cluster is fenced and appends nothing.\n"
+            "apiserver.kubernetes.io/identity=kube-apiserver), each apiserver's own discovery\n"
+            "(the storageVersionHash of every resource; needs each apiserver's address:\n"
+            "--apiserver, or the peer address its lease advertises) and, where served, the\n"
+            "alpha StorageVersion objects (internal.apiserver.k8s.io/v1alpha1), and append\n"
+            "what the ledger lacks: a heartbeat per lease renewal, the lease's end once the\n"
+            "apiserver has stopped, a report per new or changed entry, saying its source, and\n"
+            "a withdrawal of what an apiserver's discovery no longer shows or when it cannot\n"
+            "be read. Agreement on a resource needs an entry of every apiserver with a live\n"
+            "lease: one the collector cannot ask keeps it unknown. A restarted collector\n"
+            "appends only what is missing; a second one for the same cluster is fenced and\n"
+            "appends nothing.\n"
             "The cluster is addressed as kubectl does: --kubeconfig, KUBECONFIG or\n"
             "~/.kube/config with --context, else the pod's service account."
         ),
@@ -319,6 +324,17 @@ def add_collect(subparsers: Subparsers) -> None:
         "discovery tells which version it stores each resource in (built-in ones too, all\n"
         "a cluster without the StorageVersion API gives), and the kinds of the resources\n"
         "only an upgraded apiserver serves in a rolling upgrade",
+    )
+    parser.add_argument(
+        "--shutdown-window",
+        type=seconds(zero=True),
+        default=SHUTDOWN_WINDOW_SECONDS,
+        metavar="SECONDS",
+        help="how long an apiserver whose identity lease was deleted is taken to still\n"
+        "serve when it cannot be asked (no address): kube-apiserver deletes its lease when\n"
+        "told to stop and serves, writes included, for its --shutdown-delay-duration; one\n"
+        "with an address is a member until its discovery no longer answers (default\n"
+        f"{SHUTDOWN_WINDOW_SECONDS:.0f})",
     )
     parser.add_argument(
         "--renewal-interval",
@@ -380,6 +396,7 @@ def _collect(args: argparse.Namespace) -> int:
                 clock=SystemClock(),
                 apiservers=direct,
                 renewal_interval=timedelta(seconds=args.renewal_interval),
+                shutdown_window=args.shutdown_window,
                 snapshots=snapshot_source(args),
             )
         finally:

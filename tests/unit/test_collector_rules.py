@@ -1011,3 +1011,48 @@ def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entrie
     assert isinstance(reported, StorageVersionReported)
     condition = ledger.state.storage_versions[CLUSTER, "apps", "deployments"].condition
     assert condition.status == "True"
+
+
+def test_a_departing_apiserver_keeps_its_lease_and_entries_until_it_has_stopped() -> None:
+    # kube-apiserver deletes its lease when told to stop, then serves (and writes) on for
+    # its --shutdown-delay-duration: its entries must hold agreement back meanwhile.
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    snapshot = with_entries(
+        cluster(leases),
+        discovered("apiserver-a", "apps/v2", A_1),
+        discovered("apiserver-b", "apps/v1", B_1),
+    )
+    ledger.collect(snapshot, T0)
+    del snapshot.leases["apiserver-b"]
+    snapshot.departing.add("apiserver-b")
+
+    assert ledger.collect(snapshot, T0 + timedelta(seconds=5)) == []
+    assert held_entries(ledger) == {
+        ("apiserver-a", "deployments"): "apps/v2",
+        ("apiserver-b", "deployments"): "apps/v1",
+    }
+    # Its ledger lease expired by its own renew time: departing or not, it ends.
+    expired_at = T0 + timedelta(seconds=3601)
+    assert [type(e) for e in ledger.collect(snapshot, expired_at)] == [ApiserverLeaseExpired]
+
+
+def test_a_stopped_apiserver_is_released_and_agreement_follows() -> None:
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    snapshot = with_entries(
+        cluster(leases),
+        discovered("apiserver-a", "apps/v2", A_1),
+        discovered("apiserver-b", "apps/v1", B_1),
+    )
+    ledger.collect(snapshot, T0)
+    del snapshot.leases["apiserver-b"]
+    snapshot.departing.add("apiserver-b")
+    ledger.collect(snapshot, T0)
+
+    snapshot.departing.discard("apiserver-b")  # its discovery stopped answering
+    [released] = ledger.collect(snapshot, T0 + timedelta(seconds=12))
+
+    assert isinstance(released, ApiserverLeaseReleased)
+    key = (CLUSTER, "apps", "deployments")
+    assert ledger.state.storage_versions[key].common_encoding_version == "apps/v2"
