@@ -1,9 +1,8 @@
 """Capture the etcd values of ``tests/unit/test_stored.py`` from a real cluster.
 
 Starts one etcd and one kube-apiserver (:class:`deploy.kube.cluster.LocalCluster`,
-release ``DEFAULT_VERSION``) storing built-in kinds in protobuf, as upstream does by
-default (the harness's ``--storage-media-type=application/json`` is overridden: the last
-flag wins), and encrypting three resources at rest, one per provider that needs no
+release ``DEFAULT_VERSION``, stock) storing built-in kinds in protobuf, as upstream does by
+default, and encrypting three resources at rest, one per provider that needs no
 plugin: Secrets with ``aescbc`` key ``key1``, ServiceAccounts with ``aesgcm`` key
 ``gcm-key``, LimitRanges with ``secretbox`` key ``box-key``. It creates one object of a
 few kinds (a ConfigMap, a Lease, a core Event through ``events.k8s.io/v1``, a
@@ -43,7 +42,6 @@ from deploy.kube.cluster import LocalCluster
 from kube.stored import EncryptedValue, StoredObject, Undecodable, decode
 
 OUTPUT = Path(__file__).resolve().parent / "unit" / "data" / "etcd" / "stored_values.json"
-PROTOBUF = "application/vnd.kubernetes.protobuf"
 NS = "default"
 CRD_GROUP = "capture.svledger.io"
 
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="svledger-capture-") as directory:
         config = Path(directory) / "encryption.json"
         config.write_text(json.dumps(encryption_configuration()))
-        extra = [f"--storage-media-type={PROTOBUF}", f"--encryption-provider-config={config}"]
+        extra = [f"--encryption-provider-config={config}"]
         with LocalCluster(1, extra_apiserver_args=extra) as cluster:
             captured: list[dict[str, Any]] = []
             for collection, body, read_path, document, resource in OBJECTS:

@@ -281,8 +281,15 @@ def db(database_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def kube_cluster() -> Iterator[LocalCluster]:
-    """etcd and three kube-apiservers (the default release) for the test module."""
+def storage_version_api() -> bool:
+    """Whether ``kube_cluster``'s apiservers serve the alpha StorageVersion API: not by
+    default, as upstream's; a module whose tests need it overrides this fixture."""
+    return False
+
+
+@pytest.fixture(scope="module")
+def kube_cluster(storage_version_api: bool) -> Iterator[LocalCluster]:
+    """etcd and three stock kube-apiservers (the default release) for the test module."""
     if os.environ.get("SVLEDGER_TEST_KUBECONFIG"):
         pytest.skip("SVLEDGER_TEST_KUBECONFIG names an existing cluster; this test controls one")
     with LocalCluster(
@@ -290,6 +297,7 @@ def kube_cluster() -> Iterator[LocalCluster]:
         identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
         identity_lease_gc_period=KUBE_LEASE_GC_SECONDS,
+        storage_version_api=storage_version_api,
     ) as cluster:
         yield cluster
 

@@ -18,11 +18,17 @@ otherwise share one identity. The namespace comes from ``unshare --uts`` (as roo
 ``restart_apiserver(i)`` keeps apiserver ``i``'s hostname and port, so it comes back with the
 same identity, possibly running another release (a rolling upgrade).
 
-Every apiserver runs with the StorageVersion API (``internal.apiserver.k8s.io/v1alpha1``, an
-alpha API and feature gate) and the APIServerIdentity gate on, stores objects as JSON
-(``--storage-media-type=application/json``, so ``etcd_get_prefix`` returns readable values),
-serves ``storagemigration.k8s.io`` (on by default from v1.37; enabled with its gate and
-``v1beta1`` before), authenticates a random admin token (group ``system:masters``) from a
+Every apiserver runs as upstream's defaults have it, as the clusters people run do: the
+StorageVersion API (the ``StorageVersionAPI`` gate and ``internal.apiserver.k8s.io/v1alpha1``,
+alpha and off by default) is not served, the APIServerIdentity gate is left at its default
+(on: each apiserver keeps an identity lease), and built-in kinds are stored in etcd as
+protobuf (custom resources as JSON), as without ``--storage-media-type``. The one departure
+is ``storagemigration.k8s.io`` on v1.36 (the ``StorageVersionMigrator`` gate and
+``storagemigration.k8s.io/v1beta1``, a beta API off by default; served by default from
+v1.37), because svledger's in-tree executor and kube-controller-manager's migrator need it
+on both releases of the rolling upgrade. ``LocalCluster(storage_version_api=True)`` turns
+the alpha StorageVersion API on (gate and runtime config), for the tests about it. Each
+apiserver also authenticates a random admin token (group ``system:masters``) from a
 static token file, authorizes with RBAC, signs service-account tokens with a key pair shared
 by all apiservers, and serves TLS with a certificate for ``127.0.0.1`` from a CA of its own
 (``ca_file``), so clients can verify it. A shutdown takes about two seconds
@@ -31,26 +37,29 @@ timings (upstream: 3600 s leases renewed every 10 s, expired ones collected hour
 constructor parameters, passed to the wrapper main through environment variables.
 
 ``start_controller_manager()`` adds a kube-controller-manager running the storage version
-migrator, the garbage collector it needs and the StorageVersion garbage collector, which
-removes an apiserver's entries from StorageVersion objects once its identity lease is gone.
+migrator, the garbage collector it needs and, with the StorageVersion API on, the
+StorageVersion garbage collector, which removes an apiserver's entries from StorageVersion
+objects once its identity lease is gone (it runs with the apiservers' gates; without the
+API it disables itself).
 
 ``etcd_get_prefix()`` reads raw keys and values through etcd's v3 JSON gateway
-(``POST /v3/kv/range``), so no etcdctl is needed. Each process logs to a file in the
-temporary directory; a process that fails to start or exits raises ``ClusterError`` with the
-end of its log.
+(``POST /v3/kv/range``), so no etcdctl is needed. The values are the bytes kube-apiserver
+wrote, protobuf for built-in kinds: ``kube.stored.decode`` (the product's decoder) tells the
+kind and version each one was stored as. Each process logs to a file in the
+temporary directory; a process that fails to start or exits raises ``ProcessError`` with the
+end of its log (``processes.py`` beside this file: the children, forked so that they end
+with the Python process).
 
 Stdlib only (plus ``openssl`` and ``unshare`` on PATH)::
 
     # print a kubeconfig path, serve until SIGINT/SIGTERM:
-    python deploy/kube/cluster.py run --apiservers 3 [--controller-manager]
+    python deploy/kube/cluster.py run --apiservers 3 [--controller-manager] [--storage-version-api]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import concurrent.futures
-import ctypes
 import importlib.util
 import json
 import os
@@ -69,15 +78,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 
 
 def _load_script(name: str, path: Path) -> ModuleType:
-    # build.py and the broker's script are scripts, not package modules: load them by
-    # path so this file works however it is run (python cluster.py, runpy, an import
-    # from tests).
+    # build.py, processes.py and the broker's script are loaded by path, not as package
+    # modules, so that this file works however it is run (python cluster.py, runpy, an
+    # import from tests).
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -91,6 +100,11 @@ def _load_script(name: str, path: Path) -> ModuleType:
 _BUILD = _load_script("svledger_kube_build", HERE / "build.py")
 DEFAULT_VERSION: str = _BUILD.DEFAULT_VERSION
 free_port = _load_script("svledger_kafka_broker", HERE.parent / "kafka" / "broker.py").free_port
+if TYPE_CHECKING:  # the same module, as mypy finds it
+    from deploy.kube.processes import Process, ProcessError
+else:
+    _PROCESSES = _load_script("svledger_kube_processes", HERE / "processes.py")
+    Process, ProcessError = _PROCESSES.Process, _PROCESSES.ProcessError
 
 #: The controllers ``start_controller_manager()`` runs unless told otherwise.
 DEFAULT_CONTROLLERS = (
@@ -99,14 +113,14 @@ DEFAULT_CONTROLLERS = (
     "storageversion-garbage-collector-controller",
 )
 
-_LOG_TAIL_LINES = 40
 _ADMIN_USER = "svledger-admin"
 _HOSTNAME_PREFIX = "kube-apiserver"
 _SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
-class ClusterError(RuntimeError):
-    """A process of the local cluster could not be started, or stopped unexpectedly."""
+class ClusterError(ProcessError):
+    """The local cluster could not be started or used. A process of it that is not
+    running or exited raises the base class, :class:`ProcessError`, with its log's end."""
 
 
 def binaries(version: str, names: Sequence[str]) -> Path:
@@ -130,105 +144,51 @@ def minor_version(version: str) -> int:
     return int(parts[1])
 
 
-def apiserver_feature_gates(version: str) -> dict[str, bool]:
-    """The ``--feature-gates`` every kube-apiserver of ``version`` runs with."""
-    gates = {"StorageVersionAPI": True, "APIServerIdentity": True}
+def apiserver_feature_gates(version: str, storage_version_api: bool = False) -> dict[str, bool]:
+    """The ``--feature-gates`` a kube-apiserver of ``version`` runs with: upstream's
+    defaults but for those named here."""
+    gates: dict[str, bool] = {}
     if minor_version(version) < 37:
         # GA (and on by default) from v1.37; a beta gate, off by default, before.
         gates["StorageVersionMigrator"] = True
+    if storage_version_api:
+        gates["StorageVersionAPI"] = True  # alpha, off by default
     return gates
 
 
-def apiserver_runtime_config(version: str) -> dict[str, bool]:
-    """The ``--runtime-config`` every kube-apiserver of ``version`` runs with."""
-    config = {"internal.apiserver.k8s.io/v1alpha1": True}
+def apiserver_runtime_config(version: str, storage_version_api: bool = False) -> dict[str, bool]:
+    """The ``--runtime-config`` a kube-apiserver of ``version`` runs with: upstream's
+    defaults but for those named here."""
+    config: dict[str, bool] = {}
     minor = minor_version(version)
     if minor < 37:
         # storagemigration.k8s.io/v1 is served by default from v1.37; v1beta1 (1.35,
         # 1.36) and v1alpha1 (1.30 to 1.34, which know no v1beta1) are off by default.
         config[f"storagemigration.k8s.io/{'v1beta1' if minor >= 35 else 'v1alpha1'}"] = True
+    if storage_version_api:
+        config["internal.apiserver.k8s.io/v1alpha1"] = True
     return config
 
 
-def controller_manager_feature_gates(version: str) -> dict[str, bool]:
+def controller_manager_feature_gates(
+    version: str, storage_version_api: bool = False
+) -> dict[str, bool]:
     """The ``--feature-gates`` of ``start_controller_manager()``'s kube-controller-manager."""
-    # The StorageVersion GC controller requires both gates; the migrator needs its own
-    # gate before v1.37, and before v1.35 client-go's InformerResourceVersion (alpha).
-    gates = apiserver_feature_gates(version)
+    # The apiservers' gates: the StorageVersion GC controller runs only with
+    # StorageVersionAPI (and APIServerIdentity, on by default) and disables itself
+    # without; the migrator needs its own gate before v1.37, and before v1.35 client-go's
+    # InformerResourceVersion (alpha).
+    gates = apiserver_feature_gates(version, storage_version_api)
     if minor_version(version) < 35:
         gates["InformerResourceVersion"] = True
     return gates
 
 
-@dataclass
-class _Process:
-    """One child process and the log file it writes."""
-
-    name: str
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def start(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        with self.log_path.open("ab") as log:
-            log.write(f"\n===== {time.strftime('%H:%M:%S')} {' '.join(command)}\n".encode())
-            log.flush()
-            self.popen = _SPAWNER.submit(
-                subprocess.Popen,
-                list(command),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=None if env is None else dict(env),
-                preexec_fn=_die_with_parent,
-            ).result()
-
-    def check_alive(self) -> None:
-        if self.popen is None:
-            raise ClusterError(f"{self.name} is not running")
-        code = self.popen.poll()
-        if code is not None:
-            raise ClusterError(f"{self.name} exited with code {code}.\n{self.log_tail()}")
-
-    def terminate(self) -> None:
-        """Send SIGTERM without waiting (``stop()`` waits)."""
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-
-    def stop(self, timeout: float) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` seconds; safe to repeat."""
-        popen, self.popen = self.popen, None
-        if popen is None or popen.poll() is not None:
-            return
-        popen.terminate()
-        try:
-            popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to the running process (e.g. SIGSTOP, SIGCONT)."""
-        self.check_alive()
-        assert self.popen is not None
-        self.popen.send_signal(signum)
-
-    def kill(self) -> None:
-        popen, self.popen = self.popen, None
-        if popen is not None and popen.poll() is None:
-            popen.kill()
-            popen.wait()
-
-    def log_tail(self) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return f"(no log at {self.log_path})"
-        lines = text.splitlines()[-_LOG_TAIL_LINES:]
-        return f"Last lines of {self.log_path}:\n" + "\n".join(lines)
+def _flags(name: str, values: Mapping[str, bool]) -> list[str]:
+    """``--name=key=value,...``, or nothing when ``values`` is empty (upstream's defaults)."""
+    if not values:
+        return []
+    return [f"--{name}=" + ",".join(f"{key}={str(value).lower()}" for key, value in values.items())]
 
 
 @dataclass
@@ -237,7 +197,7 @@ class _APIServer:
     hostname: str
     port: int
     version: str
-    process: _Process
+    process: Process
     cert_dir: Path
     extra_args: list[str] = field(default_factory=list)
 
@@ -252,8 +212,10 @@ class LocalCluster:
     ``version`` is the release every apiserver starts with (each can be restarted with
     another) and whose etcd is used. The identity-lease parameters override upstream's
     3600 s lease duration, 10 s renew interval and 3600 s expired-lease GC period (seconds;
-    ``None`` keeps upstream's). ``extra_apiserver_args`` are appended to every apiserver's
-    command line, after the defaults, so they can override them.
+    ``None`` keeps upstream's). ``storage_version_api`` serves the alpha StorageVersion API
+    (``internal.apiserver.k8s.io/v1alpha1``), off by default as upstream's. ``extra_apiserver_args``
+    are appended to every apiserver's command line, after the defaults, so they can override
+    them.
     """
 
     def __init__(
@@ -264,6 +226,7 @@ class LocalCluster:
         identity_lease_duration_seconds: int | None = None,
         identity_lease_renew_interval: float | None = None,
         identity_lease_gc_period: float | None = None,
+        storage_version_api: bool = False,
         extra_apiserver_args: Sequence[str] = (),
         startup_timeout: float = 180.0,
         shutdown_timeout: float = 60.0,
@@ -276,15 +239,16 @@ class LocalCluster:
         self._lease_env = _lease_environment(
             identity_lease_duration_seconds, identity_lease_renew_interval, identity_lease_gc_period
         )
+        self._storage_version_api = storage_version_api
         self._extra_apiserver_args = list(extra_apiserver_args)
         self._startup_timeout = startup_timeout
         self._shutdown_timeout = shutdown_timeout
         self._workdir: Path | None = None
         self._token = ""
-        self._etcd: _Process | None = None
+        self._etcd: Process | None = None
         self._etcd_port = 0
         self._apiservers: list[_APIServer] = []
-        self._controller_manager: _Process | None = None
+        self._controller_manager: Process | None = None
         self._controller_manager_port = 0
 
     # ----- lifecycle -------------------------------------------------------------------
@@ -318,7 +282,7 @@ class LocalCluster:
                     hostname=f"{_HOSTNAME_PREFIX}-{index}",
                     port=free_port(),
                     version=self._version,
-                    process=_Process(
+                    process=Process(
                         f"kube-apiserver {index}", self._workdir / f"apiserver-{index}.log"
                     ),
                     cert_dir=self._workdir / f"apiserver-{index}",
@@ -531,8 +495,9 @@ class LocalCluster:
     def etcd_get_prefix(self, prefix: str | bytes) -> list[tuple[str, bytes]]:
         """Every (key, raw value) under ``prefix`` in etcd, by key, read via the v3 JSON gateway.
 
-        Kubernetes keeps objects under ``/registry/<resource>/...``; with the JSON storage
-        media type each value is the object's JSON as the apiserver stored it.
+        Kubernetes keeps objects under ``/registry/<resource>/...``, each value as the
+        apiserver stored it: protobuf (``k8s\\0`` and a ``runtime.Unknown``) for built-in
+        kinds, JSON for custom resources; ``kube.stored.decode`` reads either.
         """
         key = prefix.encode() if isinstance(prefix, str) else prefix
         body = {
@@ -576,7 +541,7 @@ class LocalCluster:
         binary = binaries(version, ("kube-controller-manager",)) / "kube-controller-manager"
         kubeconfig = self.write_kubeconfig(workdir / "controller-manager.kubeconfig", server_index)
         self._controller_manager_port = free_port()
-        gates = controller_manager_feature_gates(version)
+        gates = controller_manager_feature_gates(version, self._storage_version_api)
         command = [
             str(binary),
             f"--kubeconfig={kubeconfig}",
@@ -586,7 +551,7 @@ class LocalCluster:
             # no need to read them from kube-system/extension-apiserver-authentication.
             "--authentication-skip-lookup",
             f"--controllers={','.join(controllers)}",
-            f"--feature-gates={_join_flags(gates)}",
+            *_flags("feature-gates", gates),
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={self._controller_manager_port}",
@@ -594,7 +559,7 @@ class LocalCluster:
             "--v=2",
             *extra_args,
         ]
-        process = _Process("kube-controller-manager", workdir / "controller-manager.log")
+        process = Process("kube-controller-manager", workdir / "controller-manager.log")
         self._controller_manager = process
         process.start(command)
         insecure = ssl.create_default_context()
@@ -653,7 +618,7 @@ class LocalCluster:
         self._etcd_port = free_port()
         peer = f"http://127.0.0.1:{free_port()}"
         client = f"http://127.0.0.1:{self._etcd_port}"
-        self._etcd = _Process("etcd", workdir / "etcd.log")
+        self._etcd = Process("etcd", workdir / "etcd.log")
         self._etcd.start(
             [
                 str(binary),
@@ -676,6 +641,7 @@ class LocalCluster:
         workdir = self._require_started()
         pki = workdir / "pki"
         binary = binaries(server.version, ("kube-apiserver",)) / "kube-apiserver"
+        svapi = self._storage_version_api
         args = [
             f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1",
@@ -689,9 +655,8 @@ class LocalCluster:
             f"--service-account-issuer={_SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'service-account.pub'}",
             f"--service-account-signing-key-file={pki / 'service-account.key'}",
-            f"--feature-gates={_join_flags(apiserver_feature_gates(server.version))}",
-            f"--runtime-config={_join_flags(apiserver_runtime_config(server.version))}",
-            "--storage-media-type=application/json",
+            *_flags("feature-gates", apiserver_feature_gates(server.version, svapi)),
+            *_flags("runtime-config", apiserver_runtime_config(server.version, svapi)),
             "--shutdown-delay-duration=0s",
             "--shutdown-watch-termination-grace-period=2s",
             # The "kubernetes" Service's endpoints cannot point at a loopback address.
@@ -734,7 +699,7 @@ class LocalCluster:
 
     def _poll(
         self,
-        process: _Process,
+        process: Process,
         url: str,
         context: ssl.SSLContext | None,
         headers: Mapping[str, str],
@@ -779,10 +744,6 @@ def _lease_environment(
     return env
 
 
-def _join_flags(values: Mapping[str, bool]) -> str:
-    return ",".join(f"{key}={str(value).lower()}" for key, value in values.items())
-
-
 def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key starting with ``prefix`` (etcd's range_end)."""
     end = bytearray(prefix)
@@ -812,23 +773,6 @@ def _require_tool(name: str) -> None:
         )
 
 
-# Every child is forked from this one thread, which lives as long as the Python process.
-# Linux sends the parent-death signal (below) when the *thread* that forked a child ends,
-# not the process: a child started from a short-lived thread (a worker of
-# asyncio.to_thread, say) would otherwise be killed as soon as that worker is retired.
-_SPAWNER = concurrent.futures.ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="svledger-spawner"
-)
-
-
-def _die_with_parent() -> None:
-    # Runs in the forked child before exec: ask Linux to SIGTERM the process when the
-    # process that started it dies, so a killed test run never leaves servers behind.
-    if sys.platform == "linux":
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -854,6 +798,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also run a kube-controller-manager with the storage version controllers",
     )
+    run.add_argument(
+        "--storage-version-api",
+        action="store_true",
+        help="serve the alpha StorageVersion API (off by default, as upstream's)",
+    )
     run.add_argument("--identity-lease-duration", type=int, metavar="SECONDS")
     run.add_argument("--identity-lease-renew-interval", type=float, metavar="SECONDS")
     run.add_argument("--identity-lease-gc-period", type=float, metavar="SECONDS")
@@ -868,6 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity_lease_duration_seconds=args.identity_lease_duration,
             identity_lease_renew_interval=args.identity_lease_renew_interval,
             identity_lease_gc_period=args.identity_lease_gc_period,
+            storage_version_api=args.storage_version_api,
         ) as cluster:
             if args.controller_manager:
                 cluster.start_controller_manager()
@@ -876,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             while not stop_requested.wait(1.0):
                 cluster.check_alive()
         return 0
-    except ClusterError as error:
+    except ProcessError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

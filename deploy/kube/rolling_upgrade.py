@@ -1,24 +1,31 @@
 """A real rolling upgrade, checked in etcd: does a storage migration leave objects behind?
 
-Three kube-apiservers of Kubernetes v1.36.3 share one etcd and are upgraded one by one
-to v1.37.2. Between these releases MutatingAdmissionPolicy and its bindings move their
-storage version from ``admissionregistration.k8s.io/v1beta1`` to ``.../v1`` (both
-releases serve v1). Clients keep creating such objects through every apiserver while
-svledger runs beside the cluster: ``collect``, ``project`` (into SQLite), the trigger
-and the worker, all on a real Kafka broker. Afterwards etcd's raw values (the
-apiservers store JSON) show the version every object is stored in.
+Three stock kube-apiservers of Kubernetes v1.36.3 (upstream's defaults: no StorageVersion
+API, objects stored as protobuf; see :mod:`deploy.kube.cluster`) share one etcd and are
+upgraded one by one to v1.37.2. Between these releases MutatingAdmissionPolicy and its
+bindings move their storage version from ``admissionregistration.k8s.io/v1beta1`` to
+``.../v1`` (both releases serve v1). Clients keep creating such objects through every
+apiserver while svledger runs beside the cluster: ``collect`` (which reads the version
+each apiserver encodes in from that apiserver's own discovery, as ``--apiserver`` gives it
+every apiserver's address), ``project`` (into SQLite), the trigger and the worker, all on
+a real Kafka broker. Afterwards etcd's raw values, read by :mod:`kube.stored`, show the
+version every object is stored in.
 
 Two triggers:
 
 * ``agreement``, the ledger's migrator: a migration is requested only once every live
   apiserver encodes the resource in the same version, and cancelled when they stop
-  agreeing. Expected: every object ends in v1, no migration was requested on a
-  disagreement and none succeeded while the apiservers disagreed (:func:`while_disagreeing`).
+  agreeing. Expected: every object ends in v1 (0 left in v1beta1), no migration was
+  requested on a disagreement and none succeeded while the apiservers disagreed
+  (:func:`while_disagreeing`).
 * ``discovery-hash``, the way of the automated-migration KEP without its HA design:
   poll one apiserver's discovery and migrate as soon as its ``storageVersionHash``
   changes. It migrates right after the first apiserver is upgraded, believes the
   resource migrated, and leaves behind every object the not yet upgraded apiservers
   write in v1beta1.
+
+Each run prints, per resource, how many objects etcd holds in each version, and the
+objects left in an old version.
 
 Two executors run the migrations: svledger's own worker (``rewrite``: list in chunks,
 no-op update of every object) or kube-controller-manager's in-tree migrator
@@ -36,7 +43,6 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import sys
@@ -55,10 +61,12 @@ from kube.client import ApiError, ClusterUnreachable, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
 from kube.executor import StorageMigrationExecutor
+from kube.stored import EncryptedValue, StoredObject, decode
 from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
 from ledger.events import Meta, MigrationRequested, MigrationSucceeded
 from ledger.hashing import hash_of_stored
+from ledger.identity import apiserver_id
 from ledger.kafka import EventProducer, PartitionProducer, create_topics
 from ledger.settings import KafkaSettings
 from projections import database
@@ -95,11 +103,32 @@ class Result:
     migrations_while_disagreeing: list[str]
     succeeded: dict[str, int]  # resource -> migrations that succeeded
     believed_migrated: dict[str, bool]  # the trigger in charge thinks all is in v1
-    views_match_upstream: bool  # the projection's StorageVersions equal the apiservers'
+    views_match_apiservers: bool  # the projection's StorageVersions equal their discovery
 
     @property
     def left_behind(self) -> int:
         return sum(n for c in self.stored.values() for v, n in c.items() if v != NEW_VERSION)
+
+
+def addressed(kube: Kube, cluster: LocalCluster) -> dict[str, Kube]:
+    """A client of each of ``cluster``'s apiservers, by apiserver ID, as ``svledger collect
+    --apiserver HOSTNAME=URL`` makes them: ``kube``'s credentials, each apiserver's URL."""
+    return {
+        apiserver_id(host): kube.at(url)
+        for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
+    }
+
+
+def stored_as(key: str, value: bytes) -> str:
+    """The apiVersion etcd's ``value`` under ``key`` was written in (:mod:`kube.stored`), or
+    what it is instead: such a value is counted as left in an old version."""
+    found = decode(key, value)
+    if isinstance(found, StoredObject):
+        return found.api_version
+    if isinstance(found, EncryptedValue):
+        return f"encrypted ({found.provider})"
+    log.warning("an etcd value that cannot be read: %s", found)
+    return f"undecodable ({found.reason})"
 
 
 def policy(name: str) -> dict[str, Any]:
@@ -271,7 +300,8 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
     ) as cluster:
         kubeconfig = str(cluster.write_kubeconfig(workdir / "kubeconfig", 1))
         kube = await connect(kubeconfig)
-        servers = [kube.at(url) for url in cluster.urls]
+        direct = addressed(kube, cluster)
+        servers = list(direct.values())
         stop = asyncio.Event()
         clients_stop = asyncio.Event()
         created: list[str] = []
@@ -280,7 +310,9 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
         if executor_name == "storagemigration":  # as `svledger worker` makes it
             executor = StorageMigrationExecutor(kube, SystemClock(), executor)
         tasks: list[Coroutine[Any, Any, object]] = [
-            run_collector(settings, CLUSTER, kube, stop=stop, clock=SystemClock()),
+            run_collector(
+                settings, CLUSTER, kube, stop=stop, clock=SystemClock(), apiservers=direct
+            ),
             run_projector(settings, db_url, stop=stop, group=False),
             run_worker(
                 settings,
@@ -311,6 +343,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
             await asyncio.sleep(5)
             clients_stop.set()
             await _settle(settings, trigger)
+            discovered = await _discovered(direct)
         finally:
             stop.set()
             clients_stop.set()
@@ -338,16 +371,10 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
                 )
         stored = {
             resource: Counter(
-                json.loads(value)["apiVersion"]
-                for _, value in cluster.etcd_get_prefix(f"/registry/{resource}/")
+                stored_as(key, value)
+                for key, value in cluster.etcd_get_prefix(f"/registry/{resource}/")
             )
             for resource, _ in RESOURCES
-        }
-        upstream = {
-            obj["metadata"]["name"]: obj
-            for obj in cluster.get_json(
-                "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions", server_index=1
-            )["items"]
         }
     engine = database.engine(db_url)
     with engine.connect() as connection:
@@ -366,7 +393,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
             for r, _ in RESOURCES
         },
         believed_migrated=believed,
-        views_match_upstream=_views_match(projected, upstream),
+        views_match_apiservers=_views_match(projected, discovered),
     )
 
 
@@ -392,18 +419,30 @@ async def _settle(settings: KafkaSettings, trigger: str) -> None:
     log.warning("the migrations did not settle within 240 s")
 
 
-def _views_match(projected: State, upstream: dict[str, Any]) -> bool:
-    for resource, _ in RESOURCES:
+async def _discovered(servers: dict[str, Kube]) -> dict[str, dict[str, str]]:
+    """Resource -> apiserver ID -> the storageVersionHash that apiserver's own discovery
+    shows for it (the version it encodes the resource in)."""
+    found: dict[str, dict[str, str]] = {resource: {} for resource, _ in RESOURCES}
+    for apiserver, server in servers.items():
+        for entry in (await server.get(f"/apis/{GROUP}/v1"))["resources"]:
+            if entry["name"] in found and entry.get("storageVersionHash"):
+                found[entry["name"]][apiserver] = entry["storageVersionHash"]
+    return found
+
+
+def _views_match(projected: State, discovered: dict[str, dict[str, str]]) -> bool:
+    """Whether the projection's StorageVersions of :data:`RESOURCES` hold each apiserver
+    encoding in the version its discovery hash names, and their common version."""
+    for resource, kind in RESOURCES:
         ours = projected.storage_versions.get((CLUSTER, GROUP, resource))
-        theirs = (upstream.get(f"{GROUP}.{resource}") or {}).get("status") or {}
         if ours is None:
             return False
-        entries = {
-            e["apiServerID"]: e["encodingVersion"] for e in theirs.get("storageVersions") or ()
-        }
-        if {e.apiserver_id: e.encoding_version for e in ours.entries} != entries:
+        entries = {e.apiserver_id: e.encoding_version for e in ours.entries}
+        hashes = {a: hash_of_stored(version, kind) for a, version in entries.items()}
+        if hashes != discovered[resource]:
             return False
-        if ours.common_encoding_version != theirs.get("commonEncodingVersion"):
+        versions = set(entries.values())
+        if ours.common_encoding_version != (versions.pop() if len(versions) == 1 else None):
             return False
     return True
 
@@ -418,9 +457,10 @@ def render(result: Result) -> str:
             f" migrations succeeded: {result.succeeded[resource]}"
         )
     lines += [
-        f"* objects left in an old version: {result.left_behind}",
+        f"* objects left in an old version (etcd, not {NEW_VERSION}): {result.left_behind}",
         f"* migrations while the apiservers disagreed: {len(result.migrations_while_disagreeing)}",
-        f"* projection's StorageVersions equal the apiservers': {result.views_match_upstream}",
+        f"* projection's StorageVersions equal the apiservers' discovery:"
+        f" {result.views_match_apiservers}",
         "",
     ]
     return "\n".join(lines)
@@ -449,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def all_runs() -> int:
         failed = 0
+        left: dict[str, int] = {}
         with kafka_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
             await warm_up(bootstrap)
             for trigger in args.trigger or TRIGGERS:
@@ -458,10 +499,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings = KafkaSettings(bootstrap_servers=bootstrap, topic=topic, partitions=3)
                 result = await run(settings, trigger, args.executor, workdir)
                 print(render(result), flush=True)
+                left[trigger] = result.left_behind
                 if trigger == "agreement" and (
                     result.left_behind or result.migrations_while_disagreeing
                 ):
                     failed = 1
+        print(
+            "objects left in an old version:",
+            ", ".join(f"{trigger} trigger {n}" for trigger, n in left.items()),
+            flush=True,
+        )
         return failed
 
     return asyncio.run(all_runs())

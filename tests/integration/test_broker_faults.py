@@ -83,6 +83,12 @@ KILLS = 5
 LEASE_SECONDS = 8  # shorter than an outage: leases expire, reporters re-register
 
 
+@pytest.fixture(scope="module")
+def storage_version_api() -> bool:
+    """``agree`` holds the ledger against the real cluster's StorageVersion objects."""
+    return True
+
+
 def pods(version: str) -> list[ResourceReport]:
     return [ResourceReport("", "pods", "Pod", version, ("v1", "v2"), ("v1", "v2"))]
 

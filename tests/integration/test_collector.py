@@ -1,12 +1,14 @@
 """``svledger collect`` against real kube-apiservers (etcd + three apiservers built here).
 
-The collector's events, folded, must give exactly what the apiservers publish: every
-StorageVersion's entries, common encoding version and condition, field by field, and
-every identity Lease. When an apiserver stops, the ledger drops its lease and its
-entries from every StorageVersion by itself (upstream leaves them to
-kube-controller-manager's GC, which does not run here, so upstream's objects keep
-them). Killing the collector at random points, or running two at once, must leave no
-event appended twice and none missing.
+The module's cluster serves the alpha StorageVersion API, so that the collector's
+events, folded, can be held against what the apiservers publish: every StorageVersion's
+entries, common encoding version and condition, field by field, and every identity
+Lease. When an apiserver stops, the ledger drops its lease and its entries from every
+StorageVersion by itself (upstream leaves them to kube-controller-manager's GC, which
+does not run here, so upstream's objects keep them). Killing the collector at random
+points, or running two at once, must leave no event appended twice and none missing.
+The tests of stock clusters (no StorageVersion API, protobuf in etcd) start clusters of
+their own and hold the ledger against each apiserver's discovery.
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from deploy.kube.cluster import LocalCluster
-from deploy.kube.rolling_upgrade import GROUP, NEW, NEW_VERSION, OLD, OLD_VERSION, RESOURCES
+from deploy.kube.rolling_upgrade import (
+    GROUP,
+    NEW,
+    NEW_VERSION,
+    OLD,
+    OLD_VERSION,
+    RESOURCES,
+    addressed,
+)
 from kube import collector
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
@@ -62,6 +72,12 @@ from tests.kube import (
 
 CLUSTER = "real"
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def storage_version_api() -> bool:
+    """``agree`` holds the ledger against upstream's StorageVersion objects."""
+    return True
 
 
 @pytest.fixture
@@ -402,25 +418,6 @@ async def test_custom_resources_are_collected_from_each_apiservers_discovery(
         assert_nothing_twice(records)
 
 
-# Upstream's defaults, as operators run kube-apiserver: the StorageVersionAPI gate and
-# its API group off, built-in kinds stored as protobuf. A second --feature-gates or
-# --runtime-config merges into the first (a map flag), a second --storage-media-type
-# replaces it.
-STOCK_APISERVER_ARGS = [
-    "--feature-gates=StorageVersionAPI=false",
-    "--runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
-    "--storage-media-type=application/vnd.kubernetes.protobuf",
-]
-
-
-def addressed(kube: Kube, cluster: LocalCluster) -> dict[str, Kube]:
-    """A client of each of ``cluster``'s apiservers, by apiserver ID (``--apiserver``)."""
-    return {
-        apiserver_id(host): kube.at(url)
-        for host, url in zip(cluster.apiserver_hostnames, cluster.urls, strict=True)
-    }
-
-
 async def discovered_hashes(kube: Kube) -> dict[str, str]:
     """Every resource (``<group>.<resource>``, ``core.`` for the core group) that the
     apiserver ``kube`` addresses lists with a storageVersionHash, and that hash."""
@@ -457,7 +454,6 @@ async def test_a_stock_cluster_gives_every_resource_each_apiserver_stores_from_i
         version=OLD,
         identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
-        extra_apiserver_args=STOCK_APISERVER_ARGS,
     ) as cluster:
         await asyncio.to_thread(cluster.restart_apiserver, 1, NEW)
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
@@ -531,7 +527,6 @@ async def test_an_apiserver_restarted_on_the_older_release_never_inherits_what_t
         version=NEW,
         identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
-        extra_apiserver_args=STOCK_APISERVER_ARGS,
     ) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
         direct = addressed(kube, cluster)
@@ -605,6 +600,7 @@ async def test_in_a_rolling_upgrade_the_resources_only_the_new_release_serves_ar
         version=OLD,
         identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
         identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+        storage_version_api=True,
     ) as cluster:
         kube = await connect(str(cluster.write_kubeconfig(tmp_path / "kubeconfig", 0)))
         direct = addressed(kube, cluster)

@@ -39,6 +39,12 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
 RETURNING = 0  # the apiserver whose lease ends and comes back
 
 
+@pytest.fixture(scope="module")
+def storage_version_api() -> bool:
+    """The race is upstream's StorageVersion objects'."""
+    return True
+
+
 @pytest.fixture
 async def settings(kafka_bootstrap: str, unique_topic: str) -> KafkaSettings:
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic=unique_topic, partitions=3)

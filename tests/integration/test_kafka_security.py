@@ -92,6 +92,12 @@ DEADLINE = 120.0  # a guard against a hung broker or process, not a measurement
 
 
 @pytest.fixture(scope="module")
+def storage_version_api() -> bool:
+    """``agree`` holds the ledger against the real cluster's StorageVersion objects."""
+    return True
+
+
+@pytest.fixture(scope="module")
 def kafka(secured_kafka: SecuredKafka) -> SecuredKafka:
     """The module's broker, every role granted on :data:`TOPIC` and the topics created."""
     secured_kafka.grant(

@@ -1,9 +1,10 @@
 """The worker against a real kube-apiserver behaves as upstream's migrator does.
 
-MutatingAdmissionPolicies are created on v1.36.3 (stored as ``v1beta1``); the apiserver
-is upgraded to v1.37.2 (which stores them as ``v1``). The worker runs as a service
-account that RBAC lets update every one of them but one (admission policies cannot
-refuse writes to admissionregistration objects, so the refusal is a 403). The migration
+MutatingAdmissionPolicies are created on a stock v1.36.3 apiserver (stored as
+``v1beta1``, in protobuf); the apiserver is upgraded to v1.37.2 (which stores them as
+``v1``). The worker runs as a service account that RBAC lets update every one of them
+but one (admission policies cannot refuse writes to admissionregistration objects, so
+the refusal is a 403). The migration
 to v1 lists in chunks: the refused object does not stop its chunk (every other object
 of the chunk is rewritten, as etcd shows), the migration fails naming it, and the
 trigger requests it again after its back-off, again and again, until the refusal is
@@ -23,7 +24,7 @@ import pytest
 from consumers.migrator import Backoff, run_migrator
 from consumers.worker import Rewriter, run_worker
 from deploy.kube.cluster import LocalCluster
-from deploy.kube.rolling_upgrade import NEW, OLD, policy
+from deploy.kube.rolling_upgrade import NEW, OLD, addressed, policy, stored_as
 from kube.client import Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
@@ -117,8 +118,9 @@ async def upgraded(tmp_path: Path) -> AsyncIterator[tuple[LocalCluster, Kube]]:
 
 
 def stored(cluster: LocalCluster) -> dict[str, str]:
+    """Each policy's name -> the version etcd holds it in (protobuf, as upstream stores)."""
     return {
-        key.rsplit("/", 1)[1]: json.loads(value)["apiVersion"].rsplit("/", 1)[1]
+        key.rsplit("/", 1)[1]: stored_as(key, value).rsplit("/", 1)[1]
         for key, value in cluster.etcd_get_prefix("/registry/mutatingadmissionpolicies/")
     }
 
@@ -135,8 +137,12 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
     stop = asyncio.Event()
     clock = SystemClock()
     rewriter = Rewriter(KubernetesTarget(worker_kube), clock, chunk_size=5)
+    # A stock apiserver: the collector reads what it stores in from its own discovery.
+    direct = addressed(kube, cluster)
     tasks = [
-        asyncio.create_task(run_collector(settings, CLUSTER, kube, stop=stop, clock=clock)),
+        asyncio.create_task(
+            run_collector(settings, CLUSTER, kube, stop=stop, clock=clock, apiservers=direct)
+        ),
         asyncio.create_task(run_migrator(settings, stop=stop, backoff=Backoff(seconds=2))),
         asyncio.create_task(
             run_worker(
@@ -182,4 +188,5 @@ async def test_a_refused_object_fails_its_migration_after_its_chunk_and_it_is_re
         stop.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
-        await worker_kube.close()
+        for client in (worker_kube, *direct.values()):
+            await client.close()
