@@ -42,13 +42,17 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   dropping an apiserver's entries keeps the others' order. The views keep the order
   in each entry row's ``ordinal``. Agreement does not depend on the order.
 * **Membership is complete or there is no agreement.** Every apiserver holding a lease
-  in the cluster must have an entry in a StorageVersion for its common encoding version
-  to be set: while one has none (it just joined and has not reported yet, or the
-  collector cannot read it: its entries were withdrawn), the condition is ``Unknown``
-  (reason ``CommonEncodingVersionUnknown``, naming it) and no migration starts or goes
-  on (:func:`agreement`). A heartbeat that adds a member and an end of a lease recompute
-  the agreement of every StorageVersion of the cluster; plain renewals touch none.
-  Upstream sets ``commonEncodingVersion`` from the entries present alone.
+  in the cluster must report for a StorageVersion's common encoding version to be set:
+  while one reports nothing at all (it just joined and has not reported yet, or the
+  collector cannot read it: its entries were withdrawn, or has no address for it), the
+  condition of every StorageVersion it has no entry in is ``Unknown`` (reason
+  ``CommonEncodingVersionUnknown``, naming it) and no migration starts or goes on
+  (:func:`agreement`, :func:`unreported`). One that reports other resources but not this
+  one does not serve it (an apiserver's resources are reported, and withdrawn, as a
+  whole set), so it cannot write it. A heartbeat that adds a member, an end of a lease,
+  and a member's first or last entry recompute the agreement of every StorageVersion of
+  the cluster; plain renewals touch none. Upstream sets ``commonEncodingVersion`` from
+  the entries present alone, whoever holds a lease.
 * **An apiserver may be read from several sources** (``StorageVersionReported.source``:
   its own discovery, its StorageVersion entry, or its own report): it holds one entry
   per source, and the entries of every source must name one encoding version, so two
@@ -259,7 +263,7 @@ def agreement(
     version moves from one value to another, and is kept otherwise.
 
     Beyond upstream: ``unreported`` are the apiservers that hold a live lease in the
-    cluster but have no entry, from any source. Agreement is then unknown, not true: the
+    cluster but report nothing (:func:`unreported`). Agreement is then unknown, not true: the
     common version is unset and the condition ``Unknown``
     (:data:`~projections.state.REASON_UNKNOWN`), naming them, unless the entries
     disagree already (``False``, upstream's). Upstream computes agreement over the
@@ -320,9 +324,21 @@ def transitions(
 
 
 def unreported(state: State, key: ResourceKey, entries: Iterable[ServerStorageVersion]) -> set[str]:
-    """The members of ``key``'s cluster (apiservers with a lease) without an entry in it."""
-    members = state.members_by_cluster.get(key[0], set())
-    return members - {entry.apiserver_id for entry in entries}
+    """The members of ``key``'s cluster (apiservers with a lease) that report nothing: no
+    entry in ``entries`` nor in any StorageVersion of the cluster.
+
+    A member that reports other resources but not this one does not serve it (the
+    reporter reports, and the collector reads from discovery, an apiserver's whole set of
+    resources at once, and withdraws what leaves it), so it cannot write it either.
+    """
+    cluster = key[0]
+    members = state.members_by_cluster.get(cluster, set())
+    reporting = {entry.apiserver_id for entry in entries}
+    return {
+        apiserver_id
+        for apiserver_id in members - reporting
+        if (cluster, apiserver_id) not in state.resources_by_apiserver
+    }
 
 
 def live_leases(state: State, cluster: str) -> list[Lease]:
@@ -550,6 +566,19 @@ def _set_entries(
     hashes if absent: an apiserver may already have written objects in it.
     """
     previous = state.storage_versions.get(key)
+    cluster = key[0]
+    # The index first: whether an apiserver reports anything is part of the agreement.
+    before = set() if previous is None else {e.apiserver_id for e in previous.entries}
+    after = {e.apiserver_id for e in entries}
+    silent = {a for a in before ^ after if (cluster, a) not in state.resources_by_apiserver}
+    for apiserver_id in after - before:
+        state.resources_by_apiserver.setdefault((cluster, apiserver_id), set()).add(key)
+    for apiserver_id in before - after:
+        _discard(state.resources_by_apiserver, (cluster, apiserver_id), key)
+    silent ^= {a for a in before ^ after if (cluster, a) not in state.resources_by_apiserver}
+    # Only members count: the end of a lease refreshes the cluster once, by itself.
+    silent &= state.members_by_cluster.get(cluster, set())
+
     storage_version: StorageVersion | None = None
     if entries:
         common, condition = agreement(
@@ -577,11 +606,6 @@ def _set_entries(
 
     before = set() if previous is None else {e.apiserver_id for e in previous.entries}
     after = {e.apiserver_id for e in entries}
-    for apiserver_id in after - before:
-        state.resources_by_apiserver.setdefault((key[0], apiserver_id), set()).add(key)
-    for apiserver_id in before - after:
-        _discard(state.resources_by_apiserver, (key[0], apiserver_id), key)
-
     storage_state = state.storage_states.get(key)
     persisted = (
         (UNKNOWN_HASH,) if storage_state is None else storage_state.persisted_storage_version_hashes
@@ -604,6 +628,10 @@ def _set_entries(
         ),
         changes.storage_states,
     )
+    if silent:
+        # An apiserver began or ceased to report anything: every StorageVersion of the
+        # cluster may now be agreed on, or unknown (:func:`unreported`).
+        _refresh_agreement(state, cluster, now, revision, changes)
 
 
 def _reset(state: State, event: StorageStateReset, revision: str, changes: Changes) -> None:

@@ -643,11 +643,13 @@ def test_withdrawal_removes_one_entry() -> None:
     log.withdraw("2")
 
     assert encodings(log.storage_version()) == {"1": "v1"}
-    # 2 still holds a lease: what it writes is unknown until its lease ends.
-    assert log.storage_version().condition.status == "Unknown"
-    assert log.storage_version().common_encoding_version is None
+    # 2 reports deployments and no longer pods: it does not serve pods.
+    assert log.storage_version().condition == condition(SET, log.now)
     assert encodings(log.storage_version(DEPLOYMENTS)) == {"2": "v2"}
     assert log.withdraw("2").rejections
+    # Its last entry withdrawn, it reports nothing: what it writes is unknown.
+    log.withdraw("2", resource=DEPLOYMENTS)
+    assert log.storage_version().condition.status == "Unknown"
     log.release("2")
     assert log.storage_version().condition == condition(SET, log.now)
 
@@ -688,9 +690,11 @@ def test_a_joining_member_makes_every_resource_of_its_cluster_unknown_until_it_r
         assert log.storage_version(resource).condition.status == "Unknown"
         assert log.storage_version(resource).revision == log.revision
     assert other.storage_version().condition.status == "True"  # clusters never meet
-    log.report("2", "v1")
+    changes = log.report("2", "v1")
     assert log.storage_version().condition == condition(SET, log.now)
-    assert log.storage_version(DEPLOYMENTS).condition.status == "Unknown"
+    # 2 reports pods and not deployments: it does not serve them, 1 alone writes them.
+    assert log.storage_version(DEPLOYMENTS).condition == condition(SET, log.now)
+    assert ("east", "apps", "deployments") in changes.storage_versions
     assert not log.heartbeat("2").storage_versions  # a renewal is no join
 
 

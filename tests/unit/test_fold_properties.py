@@ -146,7 +146,14 @@ def assert_storage_versions_consistent(state: State) -> None:
         members = {a for c, a in state.leases if c == cluster}
         assert state.members_by_cluster.get(cluster, set()) == members
         versions = {entry.encoding_version for entry in storage_version.entries}
-        unreported = members - set(ids)
+        reporting = {a for c, a in state.resources_by_apiserver if c == cluster}
+        assert reporting == {
+            e.apiserver_id
+            for k, sv in state.storage_versions.items()
+            if k[0] == cluster
+            for e in sv.entries
+        }
+        unreported = members - reporting
         common = storage_version.common_encoding_version
         agreed = len(versions) == 1 and not unreported
         assert common == (versions.pop() if agreed else None)

@@ -41,9 +41,34 @@ def downgrade() -> None:
 
 
 def _condition_statuses(statuses: tuple[str, ...]) -> None:
+    """Allow ``statuses`` in ``storage_versions.condition_status``, keeping every entry.
+
+    SQLite changes a constraint by copying the table into a new one and dropping the old,
+    and dropping it deletes its entries (their foreign key cascades, and SQLite cannot
+    switch foreign keys off inside the migration's transaction): they are kept aside and
+    put back.
+    """
+    entries = sa.table(
+        "server_storage_versions",
+        *(sa.column(c.name) for c in _entry_columns()),
+    )
+    connection = op.get_bind()
+    copied = connection.dialect.name == "sqlite"  # PostgreSQL alters the table in place
+    kept = (
+        [dict(row) for row in connection.execute(sa.select(entries)).mappings()] if copied else []
+    )
     allowed = ", ".join(f"'{status}'" for status in statuses)
     with op.batch_alter_table("storage_versions") as table:
         table.drop_constraint("ck_storage_versions_condition_status", type_="check")
         table.create_check_constraint(
             "ck_storage_versions_condition_status", f"condition_status IN ({allowed})"
         )
+    if kept:
+        connection.execute(sa.delete(entries))
+        connection.execute(sa.insert(entries), kept)
+
+
+def _entry_columns() -> list[sa.Column[object]]:
+    """The columns ``server_storage_versions`` has now (with or without ``source``)."""
+    inspector = sa.inspect(op.get_bind())
+    return [sa.Column(c["name"]) for c in inspector.get_columns("server_storage_versions")]
