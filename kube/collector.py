@@ -472,7 +472,14 @@ class ClusterWatch:
                     log.info("%s: watch expired (410 Gone); listing again", plural)
                     resource_version = None
                     continue
-                if error.status == NOT_FOUND and what == STORAGE_VERSIONS:
+                if error.status == NOT_FOUND and what == CUSTOM_RESOURCES:
+                    # Served by every kube-apiserver; a stand-in may lack them.
+                    if plural not in self._unserved:
+                        self._unserved.add(plural)
+                        log.info("the cluster serves no %s (404); asked again", plural)
+                    resource_version = None
+                    backoff = MAX_BACKOFF_SECONDS
+                elif error.status == NOT_FOUND and what == STORAGE_VERSIONS:
                     # Switched off (or not yet on): listed again once it answers, as a
                     # watch from a version of the API that went away cannot resume.
                     self._not_served(plural)

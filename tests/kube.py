@@ -32,15 +32,19 @@ KUBE_RENEW_SECONDS = 2.0
 KUBE_LEASE_GC_SECONDS = 5.0
 
 
-def ledger_views(state: State, cluster: str) -> Views:
+def ledger_views(state: State, cluster: str, source: str | None = None) -> Views:
     """The ledger's StorageVersions as :func:`upstream_views` shows upstream's: one entry
     per apiserver, the one read from its StorageVersion entry where there is one (the
-    ledger also holds what its discovery shows, which must agree)."""
+    ledger also holds what its discovery shows, which must agree). With ``source``, only
+    the entries read from it, and the StorageVersions that have some."""
     views: Views = {}
     for (c, group, resource), sv in state.storage_versions.items():
         if c != cluster:
             continue
-        preferred = sorted(sv.entries, key=lambda e: e.source != SOURCE_STORAGE_VERSION)
+        shown = [e for e in sv.entries if source is None or e.source == source]
+        if not shown:
+            continue
+        preferred = sorted(shown, key=lambda e: e.source != SOURCE_STORAGE_VERSION)
         entries = {
             e.apiserver_id: (
                 e.encoding_version,

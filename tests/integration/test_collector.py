@@ -50,7 +50,7 @@ from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
 from kube.upstream import SOURCE
 from ledger.clock import SystemClock
-from ledger.events import ApiserverHeartbeat, StorageVersionReported
+from ledger.events import SOURCE_STORAGE_VERSION, ApiserverHeartbeat, StorageVersionReported
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
 from ledger.kafka import Record, create_topics
@@ -164,7 +164,8 @@ async def agree(
                     upstream[name][2],
                 )
         upstream = {name: view for name, view in upstream.items() if view[0]}
-        ledger = ledger_views(state, CLUSTER)
+        # What upstream's objects say; the ledger holds each apiserver's discovery too.
+        ledger = ledger_views(state, CLUSTER, SOURCE_STORAGE_VERSION)
         if not dead and ledger != upstream:
             differ = sorted(
                 n for n in upstream.keys() | ledger.keys() if upstream.get(n) != ledger.get(n)
@@ -743,7 +744,8 @@ async def test_storage_versions_switched_off_while_watched_are_not_served_not_an
         try:
             await eventually(listed_while_off, "StorageVersions listed again while off")
             assert watcher.synced
-            assert ("apiserver-a", "", "pods") in watcher.snapshot.entries  # none lost
+            kept = ("apiserver-a", "", "pods", SOURCE_STORAGE_VERSION)
+            assert kept in watcher.snapshot.entries  # none lost
             with pytest.raises(ApiError) as refused:  # the client's own word for it
                 async for _ in kube.watch(group, version, "storageversions", None, "5"):
                     pass

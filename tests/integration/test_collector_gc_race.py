@@ -28,6 +28,7 @@ import pytest
 
 from deploy.kube.cluster import LocalCluster
 from kube.client import Kube, connect
+from ledger.events import SOURCE_STORAGE_VERSION
 from ledger.kafka import create_topics
 from ledger.settings import KafkaSettings
 from projections.replay import cluster_log
@@ -92,7 +93,7 @@ async def test_the_ledger_stays_complete_where_upstream_gc_loses_entries(
         async def complete() -> str | None:
             state, _ = await cluster_log(settings, CLUSTER)
             live = set(await upstream_leases(kube))
-            views = ledger_views(state, CLUSTER)
+            views = ledger_views(state, CLUSTER, SOURCE_STORAGE_VERSION)
             short = [n for n, (entries, _, _) in views.items() if set(entries) != live]
             if len(live) < 3 or len(views) < 40 or short:
                 return (
@@ -102,7 +103,8 @@ async def test_the_ledger_stays_complete_where_upstream_gc_loses_entries(
             return None
 
         await eventually(complete, "the ledger holds every apiserver's entries")
-        names = set(ledger_views((await cluster_log(settings, CLUSTER))[0], CLUSTER))
+        state, _ = await cluster_log(settings, CLUSTER)
+        names = set(ledger_views(state, CLUSTER, SOURCE_STORAGE_VERSION))
         (returning,) = [
             a for a, lease in (await upstream_leases(kube)).items() if lease[1] == hostname
         ]
@@ -116,9 +118,8 @@ async def test_the_ledger_stays_complete_where_upstream_gc_loses_entries(
 
             async def ended() -> str | None:
                 state, _ = await cluster_log(settings, CLUSTER)
-                holding = [
-                    n for n, view in ledger_views(state, CLUSTER).items() if returning in view[0]
-                ]
+                views = ledger_views(state, CLUSTER, SOURCE_STORAGE_VERSION)
+                holding = [n for n, view in views.items() if returning in view[0]]
                 if returning in ledger_leases(state, CLUSTER) or holding:
                     return f"the ledger holds {returning}'s lease or entries ({holding[:3]})"
                 return None
