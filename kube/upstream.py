@@ -67,8 +67,11 @@ became GA is stored one more release in its beta, off by default, such as
 ``clustertrustbundles`` in ``certificates.k8s.io/v1beta1`` on v1.37), so every version
 name upstream's naming allows (``v1`` to ``v3``, each alone or with ``alpha1`` to
 ``beta9``) is tried next, for the resource's kinds, in its group and in the groups serving
-the same kind (:func:`_unserved_match`). A hash that matches none of them is not
-reported, with a warning once per apiserver, resource and hash. The entry is:
+the same kind (:func:`_unserved_match`). A hash that matches none of them is
+reported in an unnamed version (an empty ``encoding_version`` carrying the hash), with a
+warning once per apiserver, resource and hash: the apiserver serves the resource, so it
+writes it, and the fold holds an unnamed version in disagreement with every other (no
+migration), and ``explain`` says why. The entry is:
 
 * encoding version: the matched group/version;
 * served versions: every version of the resource's group whose discovery document, at
@@ -159,7 +162,7 @@ from ledger.events import (
     StorageVersionReported,
     StorageVersionWithdrawn,
 )
-from ledger.hashing import hash_of_stored, storage_version_hash
+from ledger.hashing import UNNAMED_VERSION, hash_of_stored, storage_version_hash
 from ledger.identity import (
     HOSTNAME_LABEL,
     IDENTITY_LABEL,
@@ -460,16 +463,20 @@ def built_in_entries(
         match = stored_as.get(found[0]) or _unserved_match(
             found[0], group, kinds[group, resource], everywhere
         )
+        served_versions = tuple(versions[group, resource])
         if match is None:
+            # Reported all the same, with the hash and no version: the apiserver serves
+            # the resource, so it writes it, in a version that agrees with no other.
             problems.append(
                 f"{where} shows storageVersionHash {found[0]}, the hash of none of the"
-                " group/version/kinds the apiservers serve; not reported until one of them"
-                " serves the version it is stored in"
+                " group/version/kinds the apiservers serve or upstream's version names;"
+                " reported as stored in an unnamed version, which agrees with none"
             )
-            continue
+            match = (UNNAMED_VERSION, sorted(kinds[group, resource])[0])
         encoding, kind = match
-        served_versions = tuple(versions[group, resource])
-        decodable = served_versions + (() if encoding in served_versions else (encoding,))
+        decodable = served_versions + (
+            () if encoding in (*served_versions, UNNAMED_VERSION) else (encoding,)
+        )
         entries.append(
             Entry(
                 apiserver_id,
@@ -670,8 +677,10 @@ def _report(
     cluster: str, entry: Entry, kind_of: KindOf, now: datetime
 ) -> StorageVersionReported | str:
     where = f"{entry.apiserver_id}'s entry for {group_resource_string(entry.group, entry.resource)}"
+    unnamed = entry.encoding_version == UNNAMED_VERSION and entry.storage_version_hash
     try:
-        split_group_version(entry.encoding_version)
+        if not unnamed:
+            split_group_version(entry.encoding_version)
     except ValueError as error:
         return f"{where}: {error}"
     kind = entry.kind or kind_of(entry.group, entry.resource, entry.encoding_version)
@@ -686,6 +695,7 @@ def _report(
             entry.decodable_versions,
             entry.served_versions,
             entry.apiserver_id,
+            entry.storage_version_hash,
         )
     except InvalidReport as error:
         return f"{where}: {error}"

@@ -37,3 +37,17 @@ def hash_of_stored(version: str, kind: str) -> str:
     """The storageVersionHash of ``kind`` stored as ``version``, group-qualified as upstream
     writes it (``apps/v1``; ``v1`` for the core group)."""
     return storage_version_hash(*split_group_version(version), kind)
+
+
+# A report's encoding version when the sender knows only the hash its apiserver stores a
+# resource with (the collector found no group/version/kind that hashes to it): the
+# report then carries that hash, and the version stays unnamed.
+UNNAMED_VERSION = ""
+
+
+def hash_of_report(encoding_version: str, kind: str, storage_version_hash: str | None) -> str:
+    """The hash a report says its apiserver stores with: of ``encoding_version`` and
+    ``kind``, or, for an :data:`UNNAMED_VERSION`, the reported ``storage_version_hash``."""
+    if encoding_version == UNNAMED_VERSION and storage_version_hash:
+        return storage_version_hash
+    return hash_of_stored(encoding_version, kind)

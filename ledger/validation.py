@@ -145,10 +145,16 @@ def check_report(
     decodable_versions: Sequence[str],
     served_versions: Sequence[str],
     apiserver_id: str | None = None,
+    storage_version_hash: str | None = None,
 ) -> None:
     """Raise :class:`InvalidReport` naming every rule the report breaks, in the order
     upstream's ``validateServerStorageVersion`` checks them (the first one's field,
-    value and rule are the error's own)."""
+    value and rule are the error's own).
+
+    An empty ``encoding_version`` with a ``storage_version_hash`` is an apiserver storing
+    in a version nobody could name but by its hash (:data:`ledger.hashing.UNNAMED_VERSION`):
+    the rules on the encoding version do not apply to it."""
+    unnamed = encoding_version == "" and bool(storage_version_hash)
     problems: list[InvalidReport] = []
 
     def check(rule: Callable[..., None], *arguments: str) -> None:
@@ -162,10 +168,11 @@ def check_report(
     check(check_group, group)
     check(check_resource, resource)
     check(check_kind, kind)
-    check(check_version, "encoding_version", encoding_version)
+    if not unnamed:
+        check(check_version, "encoding_version", encoding_version)
     for version in decodable_versions:
         check(check_version, "decodable_versions", version)
-    if encoding_version not in decodable_versions:
+    if not unnamed and encoding_version not in decodable_versions:
         problems.append(
             InvalidReport(
                 "decodable_versions",

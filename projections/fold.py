@@ -126,7 +126,7 @@ from ledger.events import (
     StorageVersionWithdrawn,
     type_name,
 )
-from ledger.hashing import hash_of_stored
+from ledger.hashing import UNNAMED_VERSION, hash_of_report, hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from ledger.validation import (
     LEASE_DURATION_MAX,
@@ -274,10 +274,15 @@ def agreement(
     """
     entries = tuple(entries)
     versions = {entry.encoding_version for entry in entries}
-    common = next(iter(versions)) if len(versions) == 1 and not unreported else None
+    unnamed = sorted({e.apiserver_id for e in entries if e.encoding_version == UNNAMED_VERSION})
+    agreed = len(versions) == 1 and not unreported and not unnamed
+    common = next(iter(versions)) if agreed else None
     status: ConditionStatus
-    if len(versions) > 1:
-        status, reason, message = "False", REASON_UNSET, MESSAGE_UNSET + _conflicts(entries)
+    if len(versions) > 1 or unnamed:
+        message = MESSAGE_UNSET + _conflicts(entries)
+        if unnamed:
+            message += f"; stored in a version no one can name by {', '.join(unnamed)}"
+        status, reason = "False", REASON_UNSET
     elif unreported:
         status, reason = "Unknown", REASON_UNKNOWN
         message = (
@@ -484,6 +489,7 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
             event.decodable_versions,
             event.served_versions,
             event.apiserver_id,
+            event.storage_version_hash,
         )
     except InvalidReport as error:
         _reject(changes, event, revision, str(error))
@@ -511,7 +517,7 @@ def _reported(state: State, event: StorageVersionReported, revision: str, change
         entries = tuple(entry if e.key == entry.key else e for e in others)
     else:
         entries = (*others, entry)
-    reported_hash = hash_of_stored(event.encoding_version, event.kind)
+    reported_hash = hash_of_report(event.encoding_version, event.kind, event.storage_version_hash)
     if event.storage_version_hash is not None and event.storage_version_hash != reported_hash:
         _reject(
             changes,

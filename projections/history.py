@@ -48,7 +48,7 @@ from ledger.events import (
     StorageVersionReported,
     StorageVersionWithdrawn,
 )
-from ledger.hashing import hash_of_stored
+from ledger.hashing import UNNAMED_VERSION, hash_of_report
 from ledger.names import resource_name, storage_state_name
 from projections.fold import STALE_SUCCESS, agreement, transitions
 from projections.schema import (
@@ -395,6 +395,12 @@ def describe(entry: HistoryEntry) -> str:
     event_type = entry.event_type
     if event_type == REPORTED:
         read = f", read from {p['source']}" if p.get("source") else ""
+        if p["encoding_version"] == UNNAMED_VERSION:
+            return (
+                f"{p['apiserver_id']} stores it with storageVersionHash"
+                f" {p['storage_version_hash']}, the hash of no version anyone serves or"
+                f" upstream names{read}"
+            )
         return (
             f"{p['apiserver_id']} encodes in {p['encoding_version']}"
             f" (decodes {', '.join(p['decodable_versions'])}{read})"
@@ -527,8 +533,9 @@ def _agreement_lines(facts: Facts) -> list[str]:
             None,
         )
         read = f" (read from {entry.source})" if entry.source else ""
+        encodes = _version_words(entry.encoding_version)
         lines.append(
-            f"  - {entry.apiserver_id}{read} encodes in {entry.encoding_version}, decodes"
+            f"  - {entry.apiserver_id}{read} encodes in {encodes}, decodes"
             f" {', '.join(entry.decodable_versions)}; last reported by {_cite(report)}"
         )
     condition = storage_version.condition
@@ -552,10 +559,18 @@ def _agreement_lines(facts: Facts) -> list[str]:
         for entry in storage_version.entries:
             by_version.setdefault(entry.encoding_version, []).append(entry.apiserver_id)
         split = "; ".join(
-            f"{version} by {', '.join(ids)}" for version, ids in sorted(by_version.items())
+            f"{version or 'an unnamed version'} by {', '.join(ids)}"
+            for version, ids in sorted(by_version.items())
         )
         lines.append(f"They disagree ({split}): there is no common encoding version; {since}")
     return lines
+
+
+def _version_words(version: str) -> str:
+    """A reported encoding version in words: an unnamed one says why it has no name."""
+    if version == UNNAMED_VERSION:
+        return "an unnamed version (its discovery hash is that of no version served or known)"
+    return version
 
 
 def _unreported_lines(facts: Facts) -> list[str]:
@@ -663,7 +678,8 @@ def hash_origins(facts: Facts) -> dict[str, HistoryEntry]:
             targets[p["migration_id"]] = p["target_hash"]
         elif entry.event_type == REPORTED:
             origins.setdefault(UNKNOWN_HASH, entry)
-            origins.setdefault(hash_of_stored(p["encoding_version"], p["kind"]), entry)
+            found = hash_of_report(p["encoding_version"], p["kind"], p.get("storage_version_hash"))
+            origins.setdefault(found, entry)
         elif entry.event_type == RESET:
             origins = {UNKNOWN_HASH: entry}
         elif p["migration_id"] in targets:
@@ -699,7 +715,8 @@ def _hash_lines(facts: Facts) -> list[str]:
         else:
             why = (
                 f"{origin.payload['apiserver_id']} reported encoding version"
-                f" {origin.payload['encoding_version']} and may have written with it:"
+                f" {_version_words(origin.payload['encoding_version'])} and may have written"
+                " with it:"
                 f" {_cite(origin)}"
             )
         lines.append(f"  - {persisted}: {why}")

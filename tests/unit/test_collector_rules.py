@@ -863,17 +863,43 @@ def test_a_version_served_by_no_apiserver_is_found_by_upstreams_version_names() 
     ]
 
 
-def test_a_hash_that_names_nothing_is_not_reported_and_said() -> None:
+def test_a_hash_that_names_nothing_is_reported_unnamed_and_said() -> None:
     own = mutating_admission_policies("v1", "example.com/v1")  # another group's, unserved
     entries, problems = built_in_entries("apiserver-b", B_1, own, own)
-    assert entries == []
+    [unnamed] = entries
+    assert (unnamed.encoding_version, unnamed.storage_version_hash) == (
+        "",
+        own[0].storage_version_hash,
+    )
+    assert (
+        unnamed.decodable_versions
+        == unnamed.served_versions
+        == ("admissionregistration.k8s.io/v1",)
+    )
     assert problems == [
         "apiserver-b's discovery of mutatingadmissionpolicies.admissionregistration.k8s.io"
         " (admissionregistration.k8s.io/v1) shows storageVersionHash"
         f" {own[0].storage_version_hash}, the hash of none of the group/version/kinds the"
-        " apiservers serve; not reported until one of them serves the version it is"
-        " stored in"
+        " apiservers serve or upstream's version names; reported as stored in an unnamed"
+        " version, which agrees with none"
     ]
+    # The ledger holds it: a disagreement with any other apiserver, whose words say why.
+    ledger = Ledger()
+    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
+    [named], _ = built_in_entries(
+        "apiserver-a", A_1, mutating_admission_policies("v1", "admissionregistration.k8s.io/v1"), []
+    )
+    ledger.collect(with_entries(cluster(leases), named, unnamed), T0)
+    key = (CLUSTER, "admissionregistration.k8s.io", "mutatingadmissionpolicies")
+    storage_version = ledger.state.storage_versions[key]
+    assert storage_version.common_encoding_version is None
+    assert "stored in a version no one can name by apiserver-b" in (
+        storage_version.condition.message
+    )
+    assert (
+        own[0].storage_version_hash
+        in ledger.state.storage_states[key].persisted_storage_version_hashes
+    )
     # Named once an apiserver serves that group's kind.
     widgets = parse_discovery(
         discovery_document("example.com/v2", ("widgets", "MutatingAdmissionPolicy", None))
@@ -938,7 +964,8 @@ def test_the_stored_version_is_found_whenever_an_apiserver_serves_it(
     groups = {"example.io"} | {s.group for s in everywhere if s.kind == "Thing"}
     named = stored_kind == "Thing" and stored_group in groups
     if (stored_version, stored_kind) not in served_anywhere and not named:
-        assert entries == []
+        [unnamed] = entries
+        assert unnamed.encoding_version == ""  # reported, with its hash, as unnamed
         assert len(problems) == 1 and "the hash of none of" in problems[0]
         return
     assert problems == []

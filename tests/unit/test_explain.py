@@ -403,3 +403,25 @@ def test_no_current_hash_is_put_down_to_no_apiserver_reporting_once_none_does() 
     text = explanation(s.facts())
     assert "no current storage version hash: no apiserver reports the resource" in text
     assert "while the apiservers disagree" not in text
+
+
+def test_an_unnamed_storage_version_is_a_disagreement_explain_puts_into_words() -> None:
+    s = Scenario()
+    for apiserver in ("a", "b"):
+        s.heartbeat(apiserver)
+    s.report("a", "v1")
+    found = storage_version_hash("apps", "v9", "Deployment")  # no version anyone names
+    unnamed = s.add(
+        StorageVersionReported(
+            s.meta("b"), "b", "apps", "deployments", "Deployment", "", ("apps/v1",),
+            ("apps/v1",), found, "discovery",
+        )
+    )  # fmt: skip
+    text = explanation(s.facts())
+    assert "b (read from discovery) encodes in an unnamed version (its discovery hash" in text
+    assert "They disagree (an unnamed version by b; apps/v1 by a)" in text
+    assert f"{found}: b reported encoding version an unnamed version" in text
+    (row,) = [
+        line for line in format_history(s.facts().history).splitlines() if str(unnamed) in line
+    ]
+    assert f"stores it with storageVersionHash {found}, the hash of no version" in row
