@@ -1040,9 +1040,9 @@ def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entrie
     assert condition.status == "True"
 
 
-def test_a_departing_apiserver_keeps_its_lease_and_entries_until_it_has_stopped() -> None:
-    # kube-apiserver deletes its lease when told to stop, then serves (and writes) on for
-    # its --shutdown-delay-duration: its entries must hold agreement back meanwhile.
+def b_departing() -> tuple[Ledger, Snapshot]:
+    """apiserver-a on apps/v2, apiserver-b on apps/v1 told to stop: its lease is deleted,
+    and it may still serve (and write)."""
     ledger = Ledger()
     leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
     snapshot = with_entries(
@@ -1053,6 +1053,13 @@ def test_a_departing_apiserver_keeps_its_lease_and_entries_until_it_has_stopped(
     ledger.collect(snapshot, T0)
     del snapshot.leases["apiserver-b"]
     snapshot.departing.add("apiserver-b")
+    return ledger, snapshot
+
+
+def test_a_departing_apiserver_keeps_its_lease_and_entries_until_it_has_stopped() -> None:
+    # kube-apiserver deletes its lease when told to stop, then serves (and writes) on for
+    # its --shutdown-delay-duration: its entries must hold agreement back meanwhile.
+    ledger, snapshot = b_departing()
 
     assert ledger.collect(snapshot, T0 + timedelta(seconds=5)) == []
     assert held_entries(ledger) == {
@@ -1065,16 +1072,7 @@ def test_a_departing_apiserver_keeps_its_lease_and_entries_until_it_has_stopped(
 
 
 def test_a_stopped_apiserver_is_released_and_agreement_follows() -> None:
-    ledger = Ledger()
-    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
-    snapshot = with_entries(
-        cluster(leases),
-        discovered("apiserver-a", "apps/v2", A_1),
-        discovered("apiserver-b", "apps/v1", B_1),
-    )
-    ledger.collect(snapshot, T0)
-    del snapshot.leases["apiserver-b"]
-    snapshot.departing.add("apiserver-b")
+    ledger, snapshot = b_departing()
     ledger.collect(snapshot, T0)
 
     snapshot.departing.discard("apiserver-b")  # its discovery stopped answering
