@@ -3,9 +3,9 @@
 On one time axis (UTC, tick labels at round times, the date wherever it changes):
 
 * the agreement row: a band where the apiservers agree (the StorageVersion's common
-  encoding version is set), labelled with that version, and a pale band where they
-  disagree; nothing where no apiserver reports on the resource, nor where agreement is
-  unknown (an apiserver holding a live lease has not reported it);
+  encoding version is set), labelled with that version, a grey band where they
+  disagree, a sand one where agreement is unknown (an apiserver holding a live lease has
+  not reported), nothing where no apiserver reports on the resource;
 * one row per apiserver that reported on the resource, labelled with its hostname:
   bars coloured by the version it encodes and, under them, its lease: a line while it
   is held, a dot where the apiserver joined (its first heartbeat, or the first under a
@@ -65,6 +65,7 @@ MAX_TICKS: Final = 8
 
 AGREEMENT_COLOUR: Final = "#7b3fa0"
 DISAGREEMENT_COLOUR: Final = "#d9d9d9"
+UNKNOWN_COLOUR: Final = "#f2e6c9"  # agreement unknown: a live apiserver has not reported
 LEASE_COLOUR: Final = "#555555"
 EXPIRED_COLOUR: Final = "#b00020"
 VERSION_COLOURS: Final = ("#17becf", "#e377c2", "#bcbd22", "#8c564b", "#7f7f7f", "#aec7e8")
@@ -76,6 +77,7 @@ PHASE_COLOURS: Final = {
     "Cancelled": "#ff7f0e",
 }
 DISAGREE: Final = "versions differ"  # the label of a disagreement window
+UNKNOWN: Final = "not every apiserver reported"  # the label of an unknown window
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _HEARTBEAT: Final = ApiserverHeartbeat.__name__
@@ -146,6 +148,7 @@ class Timeline:
     end: datetime
     agreement: list[Span]  # labelled with the common encoding version
     disagreement: list[Span]  # labelled DISAGREE
+    unknown: list[Span]  # labelled UNKNOWN
     apiservers: list[ApiserverRow]
     migrations: list[MigrationRow]
 
@@ -167,6 +170,7 @@ def timeline(
     migrations: dict[str, MigrationRow] = {}
     agreement: list[Span] = []
     disagreement: list[Span] = []
+    unknown: list[Span] = []
     start = end = None
     for event, position in records:
         if event.meta.cluster != cluster:
@@ -183,9 +187,9 @@ def timeline(
             _versions(apiservers, storage_version, cause)
             common = storage_version.common_encoding_version if storage_version else None
             _window(agreement, common, cause)
-            # Unknown agreement (a member has not reported) is neither band: a gap.
-            differ = storage_version is not None and storage_version.condition.status == "False"
-            _window(disagreement, DISAGREE if differ else None, cause)
+            status = storage_version.condition.status if storage_version else None
+            _window(disagreement, DISAGREE if status == "False" else None, cause)
+            _window(unknown, UNKNOWN if status == "Unknown" else None, cause)
         for migration_key in changes.migrations:
             migration = state.migrations.get(migration_key)
             if migration is not None and migration.resource_key == key:
@@ -202,6 +206,7 @@ def timeline(
         end=end or EPOCH,
         agreement=agreement,
         disagreement=disagreement,
+        unknown=unknown,
         apiservers=sorted(
             (row for row in apiservers.values() if row.versions),
             key=lambda row: (row.hostname, row.apiserver_id),
@@ -403,6 +408,7 @@ def _legend(colours: dict[str, str]) -> str:
         [
             key(square(AGREEMENT_COLOUR), "apiservers agree"),
             key(square(DISAGREEMENT_COLOUR), "encoding versions differ"),
+            key(square(UNKNOWN_COLOUR), "agreement unknown"),
             *(key(square(colour), f"encodes {version}") for version, colour in colours.items()),
             key(lease, "lease held (dot: joined)"),
             key(tick(LEASE_COLOUR), "lease released"),
@@ -445,6 +451,12 @@ def _agreement_row(picture: Timeline, scale: _Scale) -> list[str]:
         x1, x2 = scale.x(span.start), scale.x(span.end)
         title = _span_title("the apiservers' encoding versions differ", span)
         parts.append(_bar("disagreement", x1, x2 - x1, y, DISAGREEMENT_COLOUR, title, ""))
+    for span in picture.unknown:
+        x1, x2 = scale.x(span.start), scale.x(span.end)
+        title = _span_title(
+            "agreement unknown: an apiserver holding a live lease has not reported", span
+        )
+        parts.append(_bar("unknown", x1, x2 - x1, y, UNKNOWN_COLOUR, title, ""))
     for span in picture.agreement:
         x1, x2 = scale.x(span.start), scale.x(span.end)
         title = _span_title(f"all apiservers encode {span.label}", span)

@@ -314,3 +314,21 @@ def test_any_history_draws_a_well_formed_page(records: list[tuple[Event, Positio
             for element in row.iter():
                 if element.tag.removeprefix(SVG) in DRAWN:
                     assert element.findtext(f"{SVG}title"), element.attrib
+
+
+def test_an_unknown_window_lasts_while_a_live_apiserver_has_not_reported() -> None:
+    h = History()
+    h.join(0, "a")
+    h.report(0, "a", "apps/v1")
+    h.join(2, "b")  # a new member: what it writes is unknown until it reports
+    h.report(5, "b", "apps/v1")
+    picture = timeline.timeline("east", "apps", "deployments", h.records)
+
+    def windows(spans: list[timeline.Span]) -> list[tuple[str, float | None, float | None]]:
+        return [(s.label, minutes(s.start), minutes(s.end)) for s in spans]
+
+    assert windows(picture.unknown) == [(timeline.UNKNOWN, 2, 5)]
+    assert windows(picture.agreement) == [("apps/v1", 0, 2), ("apps/v1", 5, None)]
+    assert picture.disagreement == []
+    (band,) = by_class(page_of(h))["unknown"]
+    assert "has not reported" in (band.findtext(f"{SVG}title") or "")
