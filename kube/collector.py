@@ -29,8 +29,8 @@ once it is caught up with its own last append.
 
 **Each apiserver's discovery.** With the addresses of the apiservers themselves
 (``--apiserver HOSTNAME=URL``, else the peer address an identity lease advertises in its
-``kubernetes.io/peer-advertise-address`` annotation, which kube-apiserver writes: v1.37.2
-does by default), the collector also watches CustomResourceDefinitions and
+``kubernetes.io/peer-advertise-address`` annotation, which kube-apiserver writes: v1.36.3
+and v1.37.2 do by default), the collector also watches CustomResourceDefinitions and
 reads every apiserver's discovery every few seconds (``/api/v1``, ``/apis`` and each
 group/version it lists): the ``storageVersionHash`` it shows for a resource, custom or
 built-in, names the version that apiserver stores it in (:mod:`kube.upstream`), so a
@@ -247,7 +247,7 @@ class ClusterWatch:
     def _addressed(self) -> dict[str, Kube]:
         """A client for each live apiserver the collector can address: as ``--apiserver``
         names it, else at the peer address its identity lease advertises (the
-        ``kubernetes.io/peer-advertise-address`` annotation, which v1.37.2 writes by
+        ``kubernetes.io/peer-advertise-address`` annotation, which v1.36.3 and v1.37.2 write by
         default), with the kubeconfig's credentials. One with
         neither is logged once: agreement on every resource is unknown while it lives."""
         addressed = {}
