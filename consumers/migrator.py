@@ -83,7 +83,8 @@ from ledger import metrics
 from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, MigrationRequested
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
-from projections.fold import active_migrations, unreported
+from projections.agreement import unreported
+from projections.fold import active_migrations
 from projections.snapshots import SnapshotSource
 from projections.state import PHASES, Changes, Migration, ResourceKey, State
 

@@ -101,7 +101,7 @@ not cover quite the same resources (v1.36.3 and v1.37.2 write no StorageVersion 
 harmless.
 
 **Membership.** Agreement needs an entry of every apiserver holding a live lease
-(:func:`projections.fold.agreement`); an apiserver the collector has no address for
+(:func:`projections.agreement.agreement`); an apiserver the collector has no address for
 (neither ``--apiserver`` nor the lease's peer-address annotation) has none on a stock
 cluster, and one whose discovery cannot be read loses its discovered entries
 (``StorageVersionWithdrawn`` with the reason), so agreement on every resource is unknown

@@ -47,7 +47,7 @@ Decisions taken here, beyond DESIGN.md's fold rules:
   collector cannot read it: its entries were withdrawn, or has no address for it), the
   condition of every StorageVersion it has no entry in is ``Unknown`` (reason
   ``CommonEncodingVersionUnknown``, naming it) and no migration starts or goes on
-  (:func:`agreement`, :func:`unreported`). One that reports other resources but not this
+  (:mod:`projections.agreement`). One that reports other resources but not this
   one does not serve it (an apiserver's resources are reported, and withdrawn, as a
   whole set), so it cannot write it. A heartbeat that adds a member, an end of a lease,
   and a member's first or last entry recompute the agreement of every StorageVersion of
@@ -104,7 +104,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -126,7 +126,7 @@ from ledger.events import (
     StorageVersionWithdrawn,
     type_name,
 )
-from ledger.hashing import UNNAMED_VERSION, hash_of_report, hash_of_stored
+from ledger.hashing import hash_of_report, hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from ledger.validation import (
     LEASE_DURATION_MAX,
@@ -134,17 +134,10 @@ from ledger.validation import (
     check_apiserver_id,
     check_report,
 )
+from projections.agreement import agreement, unreported
 from projections.state import (
-    CONDITION_TYPE,
-    MESSAGE_SET,
-    MESSAGE_UNSET,
-    REASON_SET,
-    REASON_UNKNOWN,
-    REASON_UNSET,
     UNKNOWN_HASH,
     Changes,
-    Condition,
-    ConditionStatus,
     Lease,
     LeaseKey,
     Migration,
@@ -246,104 +239,6 @@ def subject(event: Event) -> str:
             return resource_name(event.group, event.resource)
         case _:
             return event.migration_id
-
-
-def agreement(
-    entries: Iterable[ServerStorageVersion],
-    previous_common: str | None,
-    previous_condition: Condition | None,
-    now: datetime,
-    unreported: Collection[str] = (),
-) -> tuple[str | None, Condition]:
-    """The common encoding version and ``AllEncodingVersionsEqual`` condition of ``entries``.
-
-    As upstream's ``SetCommonEncodingVersion``: the common version is set iff every
-    entry has the same encoding version; the condition's ``last_transition_time`` is
-    ``now`` when there was no condition, when its status flips, or when the common
-    version moves from one value to another, and is kept otherwise.
-
-    Beyond upstream: ``unreported`` are the apiservers that hold a live lease in the
-    cluster but report nothing (:func:`unreported`). Agreement is then unknown, not true: the
-    common version is unset and the condition ``Unknown``
-    (:data:`~projections.state.REASON_UNKNOWN`), naming them, unless the entries
-    disagree already (``False``, upstream's). Upstream computes agreement over the
-    entries it has, so an apiserver that never wrote its entry (or whose entry the GC
-    removed) counts for nothing there; here every member must have said what it writes,
-    as an apiserver nobody asked may write anything. A message names an apiserver
-    whose sources name different versions (:data:`~ledger.events.SOURCES`).
-    """
-    entries = tuple(entries)
-    versions = {entry.encoding_version for entry in entries}
-    unnamed = sorted({e.apiserver_id for e in entries if e.encoding_version == UNNAMED_VERSION})
-    agreed = len(versions) == 1 and not unreported and not unnamed
-    common = next(iter(versions)) if agreed else None
-    status: ConditionStatus
-    if len(versions) > 1 or unnamed:
-        message = MESSAGE_UNSET + _conflicts(entries)
-        if unnamed:
-            message += f"; stored in a version no one can name by {', '.join(unnamed)}"
-        status, reason = "False", REASON_UNSET
-    elif unreported:
-        status, reason = "Unknown", REASON_UNKNOWN
-        message = (
-            "Common encoding version unknown: no storage version reported by"
-            f" {', '.join(sorted(unreported))}, holding a live lease"
-        )
-    else:
-        status, reason, message = "True", REASON_SET, MESSAGE_SET
-    if previous_condition is None or transitions(
-        previous_common, previous_condition, common, status
-    ):
-        transition = now
-    else:
-        transition = previous_condition.last_transition_time
-    return common, Condition(CONDITION_TYPE, status, reason, message, transition)
-
-
-def _conflicts(entries: tuple[ServerStorageVersion, ...]) -> str:
-    """``: <apiserver>: discovery v1, storageversion v1beta1; ...`` for each apiserver
-    whose sources name different encoding versions; "" when there is none."""
-    by_apiserver: dict[str, dict[str, str]] = {}
-    for entry in entries:
-        by_apiserver.setdefault(entry.apiserver_id, {})[entry.source] = entry.encoding_version
-    conflicts = [
-        f"{apiserver_id}: "
-        + ", ".join(f"{source or 'reported'} {version}" for source, version in sorted(by.items()))
-        for apiserver_id, by in by_apiserver.items()
-        if len(set(by.values())) > 1
-    ]
-    return f"; sources disagree: {'; '.join(conflicts)}" if conflicts else ""
-
-
-def transitions(
-    previous_common: str | None,
-    previous: Condition | None,
-    common: str | None,
-    status: ConditionStatus,
-) -> bool:
-    """Whether the condition transitions as the common version goes from
-    ``previous_common`` to ``common`` and its status to ``status``: there was none, its
-    status changes, or the common version moves from one value to another."""
-    moved = previous_common is not None and common is not None and previous_common != common
-    return previous is None or previous.status != status or moved
-
-
-def unreported(state: State, key: ResourceKey, entries: Iterable[ServerStorageVersion]) -> set[str]:
-    """The members of ``key``'s cluster (apiservers with a lease) that report nothing: no
-    entry in ``entries`` nor in any StorageVersion of the cluster.
-
-    A member that reports other resources but not this one does not serve it (the
-    reporter reports, and the collector reads from discovery, an apiserver's whole set of
-    resources at once, and withdraws what leaves it), so it cannot write it either.
-    """
-    cluster = key[0]
-    members = state.members_by_cluster.get(cluster, set())
-    reporting = {entry.apiserver_id for entry in entries}
-    return {
-        apiserver_id
-        for apiserver_id in members - reporting
-        if (cluster, apiserver_id) not in state.resources_by_apiserver
-    }
 
 
 def live_leases(state: State, cluster: str) -> list[Lease]:
@@ -636,7 +531,7 @@ def _set_entries(
     )
     if silent:
         # An apiserver began or ceased to report anything: every StorageVersion of the
-        # cluster may now be agreed on, or unknown (:func:`unreported`).
+        # cluster may now be agreed on, or unknown (:func:`projections.agreement.unreported`).
         _refresh_agreement(state, cluster, now, revision, changes)
 
 

@@ -50,7 +50,8 @@ from ledger.events import (
 )
 from ledger.hashing import UNNAMED_VERSION, hash_of_report
 from ledger.names import resource_name, storage_state_name
-from projections.fold import STALE_SUCCESS, agreement, transitions
+from projections.agreement import agreement, transitions
+from projections.fold import STALE_SUCCESS
 from projections.schema import (
     ledger_events,
     rejected_events,
@@ -289,7 +290,7 @@ def with_membership(
     ``holders_at_start``, those of a history that begins at a fold snapshot: an applied
     report adds one, an applied withdrawal removes its source's, a lease end all of its
     apiserver's). A join or a lease end is kept while the resource has an entry: it
-    moved the resource's agreement (:func:`projections.fold.agreement`).
+    moved the resource's agreement (:func:`projections.agreement.agreement`).
     """
     holders = set(holders_at_start)
     members = set(members_at_start)
@@ -612,7 +613,7 @@ def _unreported_lines(facts: Facts) -> list[str]:
 
 def transition_cause(facts: Facts) -> HistoryEntry | None:
     """The event whose fold last moved the condition: found by folding agreement along
-    the history, as the fold does (:func:`projections.fold.transitions`), not by the
+    the history, as the fold does (:func:`projections.agreement.transitions`), not by the
     transition's time, which several events may share."""
     start = facts.start
     encodings = {} if start is None else {e.key: e.encoding_version for e in start.entries}

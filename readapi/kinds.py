@@ -252,7 +252,8 @@ def _first_entries(entries: Sequence[ServerStorageVersion], shown: int = 3) -> s
 def per_apiserver(entries: Sequence[ServerStorageVersion]) -> list[ServerStorageVersion]:
     """One entry per apiserver, the first of its sources in the entries' order: upstream's
     ``storageVersions`` is a list map keyed by ``apiServerID``. Where an apiserver's
-    sources disagree the condition's message names them (:func:`projections.fold.agreement`)."""
+    sources disagree the condition's message names them
+    (:func:`projections.agreement.agreement`)."""
     seen: set[str] = set()
     shown = []
     for entry in entries:

@@ -30,7 +30,8 @@ from ledger.events import (
     StorageVersionReported,
     StorageVersionWithdrawn,
 )
-from projections.fold import active_migrations, agreement, apply, live_leases
+from projections.agreement import agreement
+from projections.fold import active_migrations, apply, live_leases
 from projections.state import (
     SEEN_EVENT_WINDOW,
     Changes,

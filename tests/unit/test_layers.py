@@ -39,6 +39,7 @@ PURE = (
     "ledger/validation.py",
     "kube/protobuf.py",
     "kube/stored.py",
+    "projections/agreement.py",
     "projections/fold.py",
     "projections/state.py",
 )
