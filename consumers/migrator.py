@@ -83,7 +83,7 @@ from ledger import metrics
 from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, MigrationRequested
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
-from projections.agreement import unreported
+from projections.agreement import source_conflicts, unreported
 from projections.fold import active_migrations
 from projections.snapshots import SnapshotSource
 from projections.state import PHASES, Changes, Migration, ResourceKey, State
@@ -297,15 +297,11 @@ def unreported_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], i
 
 def conflict_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
     """``svledger_storage_version_source_conflicts``: apiservers whose sources disagree."""
-    samples = []
-    for state in states:
-        for sv in state.storage_versions.values():
-            by_apiserver: dict[str, set[str]] = {}
-            for entry in sv.entries:
-                by_apiserver.setdefault(entry.apiserver_id, set()).add(entry.encoding_version)
-            conflicts = sum(1 for versions in by_apiserver.values() if len(versions) > 1)
-            samples.append(((sv.cluster, sv.name), conflicts))
-    return samples
+    return [
+        ((sv.cluster, sv.name), len(source_conflicts(sv.entries)))
+        for state in states
+        for sv in state.storage_versions.values()
+    ]
 
 
 async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:

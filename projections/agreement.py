@@ -81,17 +81,22 @@ def agreement(
     return common, Condition(CONDITION_TYPE, status, reason, message, transition)
 
 
-def _conflicts(entries: tuple[ServerStorageVersion, ...]) -> str:
-    """``: <apiserver>: discovery v1, storageversion v1beta1; ...`` for each apiserver
-    whose sources name different encoding versions; "" when there is none."""
+def source_conflicts(entries: Iterable[ServerStorageVersion]) -> dict[str, dict[str, str]]:
+    """Each apiserver whose sources name different encoding versions, with the version
+    each source names (``""``: its own report)."""
     by_apiserver: dict[str, dict[str, str]] = {}
     for entry in entries:
         by_apiserver.setdefault(entry.apiserver_id, {})[entry.source] = entry.encoding_version
+    return {a: by for a, by in by_apiserver.items() if len(set(by.values())) > 1}
+
+
+def _conflicts(entries: tuple[ServerStorageVersion, ...]) -> str:
+    """``: <apiserver>: discovery v1, storageversion v1beta1; ...`` for each apiserver
+    whose sources name different encoding versions; "" when there is none."""
     conflicts = [
         f"{apiserver_id}: "
         + ", ".join(f"{source or 'reported'} {version}" for source, version in sorted(by.items()))
-        for apiserver_id, by in by_apiserver.items()
-        if len(set(by.values())) > 1
+        for apiserver_id, by in source_conflicts(entries).items()
     ]
     return f"; sources disagree: {'; '.join(conflicts)}" if conflicts else ""
 

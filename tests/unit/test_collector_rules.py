@@ -1009,16 +1009,23 @@ def test_each_report_says_its_source_and_a_contradiction_between_them_is_a_disag
     )
 
 
-def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entries() -> None:
+def two_discovered(a_stores: str, b_stores: str) -> tuple[Ledger, Snapshot]:
+    """A ledger that holds apiserver-a storing deployments in ``a_stores`` and apiserver-b
+    in ``b_stores``, both read from their discovery, and the snapshot that showed it."""
     ledger = Ledger()
     leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
     snapshot = with_entries(
         cluster(leases),
-        discovered("apiserver-a", "apps/v1", A_1),
-        discovered("apiserver-b", "apps/v1", B_1),
+        discovered("apiserver-a", a_stores, A_1),
+        discovered("apiserver-b", b_stores, B_1),
     )
-    # A ledger a predecessor wrote: this collector has asked neither apiserver yet.
     ledger.collect(snapshot, T0)
+    return ledger, snapshot
+
+
+def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entries() -> None:
+    # A ledger a predecessor wrote: this collector has asked neither apiserver yet.
+    ledger, snapshot = two_discovered("apps/v1", "apps/v1")
     del snapshot.entries["apiserver-b", "apps", "deployments", "discovery"]
     assert ledger.collect(snapshot, T0) == []  # b not asked yet: its entry stands
 
@@ -1043,14 +1050,7 @@ def test_an_apiserver_whose_discovery_cannot_be_read_loses_its_discovered_entrie
 def b_departing() -> tuple[Ledger, Snapshot]:
     """apiserver-a on apps/v2, apiserver-b on apps/v1 told to stop: its lease is deleted,
     and it may still serve (and write)."""
-    ledger = Ledger()
-    leases = {"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}
-    snapshot = with_entries(
-        cluster(leases),
-        discovered("apiserver-a", "apps/v2", A_1),
-        discovered("apiserver-b", "apps/v1", B_1),
-    )
-    ledger.collect(snapshot, T0)
+    ledger, snapshot = two_discovered("apps/v2", "apps/v1")
     del snapshot.leases["apiserver-b"]
     snapshot.departing.add("apiserver-b")
     return ledger, snapshot
