@@ -30,7 +30,7 @@ once it is caught up with its own last append.
 **Each apiserver's discovery.** With the addresses of the apiservers themselves
 (``--apiserver HOSTNAME=URL``, else the peer address an identity lease advertises in its
 ``kubernetes.io/peer-advertise-address`` annotation, which kube-apiserver writes: v1.36.3
-and v1.37.2 do by default), the collector also watches CustomResourceDefinitions and
+and v1.37.2 do by default), the collector names custom resources by their definitions and
 reads every apiserver's discovery every few seconds (``/api/v1``, ``/apis`` and each
 group/version it lists): the ``storageVersionHash`` it shows for a resource, custom or
 built-in, names the version that apiserver stores it in (:mod:`kube.upstream`), so a
@@ -49,6 +49,15 @@ warned about once. A cluster reached only through a load balancer, without peer
 addresses or ``--apiserver``, gives leases and (with the alpha API) StorageVersion
 entries, but no discovered entry: each apiserver's own discovery cannot be asked there,
 as the balancer picks which one answers.
+
+**CustomResourceDefinitions.** They are watched too, addresses or not, and each is
+recorded (``CustomResourceDefinitionObserved``) when the ledger does not hold it as it
+is: its versions, served and storage version, ``status.storedVersions``, generation and
+``StorageMigrating`` condition; not at every status write, which only bumps its
+``resourceVersion``; and once, ``deleted``, when it is gone. A definition the ledger holds
+counts as gone only once the definitions have been listed, so a restarted collector ends
+none it has not listed yet. A ``404`` on their list (a stand-in serving none) is asked
+again every 30 s, and decides nothing meanwhile.
 
 **Kinds.** A report needs the kind of the objects (the storage version hash is computed
 from group, version and kind), which StorageVersion objects do not carry. It comes
@@ -71,7 +80,6 @@ from typing import Any, Final
 from consumers.partitions import PartitionFollower, PartitionLost
 from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
 from kube.upstream import (
-    CustomResource,
     Entry,
     Incarnation,
     Lease,
@@ -206,7 +214,8 @@ async def _read_discovery(kube: Kube, *, quiet: bool = True) -> list[Served]:
 
 
 class ClusterWatch:
-    """The cluster's identity Leases and StorageVersions, kept in a :class:`Snapshot`."""
+    """The cluster's identity Leases, StorageVersions and CustomResourceDefinitions, and
+    each apiserver's discovery, kept in a :class:`Snapshot`."""
 
     def __init__(
         self,
@@ -223,7 +232,6 @@ class ClusterWatch:
         # Departing apiservers (Snapshot.departing): when the deletion of the lease was
         # seen (the loop's time), and the lease it deleted.
         self._departed: dict[str, tuple[float, Lease]] = {}
-        self._custom: dict[str, CustomResource] = {}
         self._served: dict[str, list[Served]] = {}  # apiserver ID -> its last discovery
         # apiserver ID -> its lease when its last discovery read began (None: it had none)
         self._read_under: dict[str, Incarnation | None] = {}
@@ -316,10 +324,10 @@ class ClusterWatch:
     def _custom_resources(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
-            self._custom.pop(name, None)
+            self.snapshot.custom_resources.pop(name, None)
             return
         try:
-            self._custom[name] = parse_custom_resource(obj)
+            self.snapshot.custom_resources[name] = parse_custom_resource(obj)
         except NotUpstream as error:
             log.warning("ignoring CustomResourceDefinition: %s", error)
 
@@ -399,7 +407,7 @@ class ClusterWatch:
         read_under = self._read_under[apiserver_id]
         if read_under is None:
             return []
-        customs = {(c.group, c.resource): c for c in self._custom.values()}
+        customs = {(c.group, c.resource): c for c in self.snapshot.custom_resources.values()}
         entries = []
         for served in own:
             custom = customs.get((served.group, served.resource))
@@ -535,6 +543,8 @@ class ClusterWatch:
         before = dict(self.snapshot.leases)
         if plural == LEASES[2]:
             self.snapshot.leases.clear()  # a lease missing from the list has ended
+        elif plural == CUSTOM_RESOURCES[2]:
+            self.snapshot.custom_resources.clear()  # so is a definition: it was deleted
         if plural in self._unserved:
             self._unserved.discard(plural)
             log.info("the cluster serves %s now: collecting storage versions", plural)
@@ -545,6 +555,8 @@ class ClusterWatch:
                 if name not in self.snapshot.leases:
                     self._depart(name, lease)  # deleted while the watch was down
             self._leases_listed.set()
+        elif plural == CUSTOM_RESOURCES[2]:
+            self.snapshot.custom_resources_listed = True
         self._listed.add(plural)
         self.changed.set()
         resource_version: str = page["metadata"]["resourceVersion"]

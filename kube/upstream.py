@@ -36,7 +36,14 @@ fold (:class:`projections.state.State`, read back from the log) holds the same:
 * a ``serverStorageVersions`` entry of a live apiserver that the ledger lacks or holds
   otherwise -> ``StorageVersionReported``, with versions as upstream writes them, in
   its order; always after that apiserver's heartbeat in the same batch, so membership
-  comes first.
+  comes first;
+* a CustomResourceDefinition (:attr:`Snapshot.custom_resources`) the ledger lacks or holds
+  otherwise -> ``CustomResourceDefinitionObserved``: its versions (bare, as it names
+  them), served and storage versions, ``status.storedVersions``, generation and
+  ``StorageMigrating`` condition, before the reports of its resource. A change of its
+  ``resourceVersion`` alone is not one: every status write bumps it. One the ledger
+  holds that the listed definitions lack -> the same, ``deleted``, once; until the
+  definitions are listed, what the ledger holds stands.
 
 Custom resources have no StorageVersion objects (Kubernetes writes none for them). As
 the migration KEP's HA design proposes, the collector asks every apiserver directly for
@@ -157,6 +164,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     Meta,
     StorageVersionReported,
@@ -172,9 +180,12 @@ from ledger.identity import (
 )
 from ledger.names import CORE_GROUP_ALIAS, group_resource_string, split_group_version
 from ledger.validation import InvalidReport, check_report
-from projections.state import State, lease_expired
+from projections.state import CustomResourceDefinition, ResourceKey, State, lease_expired
 
 SOURCE: Final = "svledger-collector"
+# The CustomResourceDefinition condition a storage version migration sets (upstream's
+# in-tree migrator, and svledger's worker).
+STORAGE_MIGRATING: Final = "StorageMigrating"
 
 EntryKey: TypeAlias = tuple[str, str, str, str]  # apiserver ID, group, resource, source
 Incarnation: TypeAlias = tuple[str, str]  # a lease object's UID and holder identity
@@ -254,6 +265,11 @@ class Snapshot:
     # kube-apiserver deletes its lease when told to stop, then serves on for its
     # --shutdown-delay-duration. The ledger keeps their leases (and entries) meanwhile.
     departing: set[str] = dataclasses.field(default_factory=set)
+    # The CustomResourceDefinitions by name, as their watch shows them, and whether they
+    # have been listed: until they are, one the ledger holds and this lacks is not listed
+    # yet rather than deleted (:func:`reconcile`).
+    custom_resources: dict[str, CustomResource] = dataclasses.field(default_factory=dict)
+    custom_resources_listed: bool = False
 
 
 def parse_time(text: str) -> datetime:
@@ -333,13 +349,26 @@ def _listed(versions: Iterable[str] | None) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CustomResource:
-    """What a CustomResourceDefinition says of its resource's versions."""
+    """A CustomResourceDefinition: its resource's versions, by which a discovered hash is
+    named (:meth:`entry`), and what the ledger records of it (the fields of
+    ``CustomResourceDefinitionObserved``)."""
 
     group: str
     resource: str  # plural
     kind: str
-    versions: tuple[str, ...]  # every version, group-qualified
-    served: tuple[str, ...]  # the served ones
+    name: str  # the definition's, ``<plural>.<group>``
+    uid: str
+    generation: int
+    resource_version: str
+    versions: tuple[str, ...]  # every version, bare (``v1``), in spec.versions' order
+    served_versions: tuple[str, ...]  # the served ones
+    storage_version: str  # bare
+    stored_versions: tuple[str, ...]  # status.storedVersions
+    # Its StorageMigrating condition (the in-tree migrator's, and svledger's worker's).
+    storage_migrating_status: str | None = None
+    storage_migrating_reason: str | None = None
+    storage_migrating_message: str | None = None
+    storage_migrating_observed_generation: int | None = None
 
     def entry(
         self, apiserver_id: str, discovered_hash: str, observed_under: Incarnation
@@ -347,15 +376,16 @@ class CustomResource:
         """The entry of an apiserver whose discovery, read under its lease
         ``observed_under``, shows ``discovered_hash``, if it is the hash of one of the
         versions (the one that apiserver stores in)."""
-        for version in self.versions:
+        versions = tuple(f"{self.group}/{v}" for v in self.versions)
+        for version in versions:
             if hash_of_stored(version, self.kind) == discovered_hash:
                 return Entry(
                     apiserver_id,
                     self.group,
                     self.resource,
                     version,
-                    self.versions,
-                    self.served,
+                    versions,
+                    tuple(f"{self.group}/{v}" for v in self.served_versions),
                     discovered_hash,
                     self.kind,
                     observed_under,
@@ -364,21 +394,54 @@ class CustomResource:
 
 
 def parse_custom_resource(obj: Mapping[str, Any]) -> CustomResource:
-    """The resource a CustomResourceDefinition (``apiextensions.k8s.io/v1``) defines."""
+    """A CustomResourceDefinition (``apiextensions.k8s.io/v1``); :class:`NotUpstream` if it
+    lacks group, names or versions, or does not mark exactly one version as its storage
+    version (as upstream's validation requires)."""
+    metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    name = metadata.get("name", "")
     group = spec.get("group", "")
     names = spec.get("names") or {}
     versions = spec.get("versions") or ()
-    if not group or not names.get("plural") or not names.get("kind") or not versions:
-        name = (obj.get("metadata") or {}).get("name", "")
+    if not (group and names.get("plural") and names.get("kind") and versions) or not all(
+        v.get("name") for v in versions
+    ):
         raise NotUpstream(f"CustomResourceDefinition {name!r} lacks group, names or versions")
+    storage = [v["name"] for v in versions if v.get("storage")]
+    if len(storage) != 1:
+        raise NotUpstream(
+            f"CustomResourceDefinition {name!r} marks {len(storage)} versions as its storage"
+            f" version ({', '.join(storage) or 'none'}), where upstream allows exactly one"
+        )
+    migrating: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or () if c.get("type") == STORAGE_MIGRATING), {}
+    )
+    observed_generation = migrating.get("observedGeneration")
     return CustomResource(
         group,
         names["plural"],
         names["kind"],
-        tuple(f"{group}/{v['name']}" for v in versions),
-        tuple(f"{group}/{v['name']}" for v in versions if v.get("served")),
+        name,
+        metadata.get("uid") or "",
+        int(metadata.get("generation") or 0),
+        metadata.get("resourceVersion") or "",
+        tuple(v["name"] for v in versions),
+        tuple(v["name"] for v in versions if v.get("served")),
+        storage[0],
+        tuple(status.get("storedVersions") or ()),
+        _text(migrating.get("status")),
+        _text(migrating.get("reason")),
+        _text(migrating.get("message")),
+        None if observed_generation is None else int(observed_generation),
     )
+
+
+def _text(value: str | None) -> str | None:
+    """A condition's free text as an event may carry it: a NUL character (which no event
+    may carry, :mod:`ledger.codec`) shown escaped, as JSON writes it. Rejecting the whole
+    definition instead would leave its resource's discovered hashes unnamed."""
+    return None if value is None else value.replace("\x00", "\\u0000")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -538,9 +601,9 @@ def reconcile(
     """What to append so the ledger holds what ``snapshot`` shows, and what cannot be.
 
     Returns the events, in the order to append them (heartbeats, each after the end of
-    the lease of the holder it replaces, then lease ends, then reports), and one line per
-    entry that cannot be reported yet (no kind known, or a report upstream's validation
-    would refuse), for the shell to log.
+    the lease of the holder it replaces, then lease ends, then CustomResourceDefinitions,
+    then reports, then withdrawals), and one line per entry that cannot be reported yet
+    (no kind known, or a report upstream's validation would refuse), for the shell to log.
     """
     events: list[Event] = []
     problems: list[str] = []
@@ -602,6 +665,15 @@ def reconcile(
                 Meta.new(cluster, apiserver_id, now), apiserver_id, held.holder_identity
             )
         events.append(ended)
+    # Definitions before reports and withdrawals. A custom resource's entry is named by its
+    # definition (the version its discovered hash is of), so the ledger holds the
+    # definition (a new one, a new storage version) before the report it named. A deleted
+    # definition's resource leaves each apiserver's discovery at the next read, seconds
+    # after the watch showed the deletion, so its entries are withdrawn in a later batch
+    # as a rule, and the ledger holds entries of a resource without a definition meanwhile
+    # (as it always does of built-in ones); in one batch, the deletion, the cause, comes
+    # first.
+    events += _definitions(state, cluster, snapshot, now)
     # In the order the entries were first seen, which for one StorageVersion is the
     # order of its status.storageVersions: the ledger appends a new entry as upstream
     # does, so it lists them as upstream's object does.
@@ -620,6 +692,82 @@ def reconcile(
             events.append(report)
     events += _withdrawals(state, cluster, snapshot, live - replaced, now)
     return events, problems
+
+
+def _definitions(
+    state: State, cluster: str, snapshot: Snapshot, now: datetime
+) -> list[CustomResourceDefinitionObserved]:
+    """An event of each CustomResourceDefinition the snapshot shows otherwise than the
+    ledger holds it (a new one, or one whose versions, storedVersions, generation or
+    StorageMigrating condition changed; not one whose resourceVersion alone did, as
+    every status write bumps it), by name, then of each the ledger holds that the
+    snapshot, listed, lacks (``deleted``). One deleted and created again under the same
+    name (a new UID) is both: the old one's end, then the new one."""
+    events = []
+    shown: set[ResourceKey] = set()
+    for _, definition in sorted(snapshot.custom_resources.items()):
+        key = (cluster, definition.group, definition.resource)
+        shown.add(key)
+        held = state.custom_resources.get(key)
+        if held is not None and _said(held) == _said(definition):
+            continue
+        if held is not None and held.uid != definition.uid:
+            events.append(_observed(cluster, held, now, deleted=True))
+        events.append(_observed(cluster, definition, now))
+    if not snapshot.custom_resources_listed:
+        return events  # not listed yet, by this collector: what the ledger holds stands
+    for key, held in sorted(state.custom_resources.items()):
+        if key[0] == cluster and key not in shown:
+            events.append(_observed(cluster, held, now, deleted=True))
+    return events
+
+
+def _said(definition: CustomResource | CustomResourceDefinition) -> tuple[object, ...]:
+    """What an event says of ``definition``, but for its resourceVersion."""
+    return (
+        definition.group,
+        definition.resource,
+        definition.kind,
+        definition.name,
+        definition.uid,
+        definition.generation,
+        definition.versions,
+        definition.served_versions,
+        definition.storage_version,
+        definition.stored_versions,
+        definition.storage_migrating_status,
+        definition.storage_migrating_reason,
+        definition.storage_migrating_message,
+        definition.storage_migrating_observed_generation,
+    )
+
+
+def _observed(
+    cluster: str,
+    definition: CustomResource | CustomResourceDefinition,
+    now: datetime,
+    *,
+    deleted: bool = False,
+) -> CustomResourceDefinitionObserved:
+    return CustomResourceDefinitionObserved(
+        Meta.new(cluster, SOURCE, now),
+        definition.group,
+        definition.resource,
+        definition.kind,
+        definition.name,
+        definition.uid,
+        definition.generation,
+        definition.resource_version,
+        definition.versions,
+        definition.served_versions,
+        definition.storage_version,
+        definition.stored_versions,
+        definition.storage_migrating_status,
+        definition.storage_migrating_reason,
+        definition.storage_migrating_message,
+        definition.storage_migrating_observed_generation,
+        deleted,
+    )
 
 
 def _withdrawals(

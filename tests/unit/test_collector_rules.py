@@ -18,6 +18,7 @@ from kube.upstream import (
     Served,
     Snapshot,
     built_in_entries,
+    parse_custom_resource,
     parse_discovery,
     parse_lease,
     parse_storage_version,
@@ -27,6 +28,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     Position,
     StorageVersionReported,
@@ -115,6 +117,14 @@ class Ledger:
             self.offset += 1
         self.appended += events
         return events
+
+    def restarted(self) -> Ledger:
+        """A restarted collector's view: what this one appended, read back from the log."""
+        ledger = Ledger()
+        for event in self.appended:
+            apply(ledger.state, event, Position(0, ledger.offset))
+            ledger.offset += 1
+        return ledger
 
 
 def cluster(leases: dict[str, tuple[str, datetime]], *objects: dict[str, Any]) -> Snapshot:
@@ -591,11 +601,7 @@ def test_a_restarted_collector_appends_nothing_the_ledger_holds() -> None:
     first = Ledger()
     snapshot = cluster({"apiserver-a": ("a_1", T0), "apiserver-b": ("b_1", T0)}, DEPLOYMENTS)
     first.collect(snapshot, T0)
-    restarted = Ledger()
-    for event in first.appended:  # read back from the log
-        apply(restarted.state, event, Position(0, restarted.offset))
-        restarted.offset += 1
-    assert restarted.collect(snapshot, T0 + timedelta(seconds=30)) == []
+    assert first.restarted().collect(snapshot, T0 + timedelta(seconds=30)) == []
 
 
 def test_an_entry_whose_kind_is_unknown_is_held_back_and_said() -> None:
@@ -1081,3 +1087,230 @@ def test_a_stopped_apiserver_is_released_and_agreement_follows() -> None:
     assert isinstance(released, ApiserverLeaseReleased)
     key = (CLUSTER, "apps", "deployments")
     assert ledger.state.storage_versions[key].common_encoding_version == "apps/v2"
+
+
+# --- CustomResourceDefinitions ----------------------------------------------------------
+
+WIDGETS = (CLUSTER, "example.com", "widgets")
+
+
+def widgets_definition(
+    storage: str = "v1",
+    stored: tuple[str, ...] = ("v1",),
+    *,
+    generation: int = 1,
+    resource_version: str = "100",
+    uid: str = "uid-widgets",
+    migrating: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The CustomResourceDefinition of ``widgets.example.com``: v1alpha1 (no longer served),
+    v1 and v2, stored in ``storage``; ``migrating``: its StorageMigrating condition."""
+    conditions = [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}]
+    if migrating is not None:
+        conditions.append({"type": "StorageMigrating", **migrating})
+    return {
+        "metadata": {
+            "name": "widgets.example.com",
+            "uid": uid,
+            "generation": generation,
+            "resourceVersion": resource_version,
+        },
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [
+                {"name": v, "served": v != "v1alpha1", "storage": v == storage}
+                for v in ("v1alpha1", "v1", "v2")
+            ],
+        },
+        "status": {"storedVersions": list(stored), "conditions": conditions},
+    }
+
+
+def definitions(*objects: dict[str, Any]) -> Snapshot:
+    """A cluster whose CustomResourceDefinitions have been listed: ``objects``."""
+    snapshot = Snapshot(custom_resources_listed=True)
+    for obj in objects:
+        snapshot.custom_resources[obj["metadata"]["name"]] = parse_custom_resource(obj)
+    return snapshot
+
+
+def observed(events: list[Event]) -> CustomResourceDefinitionObserved:
+    [event] = events
+    assert isinstance(event, CustomResourceDefinitionObserved)
+    return event
+
+
+def test_a_definition_is_recorded_at_first_sight_and_not_again_while_it_holds() -> None:
+    ledger = Ledger()
+    event = observed(ledger.collect(definitions(widgets_definition()), T0))
+
+    assert (event.meta.cluster, event.meta.source) == (CLUSTER, "svledger-collector")
+    assert (event.group, event.resource, event.kind, event.name, event.uid) == (
+        "example.com",
+        "widgets",
+        "Widget",
+        "widgets.example.com",
+        "uid-widgets",
+    )
+    assert (event.generation, event.resource_version) == (1, "100")
+    # Bare, as the definition names them, in its order.
+    assert event.versions == ("v1alpha1", "v1", "v2")
+    assert event.served_versions == ("v1", "v2")
+    assert (event.storage_version, event.stored_versions) == ("v1", ("v1",))
+    assert event.storage_migrating_status is None and event.storage_migrating_reason is None
+    assert event.storage_migrating_observed_generation is None
+    assert not event.deleted
+    assert ledger.state.custom_resources[WIDGETS].storage_version == "v1"
+
+    assert ledger.collect(definitions(widgets_definition()), T0 + timedelta(seconds=5)) == []
+
+
+def test_a_new_storage_version_is_recorded() -> None:
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition()), T0)
+    # The apiserver adds the new storage version to storedVersions in the same update.
+    changed = widgets_definition("v2", ("v1", "v2"), generation=2, resource_version="105")
+
+    event = observed(ledger.collect(definitions(changed), T0))
+
+    assert (event.storage_version, event.stored_versions) == ("v2", ("v1", "v2"))
+    assert (event.generation, event.resource_version) == (2, "105")
+    assert ledger.collect(definitions(changed), T0) == []
+
+
+def test_a_change_of_stored_versions_is_recorded() -> None:
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition("v2", ("v1", "v2"), generation=2)), T0)
+    pruned = widgets_definition("v2", ("v2",), generation=2, resource_version="130")
+
+    event = observed(ledger.collect(definitions(pruned), T0))
+
+    assert event.stored_versions == ("v2",)
+    assert ledger.state.custom_resources[WIDGETS].stored_versions == ("v2",)
+    assert ledger.collect(definitions(pruned), T0) == []
+
+
+def test_a_status_write_that_changes_only_the_resource_version_is_not_recorded() -> None:
+    # Every write of the object bumps its resourceVersion (conditions' heartbeats, an
+    # annotation): one event each would flood the log with nothing new.
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition()), T0)
+
+    assert ledger.collect(definitions(widgets_definition(resource_version="101")), T0) == []
+    assert ledger.state.custom_resources[WIDGETS].resource_version == "100"
+
+
+def test_the_storage_migrating_condition_is_recorded_when_set_and_when_cleared() -> None:
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition("v2", ("v1", "v2"), generation=2)), T0)
+    running = {
+        "status": "True",
+        "reason": "MigrationRunning",
+        "message": "migrating to v2\x00",
+        "observedGeneration": 2,
+    }
+    migrating = widgets_definition("v2", ("v1", "v2"), generation=2, migrating=running)
+
+    set_ = observed(ledger.collect(definitions(migrating), T0))
+
+    assert (set_.storage_migrating_status, set_.storage_migrating_reason) == (
+        "True",
+        "MigrationRunning",
+    )
+    # A NUL character, which no event may carry, is kept escaped, as JSON writes it.
+    assert set_.storage_migrating_message == "migrating to v2\\u0000"
+    assert set_.storage_migrating_observed_generation == 2
+    assert ledger.collect(definitions(migrating), T0) == []
+
+    cleared = observed(
+        ledger.collect(definitions(widgets_definition("v2", ("v1", "v2"), generation=2)), T0)
+    )
+
+    assert (cleared.storage_migrating_status, cleared.storage_migrating_message) == (None, None)
+    assert cleared.storage_migrating_observed_generation is None
+    assert ledger.state.custom_resources[WIDGETS].storage_migrating_reason is None
+
+
+def test_a_deleted_definition_is_recorded_deleted_once_with_its_last_state() -> None:
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition("v2", ("v1", "v2"), generation=2)), T0)
+
+    event = observed(ledger.collect(definitions(), T0))
+
+    assert event.deleted
+    assert (event.name, event.uid, event.storage_version) == (
+        "widgets.example.com",
+        "uid-widgets",
+        "v2",
+    )
+    assert event.stored_versions == ("v1", "v2")
+    assert WIDGETS not in ledger.state.custom_resources
+    assert ledger.collect(definitions(), T0) == []
+
+
+def test_a_definition_created_again_under_its_name_ends_the_old_one_first() -> None:
+    ledger = Ledger()
+    ledger.collect(definitions(widgets_definition()), T0)
+    again = widgets_definition(uid="uid-widgets-2", resource_version="200")
+
+    ended, created = ledger.collect(definitions(again), T0)
+
+    assert isinstance(ended, CustomResourceDefinitionObserved) and ended.deleted
+    assert ended.uid == "uid-widgets"
+    assert isinstance(created, CustomResourceDefinitionObserved) and not created.deleted
+    assert created.uid == "uid-widgets-2"
+    assert ledger.state.custom_resources[WIDGETS].uid == "uid-widgets-2"
+
+
+def test_a_restarted_collector_records_nothing_the_ledger_holds_of_a_definition() -> None:
+    first = Ledger()
+    first.collect(definitions(widgets_definition()), T0)
+    # Its status written since, by the apiserver: a new resourceVersion and nothing else.
+    shown = definitions(widgets_definition(resource_version="117"))
+
+    assert first.restarted().collect(shown, T0 + timedelta(seconds=30)) == []
+
+
+def test_a_definition_not_listed_yet_is_not_taken_for_deleted() -> None:
+    restarted = Ledger()
+    restarted.collect(definitions(widgets_definition()), T0)
+    restarted = restarted.restarted()
+
+    # Its leases are listed and watched; its definitions are not listed yet (a 404 from a
+    # stand-in, a list that failed and is retried).
+    assert restarted.collect(Snapshot(), T0 + timedelta(seconds=30)) == []
+    assert WIDGETS in restarted.state.custom_resources
+    # Listed, and gone: deleted.
+    assert observed(restarted.collect(definitions(), T0 + timedelta(seconds=35))).deleted
+
+
+def test_a_custom_resource_is_reported_after_its_definition_in_its_group_versions() -> None:
+    crd = parse_custom_resource(widgets_definition("v2", ("v1", "v2"), generation=2))
+    entry = crd.entry("apiserver-a", hash_of_stored("example.com/v2", "Widget"), A_1)
+    assert entry is not None
+    assert entry.encoding_version == "example.com/v2"
+    assert entry.decodable_versions == (
+        "example.com/v1alpha1",
+        "example.com/v1",
+        "example.com/v2",
+    )
+    assert entry.served_versions == ("example.com/v1", "example.com/v2")
+    snapshot = with_entries(cluster({"apiserver-a": ("a_1", T0)}), entry)
+    snapshot.custom_resources["widgets.example.com"] = crd
+
+    events = Ledger().collect(snapshot, T0)
+
+    assert [type(e) for e in events] == [
+        ApiserverHeartbeat,
+        CustomResourceDefinitionObserved,
+        StorageVersionReported,
+    ]
+
+
+def test_a_definition_without_exactly_one_storage_version_is_not_upstreams() -> None:
+    obj = widgets_definition()
+    obj["spec"]["versions"][2]["storage"] = True
+    with pytest.raises(NotUpstream, match=r"marks 2 versions as its storage version \(v1, v2\)"):
+        parse_custom_resource(obj)
