@@ -190,6 +190,59 @@ class StorageStateReset:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CustomResourceDefinitionObserved:
+    """A CustomResourceDefinition's versions as the collector read them (``deleted``: gone).
+
+    Versions are bare, as the CustomResourceDefinition names them (``v2``); the stored
+    version of the resource is ``<group>/<storage_version>``. Of its conditions, only
+    ``StorageMigrating`` (the in-tree migrator's, and svledger's worker's) is kept.
+    """
+
+    meta: Meta
+    group: str
+    resource: str
+    kind: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    versions: tuple[str, ...]
+    served_versions: tuple[str, ...]
+    storage_version: str
+    stored_versions: tuple[str, ...]
+    storage_migrating_status: str | None = None
+    storage_migrating_reason: str | None = None
+    storage_migrating_message: str | None = None
+    storage_migrating_observed_generation: int | None = None
+    deleted: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredVersionsPruned:
+    meta: Meta
+    migration_id: str
+    group: str
+    resource: str
+    name: str
+    generation: int
+    resource_version: str
+    stored_versions_before: tuple[str, ...]
+    stored_versions_after: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredVersionsPruneRefused:
+    meta: Meta
+    migration_id: str
+    group: str
+    resource: str
+    name: str
+    stored_versions: tuple[str, ...]
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class MigrationRequested:
     meta: Meta
     migration_id: str
@@ -254,6 +307,9 @@ Event: TypeAlias = (
     | StorageStateReset
     | MigrationRequested
     | MigrationStatusEvent
+    | CustomResourceDefinitionObserved
+    | StoredVersionsPruned
+    | StoredVersionsPruneRefused
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -271,6 +327,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MigrationSucceeded,
         MigrationFailed,
         MigrationCancelled,
+        CustomResourceDefinitionObserved,
+        StoredVersionsPruned,
+        StoredVersionsPruneRefused,
     )
 }
 

@@ -112,6 +112,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     MigrationCancelled,
     MigrationFailed,
@@ -124,6 +125,8 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
+    StoredVersionsPruned,
+    StoredVersionsPruneRefused,
     type_name,
 )
 from ledger.hashing import hash_of_report, hash_of_stored
@@ -135,9 +138,11 @@ from ledger.validation import (
     check_report,
 )
 from projections.agreement import agreement, unreported
+from projections.crds import dropped, verdict
 from projections.state import (
     UNKNOWN_HASH,
     Changes,
+    CustomResourceDefinition,
     Lease,
     LeaseKey,
     Migration,
@@ -166,7 +171,7 @@ REASON_RESET: Final = "StorageStateReset"  # a migration cancelled by a reset
 STALE_SUCCESS: Final = "stale success"
 
 _Key = TypeVar("_Key")
-_Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration)
+_Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration, CustomResourceDefinition)
 
 # Each row type's content: every field but ``revision``, as one tuple. Comparing these
 # is what ``_store`` needs, without building a copy of the old row to compare with.
@@ -174,7 +179,7 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
     row_type: operator.attrgetter(
         *(field.name for field in dataclasses.fields(row_type) if field.name != "revision")
     )
-    for row_type in (Lease, StorageVersion, StorageState, Migration)
+    for row_type in (Lease, StorageVersion, StorageState, Migration, CustomResourceDefinition)
 }
 
 
@@ -217,6 +222,10 @@ def apply(
             _reset(state, event, revision, changes)
         case MigrationRequested():
             _migration_requested(state, event, revision, changes)
+        case CustomResourceDefinitionObserved():
+            _crd_observed(state, event, revision, changes)
+        case StoredVersionsPruned() | StoredVersionsPruneRefused():
+            _prune_recorded(state, event, revision, changes)
         case _:
             _migration_step(state, event, revision, changes)
     return changes
@@ -235,7 +244,14 @@ def subject(event: Event) -> str:
     match event:
         case ApiserverHeartbeat() | ApiserverLeaseReleased() | ApiserverLeaseExpired():
             return event.apiserver_id
-        case StorageVersionReported() | StorageVersionWithdrawn() | StorageStateReset():
+        case (
+            StorageVersionReported()
+            | StorageVersionWithdrawn()
+            | StorageStateReset()
+            | CustomResourceDefinitionObserved()
+            | StoredVersionsPruned()
+            | StoredVersionsPruneRefused()
+        ):
             return resource_name(event.group, event.resource)
         case _:
             return event.migration_id
@@ -644,6 +660,8 @@ def _migration_step(
             _refine_persisted_hashes(state, migration, event, revision, changes)
     moved = dataclasses.replace(migration, **fields)  # one copy: it is the costly part
     _store_migration(state, moved, changes)
+    if not moved.active and moved.resource_key in state.custom_resources:
+        _judge_prunes(state, moved, revision, changes)
 
 
 def stale_reason(state: State, migration: Migration) -> str | None:
@@ -763,3 +781,151 @@ def _reject(changes: Changes, event: Event, revision: str, reason: str) -> None:
             reason=reason,
         )
     )
+
+
+def _crd_observed(
+    state: State, event: CustomResourceDefinitionObserved, revision: str, changes: Changes
+) -> None:
+    """Keep the CustomResourceDefinition's state; judge each version it dropped from
+    ``storedVersions`` (the in-tree migrator's prune, or anyone's) against the ledger."""
+    key: ResourceKey = (event.meta.cluster, event.group, event.resource)
+    previous = state.custom_resources.get(key)
+    if event.deleted:
+        if previous is None:
+            _reject(
+                changes,
+                event,
+                revision,
+                f"no CustomResourceDefinition {event.name!r} in cluster {event.meta.cluster!r}"
+                " to delete",
+            )
+            return
+        _delete(state.custom_resources, key, changes.custom_resources)
+        return
+    # A CustomResourceDefinition deleted and created again (another uid) starts afresh.
+    same = previous is not None and previous.uid == event.uid
+    row = CustomResourceDefinition(
+        cluster=event.meta.cluster,
+        group=event.group,
+        resource=event.resource,
+        kind=event.kind,
+        name=event.name,
+        uid=event.uid,
+        generation=event.generation,
+        resource_version=event.resource_version,
+        versions=event.versions,
+        served_versions=event.served_versions,
+        storage_version=event.storage_version,
+        stored_versions=event.stored_versions,
+        storage_migrating_status=event.storage_migrating_status,
+        storage_migrating_reason=event.storage_migrating_reason,
+        storage_migrating_message=event.storage_migrating_message,
+        storage_migrating_observed_generation=event.storage_migrating_observed_generation,
+        revision=revision,
+    )
+    if previous is not None and same:
+        row = dataclasses.replace(
+            row,
+            prune_outcome=previous.prune_outcome,
+            prune_message=previous.prune_message,
+            prune_revision=previous.prune_revision,
+            pending_prune=previous.pending_prune,
+            prune_alarm=previous.prune_alarm,
+        )
+        unproven = tuple(
+            version
+            for version in dropped(previous.stored_versions, event.stored_versions)
+            if not verdict(state, previous, version).removable
+        )
+        if unproven:
+            target = f"{event.group}/{event.storage_version}"
+            if any(
+                state.migrations[k].target_version == target
+                for k in state.active_migrations_by_resource.get(key, ())
+            ):
+                # The in-tree migrator prunes as its migration ends, before svledger's
+                # worker has seen the end: judged once the migration's end is folded.
+                row = dataclasses.replace(
+                    row, pending_prune=tuple(dict.fromkeys(row.pending_prune + unproven))
+                )
+            else:
+                row = dataclasses.replace(
+                    row, prune_alarm=_alarm(state, previous, unproven, revision)
+                )
+    _store(state.custom_resources, key, row, changes.custom_resources)
+
+
+def _alarm(
+    state: State, crd: CustomResourceDefinition, versions: tuple[str, ...], revision: str
+) -> str:
+    """The words of a prune the ledger does not back: ``versions`` left ``storedVersions``
+    of ``crd`` at ``revision`` while objects may still be stored in them."""
+    return "; ".join(
+        f"{version} left status.storedVersions at {revision} but {verdict(state, crd, version).why}"
+        for version in versions
+    )
+
+
+def _judge_prunes(state: State, migration: Migration, revision: str, changes: Changes) -> None:
+    """At the end of ``migration``: judge the versions that left ``storedVersions`` while it
+    ran; after a fresh success, lift the alarm (every object is in the target now)."""
+    key = migration.resource_key
+    crd = state.custom_resources[key]
+    alarm = crd.prune_alarm
+    storage_state = state.storage_states.get(key)
+    fresh = (
+        migration.phase == "Succeeded"
+        and storage_state is not None
+        and storage_state.revision == revision
+        and storage_state.persisted_storage_version_hashes == (migration.target_hash,)
+    )
+    if fresh:
+        alarm = None
+    unproven = tuple(v for v in crd.pending_prune if not verdict(state, crd, v).removable)
+    if unproven:
+        judged = _alarm(state, crd, unproven, crd.revision)
+        ended = f"migration {migration.migration_id} ended {migration.phase} at {revision}"
+        alarm = f"{judged} ({ended})" if alarm is None else f"{alarm}; {judged} ({ended})"
+    if crd.pending_prune or alarm != crd.prune_alarm:
+        judged_row = dataclasses.replace(
+            crd, pending_prune=(), prune_alarm=alarm, revision=revision
+        )
+        _store(state.custom_resources, key, judged_row, changes.custom_resources)
+
+
+def _prune_recorded(
+    state: State,
+    event: StoredVersionsPruned | StoredVersionsPruneRefused,
+    revision: str,
+    changes: Changes,
+) -> None:
+    key: ResourceKey = (event.meta.cluster, event.group, event.resource)
+    crd = state.custom_resources.get(key)
+    if crd is None:
+        _reject(
+            changes,
+            event,
+            revision,
+            f"no CustomResourceDefinition {event.name!r} in cluster {event.meta.cluster!r};"
+            " the collector records it before its storedVersions can be pruned",
+        )
+        return
+    if isinstance(event, StoredVersionsPruned):
+        outcome = "Pruned"
+        removed = dropped(event.stored_versions_before, event.stored_versions_after)
+        message = (
+            f"removed {', '.join(removed)}"
+            f" from status.storedVersions after migration {event.migration_id} (generation"
+            f" {event.generation}, resourceVersion {event.resource_version})"
+        )
+    else:
+        outcome, message = event.reason, event.message
+    recorded = dataclasses.replace(
+        crd,
+        prune_outcome=outcome,
+        prune_message=message,
+        prune_revision=revision,
+        revision=revision,
+    )
+    _store(state.custom_resources, key, recorded, changes.custom_resources)
+

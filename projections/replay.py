@@ -461,7 +461,13 @@ def _warn_past_the_end(until: Until, ends: Mapping[int, int], span: Span) -> Non
 
 
 def _holds_rows(state: State) -> bool:
-    return bool(state.leases or state.storage_versions or state.storage_states or state.migrations)
+    return bool(
+        state.leases
+        or state.storage_versions
+        or state.storage_states
+        or state.migrations
+        or state.custom_resources
+    )
 
 
 def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping[int, int]) -> int:

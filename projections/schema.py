@@ -202,6 +202,39 @@ storage_version_migrations: Final = Table(
     Index(None, "phase"),
 )
 
+# A CustomResourceDefinition's versions as last observed, and what the ledger makes of its
+# status.storedVersions: ``stored_version_verdicts`` holds, per version of it, whether it
+# can go and why (projections.crds), rewritten whenever the resource's StorageState or
+# migrations move.
+custom_resource_definitions: Final = Table(
+    "custom_resource_definitions",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("uid", String, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("resource_version", String, nullable=False),
+    Column("versions", JSONDocument, nullable=False),
+    Column("served_versions", JSONDocument, nullable=False),
+    Column("storage_version", String, nullable=False),
+    Column("stored_versions", JSONDocument, nullable=False),
+    Column("storage_migrating_status", String),
+    Column("storage_migrating_reason", String),
+    Column("storage_migrating_message", Text),
+    Column("storage_migrating_observed_generation", BigInteger),
+    Column("revision", String, nullable=False),
+    Column("prune_outcome", String),
+    Column("prune_message", Text),
+    Column("prune_revision", String),
+    Column("pending_prune", JSONDocument, nullable=False),
+    Column("prune_alarm", Text),
+    Column("stored_version_verdicts", JSONDocument, nullable=False),
+    PrimaryKeyConstraint("cluster", "api_group", "resource"),
+)
+
 ledger_events: Final = Table(
     "ledger_events",
     metadata,

@@ -49,6 +49,7 @@ from projections.database import DatabaseNotReady, engine, parse_url, shown
 from projections.schema import fold_snapshots
 from projections.state import (
     Condition,
+    CustomResourceDefinition,
     Lease,
     LeaseKey,
     Migration,
@@ -70,17 +71,19 @@ NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # Of the payload; a snapshot of another format is passed over. 2: StorageVersion entries
 # in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen. 4: no
 # Failed migration that a fresh success or another request has dropped since, and a
-# digest that covers where the snapshot belongs too.
-FORMAT: Final = 4
+# digest that covers where the snapshot belongs too. 5: CustomResourceDefinitions.
+FORMAT: Final = 5
 
 # The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
-# views), and the event IDs a repeated event would be found by (State.seen).
+# views), the event IDs a repeated event would be found by (State.seen), and
+# CustomResourceDefinitions (a view too, last as it came last).
 Rows: TypeAlias = tuple[
     tuple[Lease, ...],
     tuple[StorageVersion, ...],
     tuple[StorageState, ...],
     tuple[Migration, ...],
     tuple[SeenEvent, ...],
+    tuple[CustomResourceDefinition, ...],
 ]
 
 _ALLOWED: Final = {
@@ -94,6 +97,7 @@ _ALLOWED: Final = {
             StorageState,
             Migration,
             SeenEvent,
+            CustomResourceDefinition,
         )
     },
     "datetime": {"datetime", "timezone", "timedelta"},
@@ -129,7 +133,7 @@ class Snapshot:
         except Exception as error:  # whatever the bytes make the unpickler raise
             raise CorruptSnapshot(f"its payload does not unpickle: {error}") from None
         if not _well_formed(rows):
-            raise CorruptSnapshot("its payload is not five tuples of fold rows")
+            raise CorruptSnapshot("its payload is not six tuples of fold rows")
         return rows  # type: ignore[no-any-return]
 
     def describe(self) -> str:
@@ -161,10 +165,18 @@ def take(
         _of(state.storage_states.values(), prefix),
         _of(state.migrations.values(), prefix),
         _of((row for seen in state.seen.values() for row in seen.rows()), prefix),
+        _of(state.custom_resources.values(), prefix),
     )
     payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
     unsigned = Snapshot(
-        projection, topic, partition, next_offset, log_time, sum(map(len, rows[:4])), payload, ""
+        projection,
+        topic,
+        partition,
+        next_offset,
+        log_time,
+        sum(len(group) for index, group in enumerate(rows) if index != 4),
+        payload,
+        "",
     )
     return dataclasses.replace(unsigned, digest=unsigned.computed_digest())
 
@@ -176,13 +188,22 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
     storage_states: dict[ResourceKey, StorageState] = {}
     migrations: dict[MigrationKey, Migration] = {}
     seen: list[SeenEvent] = []
-    for lease_rows, version_rows, state_rows, migration_rows, seen_rows in rows:
+    custom_resources: dict[ResourceKey, CustomResourceDefinition] = {}
+    for lease_rows, version_rows, state_rows, migration_rows, seen_rows, crd_rows in rows:
         leases.update(_keyed(lease_rows, cluster))
         storage_versions.update(_keyed(version_rows, cluster))
         storage_states.update(_keyed(state_rows, cluster))
         migrations.update(_keyed(migration_rows, cluster))
         seen.extend(row for row in seen_rows if cluster is None or row.cluster == cluster)
-    return State(leases, storage_versions, storage_states, migrations, seen_by_cluster(seen))
+        custom_resources.update(_keyed(crd_rows, cluster))
+    return State(
+        leases,
+        storage_versions,
+        storage_states,
+        migrations,
+        seen_by_cluster(seen),
+        custom_resources,
+    )
 
 
 def latest(
@@ -329,7 +350,7 @@ def _keyed(rows: Iterable[Any], cluster: str | None) -> Iterator[tuple[Any, Any]
 
 
 def _well_formed(rows: object) -> bool:
-    kinds = (Lease, StorageVersion, StorageState, Migration, SeenEvent)
+    kinds = (Lease, StorageVersion, StorageState, Migration, SeenEvent, CustomResourceDefinition)
     return (
         isinstance(rows, tuple)
         and len(rows) == len(kinds)

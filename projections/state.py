@@ -225,6 +225,50 @@ class Migration:
 
 @_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
+class CustomResourceDefinition:
+    """A CustomResourceDefinition's versions as last observed
+    (``CustomResourceDefinitionObserved``), with what svledger made of its
+    ``status.storedVersions`` (:mod:`projections.crds`).
+
+    Versions are bare, as the CustomResourceDefinition names them (``v2``).
+    ``prune_*``: the last prune svledger's worker made or refused (``prune_outcome`` is
+    ``Pruned`` or the refusal's reason), at ``prune_revision``. ``pending_prune``: versions
+    that left ``storedVersions`` while a migration to the storage version was still
+    running (the in-tree migrator prunes as it ends), judged when the migration ends.
+    ``prune_alarm``: a version left ``storedVersions`` while the ledger held that objects
+    may still be stored in it; cleared by the next migration that proves the store clean.
+    """
+
+    cluster: str
+    group: str
+    resource: str
+    kind: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    versions: tuple[str, ...]
+    served_versions: tuple[str, ...]
+    storage_version: str
+    stored_versions: tuple[str, ...]
+    storage_migrating_status: str | None
+    storage_migrating_reason: str | None
+    storage_migrating_message: str | None
+    storage_migrating_observed_generation: int | None
+    revision: str
+    prune_outcome: str | None = None
+    prune_message: str | None = None
+    prune_revision: str | None = None
+    pending_prune: tuple[str, ...] = ()
+    prune_alarm: str | None = None
+
+    @property
+    def key(self) -> ResourceKey:
+        return (self.cluster, self.group, self.resource)
+
+
+@_pickled_as_fields
+@dataclasses.dataclass(frozen=True, slots=True)
 class Rejection:
     """An event the fold did not apply, and why; never silently dropped."""
 
@@ -354,6 +398,9 @@ class State:
     migrations: dict[MigrationKey, Migration] = dataclasses.field(default_factory=dict)
     # Per cluster, the event IDs a repeat of an event would be found by.
     seen: dict[str, SeenEvents] = dataclasses.field(default_factory=dict)
+    custom_resources: dict[ResourceKey, CustomResourceDefinition] = dataclasses.field(
+        default_factory=dict
+    )
     resources_by_apiserver: dict[LeaseKey, set[ResourceKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
@@ -401,6 +448,7 @@ class Changes:
     storage_states: set[ResourceKey] = dataclasses.field(default_factory=set)
     migrations: set[MigrationKey] = dataclasses.field(default_factory=set)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
+    custom_resources: set[ResourceKey] = dataclasses.field(default_factory=set)
 
     @classmethod
     def everything(cls, state: State) -> Changes:
@@ -410,6 +458,7 @@ class Changes:
             storage_versions=set(state.storage_versions),
             storage_states=set(state.storage_states),
             migrations=set(state.migrations),
+            custom_resources=set(state.custom_resources),
         )
 
     @property
@@ -424,3 +473,4 @@ class Changes:
         self.storage_states |= other.storage_states
         self.migrations |= other.migrations
         self.rejections += other.rejections
+        self.custom_resources |= other.custom_resources

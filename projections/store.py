@@ -54,10 +54,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from ledger.events import EVENT_TYPES, ApiserverHeartbeat, Event, Position, type_name
+from projections.crds import stored_version_verdicts
 from projections.database import writing
 from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
+    custom_resource_definitions,
     database_identity,
     fold_snapshots,
     json_text,
@@ -75,6 +77,7 @@ from projections.snapshots import latest as latest_snapshot
 from projections.state import (
     Changes,
     Condition,
+    CustomResourceDefinition,
     HolderKey,
     Lease,
     LeaseKey,
@@ -98,6 +101,7 @@ VIEWS: Final = (
     server_storage_versions,
     storage_states,
     storage_version_migrations,
+    custom_resource_definitions,
     ledger_events,
     rejected_events,
     lease_renewals,
@@ -113,12 +117,17 @@ STATE_VIEWS: Final = tuple(
         server_storage_versions,
         storage_states,
         storage_version_migrations,
+        custom_resource_definitions,
     )
 )
 
 Key = TypeVar("Key", bound=tuple[str, ...])
 Row = TypeVar("Row")
 
+
+# A CustomResourceDefinition row as a batch carries it: with what the ledger makes of each
+# version of its storedVersions (projections.crds), as the view's JSON holds it.
+CrdRow: TypeAlias = tuple[CustomResourceDefinition, list[dict[str, Any]]]
 
 # A folded event as a batch carries it: its ``ledger_events`` row but the topic and
 # outcome (log partition and offset, meta's fields, event type, subject and payload
@@ -162,6 +171,7 @@ class Batch:
     # if unknown; and the fold snapshots taken at the batch's end.
     log_times: Mapping[int, datetime | None] = dataclasses.field(default_factory=dict)
     snapshots: Sequence[Snapshot] = ()
+    custom_resources: Mapping[ResourceKey, CrdRow | None] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(
@@ -203,6 +213,7 @@ class Batch:
             dict(renewals or {}),
             {p: (log_times or {}).get(p) for p in next_offsets},
             tuple(snapshots),
+            _crd_rows(state, changes),
         )
 
     @classmethod
@@ -326,6 +337,7 @@ def write(connection: Connection, batch: Batch) -> None:
         batch.migrations,
         _values(storage_version_migrations),
     )
+    _sync(connection, custom_resource_definitions, batch.custom_resources, _crd_values)
     _upsert(
         connection,
         projection_checkpoints,
@@ -468,6 +480,9 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
         storage_states=_load(connection, storage_states, StorageState, resource),
         migrations=_load(connection, storage_version_migrations, Migration, resource),
         seen={} if resource is not None else _load_seen(connection),
+        custom_resources=_load(
+            connection, custom_resource_definitions, CustomResourceDefinition, resource
+        ),
     )
 
 
@@ -663,13 +678,16 @@ _FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.i
 _NO_LIMIT: Final = 2**63 - 1  # past any offset
 _HEARTBEAT: Final = ApiserverHeartbeat.__name__  # the type whose IDs the fold does not keep
 
-_Stored = TypeVar("_Stored", Lease, StorageState, Migration)
+_Stored = TypeVar("_Stored", Lease, StorageState, Migration, CustomResourceDefinition)
 
 
-def _values(table: Table) -> Callable[[Any], dict[str, Any]]:
-    """How :func:`_sync` writes a stored row to ``table``: tuples become JSON lists."""
+def _values(table: Table, computed: Collection[str] = ()) -> Callable[[Any], dict[str, Any]]:
+    """How :func:`_sync` writes a stored row to ``table``: tuples become JSON lists; the
+    ``computed`` columns, which are no field of the row, are left to the caller."""
     fields = [
-        (column.name, _FIELD_OF_COLUMN.get(column.name, column.name)) for column in table.columns
+        (column.name, _FIELD_OF_COLUMN.get(column.name, column.name))
+        for column in table.columns
+        if column.name not in computed
     ]
 
     def values(row: Any) -> dict[str, Any]:
@@ -696,6 +714,34 @@ def _load(
         stored = cls(**fields)
         loaded[stored.key] = stored
     return loaded
+
+
+def _crd_rows(state: State, changes: Changes) -> dict[ResourceKey, CrdRow | None]:
+    """The CustomResourceDefinition rows to write: those the batch changed, and those whose
+    resource's StorageState or migrations it changed (what can leave storedVersions rests
+    on them). A migration is dropped from the views only when another of its resource is
+    requested or succeeds, so the resources of the migrations still there cover those."""
+    moved = {m.resource_key for k in changes.migrations if (m := state.migrations.get(k))}
+    keys = changes.custom_resources | (
+        (changes.storage_states | moved) & state.custom_resources.keys()
+    )
+    rows: dict[ResourceKey, CrdRow | None] = {}
+    for key in keys:
+        crd = state.custom_resources.get(key)
+        rows[key] = (
+            None
+            if crd is None
+            else (crd, [dataclasses.asdict(v) for v in stored_version_verdicts(state, key)])
+        )
+    return rows
+
+
+_crd_columns: Final = _values(custom_resource_definitions, computed={"stored_version_verdicts"})
+
+
+def _crd_values(row: CrdRow) -> dict[str, Any]:
+    crd, verdicts = row
+    return {**_crd_columns(crd), "stored_version_verdicts": verdicts}
 
 
 def _rows(changed: Collection[Key], rows: Mapping[Key, Row]) -> dict[Key, Row | None]:

@@ -185,6 +185,7 @@ class ClusterFold:
                 storage_states=dict(state.storage_states),
                 migrations=dict(state.migrations),
                 seen={cluster: seen.copy() for cluster, seen in state.seen.items()},
+                custom_resources=dict(state.custom_resources),
             ),
             created=dict(self.created),
             rows=dict(self.rows),

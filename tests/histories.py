@@ -5,7 +5,9 @@ or two clusters, each on its own partition with offsets counting up from 0; even
 times that only move forward; a few apiservers per cluster that start (heartbeats
 under a fresh holder identity), renew, report and withdraw storage versions of a few
 resources (core and named groups), stop gracefully or are expired by the lease GC.
-Around them, operators reset storage states and migrations are requested and move.
+Around them, operators reset storage states, migrations are requested and move, and
+CustomResourceDefinitions of the named groups' resources change their storage version
+and ``storedVersions`` (pruned by the worker, refused, or by anyone), or are deleted.
 
 The mix is chosen so every rule of the fold gets exercised, the rejections too:
 heartbeats with a lease duration no Lease may have, reports from apiservers without a
@@ -35,6 +37,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     Meta,
     MigrationCancelled,
@@ -48,6 +51,8 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
+    StoredVersionsPruned,
+    StoredVersionsPruneRefused,
 )
 from projections.fold import apply
 from projections.state import SEEN_EVENT_WINDOW, State
@@ -75,6 +80,7 @@ _ACTIONS = (
     + ("request",) * 2
     + ("step",) * 4
     + ("repeat",)
+    + ("crd", "crd", "prune")
 )
 
 
@@ -106,6 +112,8 @@ class _Cluster:
     entries: dict[str, dict[str, _Entry]] = dataclasses.field(default_factory=dict)
     changed_at: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     phases: dict[str, str] = dataclasses.field(default_factory=dict)  # migration ID -> phase
+    # Per CustomResourceDefinition's subject: its uid, storage version and storedVersions.
+    crds: dict[str, tuple[str, str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
     logged: list[Event] = dataclasses.field(default_factory=list)  # all but heartbeats
 
     def position(self) -> Position:
@@ -292,6 +300,63 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
                 storage_version_hash(*target.rpartition("/")[::2], kind),
                 changed_at[-1] if sensible else draw(st.sampled_from(changed_at[-3:])),
             )
+        elif action == "crd":
+            uid, storage, stored = cluster.crds.get(subject, (f"uid-{serial}", "v1", ("v1",)))
+            deleted = not sensible
+            storage = draw(st.sampled_from((storage,) * 2 + VERSIONS))
+            stored = tuple(dict.fromkeys((*stored, storage)))
+            if draw(st.booleans()):  # storedVersions pruned, by anyone
+                stored = (storage,)
+            if deleted:
+                cluster.crds.pop(subject, None)
+            else:
+                cluster.crds[subject] = (uid, storage, stored)
+            migrating = draw(st.sampled_from([None, "True", "False"]))
+            event = CustomResourceDefinitionObserved(
+                dataclasses.replace(meta, source="collector"),
+                group,
+                resource,
+                kind,
+                f"{resource}.{group}",
+                uid,
+                serial,
+                str(serial),
+                VERSIONS,
+                VERSIONS,
+                storage,
+                stored,
+                migrating,
+                None if migrating is None else "MigrationRunning",
+                None if migrating is None else "running",
+                None if migrating is None else serial,
+                deleted,
+            )
+        elif action == "prune":
+            uid, storage, stored = cluster.crds.get(subject, ("", "v1", ("v1", "v2")))
+            migration_id = draw(st.sampled_from(sorted(cluster.phases) or ["migration-unknown"]))
+            if draw(st.booleans()):
+                event = StoredVersionsPruned(
+                    dataclasses.replace(meta, source="worker"),
+                    migration_id,
+                    group,
+                    resource,
+                    f"{resource}.{group}",
+                    serial,
+                    str(serial),
+                    stored,
+                    (storage,),
+                )
+            else:
+                event = StoredVersionsPruneRefused(
+                    dataclasses.replace(meta, source="worker"),
+                    migration_id,
+                    group,
+                    resource,
+                    f"{resource}.{group}",
+                    stored,
+                    "GenerationChanged",
+                    "the CustomResourceDefinition changed",
+                )
         else:
             movable = sorted(m for m, phase in cluster.phases.items() if phase in _NEXT_STEPS)
             if sensible and movable:

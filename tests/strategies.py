@@ -23,6 +23,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     Meta,
     MigrationCancelled,
@@ -34,6 +35,8 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
+    StoredVersionsPruned,
+    StoredVersionsPruneRefused,
 )
 from ledger.hashing import storage_version_hash
 
@@ -244,6 +247,70 @@ def migration_cancelled(*, domains: Domains = ANY) -> st.SearchStrategy[Event]:
     return _migration_status(MigrationCancelled, domains)
 
 
+def _bare_versions(domains: Domains) -> st.SearchStrategy[tuple[str, ...]]:
+    return st.lists(domains.versions, max_size=3, unique=True).map(tuple)
+
+
+@st.composite
+def custom_resource_definition_observed(
+    draw: st.DrawFn, *, domains: Domains = ANY
+) -> CustomResourceDefinitionObserved:
+    """The state of a CustomResourceDefinition: its storage version among its versions."""
+    versions = draw(st.lists(domains.versions, min_size=1, max_size=3, unique=True))
+    storage = draw(st.sampled_from(versions))
+    status = draw(st.none() | st.sampled_from(["True", "False"]))
+    return CustomResourceDefinitionObserved(
+        meta=draw(metas(domains=domains)),
+        group=draw(domains.groups),
+        resource=draw(domains.resources),
+        kind=draw(domains.kinds),
+        name=draw(domains.texts),
+        uid=draw(st.sampled_from(["uid-1", "uid-2"])),
+        generation=draw(domains.counts),
+        resource_version=draw(domains.texts),
+        versions=tuple(versions),
+        served_versions=tuple(draw(st.lists(st.sampled_from(versions), unique=True))),
+        storage_version=storage,
+        stored_versions=tuple(
+            dict.fromkeys([*draw(st.lists(st.sampled_from(versions), unique=True)), storage])
+        ),
+        storage_migrating_status=status,
+        storage_migrating_reason=None if status is None else draw(domains.texts),
+        storage_migrating_message=None if status is None else draw(domains.texts),
+        storage_migrating_observed_generation=None if status is None else draw(domains.counts),
+        deleted=draw(st.booleans()),
+    )
+
+
+def stored_versions_pruned(*, domains: Domains = ANY) -> st.SearchStrategy[Event]:
+    return st.builds(
+        StoredVersionsPruned,
+        meta=metas(domains=domains),
+        migration_id=domains.migration_ids,
+        group=domains.groups,
+        resource=domains.resources,
+        name=domains.texts,
+        generation=domains.counts,
+        resource_version=domains.texts,
+        stored_versions_before=_bare_versions(domains),
+        stored_versions_after=_bare_versions(domains),
+    )
+
+
+def stored_versions_prune_refused(*, domains: Domains = ANY) -> st.SearchStrategy[Event]:
+    return st.builds(
+        StoredVersionsPruneRefused,
+        meta=metas(domains=domains),
+        migration_id=domains.migration_ids,
+        group=domains.groups,
+        resource=domains.resources,
+        name=domains.texts,
+        stored_versions=_bare_versions(domains),
+        reason=domains.texts,
+        message=domains.texts,
+    )
+
+
 BY_TYPE: dict[str, Callable[..., st.SearchStrategy[Event]]] = {
     "ApiserverHeartbeat": apiserver_heartbeat,
     "ApiserverLeaseReleased": apiserver_lease_released,
@@ -257,6 +324,9 @@ BY_TYPE: dict[str, Callable[..., st.SearchStrategy[Event]]] = {
     "MigrationSucceeded": migration_succeeded,
     "MigrationFailed": migration_failed,
     "MigrationCancelled": migration_cancelled,
+    "CustomResourceDefinitionObserved": custom_resource_definition_observed,
+    "StoredVersionsPruned": stored_versions_pruned,
+    "StoredVersionsPruneRefused": stored_versions_prune_refused,
 }
 assert BY_TYPE.keys() == EVENT_TYPES.keys(), "every event type needs a strategy"
 

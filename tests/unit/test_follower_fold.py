@@ -74,7 +74,14 @@ def polled(
 def merged(logs: dict[int, PartitionLog]) -> State:
     state = State()
     for log in logs.values():
-        for name in ("leases", "storage_versions", "storage_states", "migrations", "seen"):
+        for name in (
+            "leases",
+            "storage_versions",
+            "storage_states",
+            "migrations",
+            "seen",
+            "custom_resources",
+        ):
             getattr(state, name).update(getattr(log.state, name))
     return state
 

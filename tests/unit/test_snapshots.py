@@ -47,8 +47,8 @@ def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
     snapshot = data.draw(st.sampled_from(snapshots_of(state, history) or [None]))
     if snapshot is None:
         return
-    leases, versions, states, migrations, seen = snapshot.state_rows()
-    rows = [*leases, *versions, *states, *migrations]
+    leases, versions, states, migrations, seen, crds = snapshot.state_rows()
+    rows = [*leases, *versions, *states, *migrations, *crds]
     assert all(row.revision.startswith(f"{snapshot.partition}:") for row in [*rows, *seen])
     assert snapshot.rows == len(rows)
     clusters = {row.cluster for row in [*rows, *seen]}
@@ -56,6 +56,7 @@ def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
     alone = state_of([snapshot.state_rows()], cluster)
     assert set(alone.leases) == {lease.key for lease in leases if lease.cluster == cluster}
     assert set(alone.migrations) == {m.key for m in migrations if m.cluster == cluster}
+    assert set(alone.custom_resources) == {c.key for c in crds if c.cluster == cluster}
     assert set(alone.seen) == ({cluster} & {row.cluster for row in seen})
 
 
@@ -100,7 +101,7 @@ def test_a_snapshot_of_another_format_or_shape_is_refused() -> None:
         dataclasses.replace(snapshot, format=99).state_rows()
     payload = zlib.compress(pickle.dumps(("not", "rows")))
     shapeless = dataclasses.replace(snapshot, payload=payload)
-    with pytest.raises(CorruptSnapshot, match="five tuples"):
+    with pytest.raises(CorruptSnapshot, match="six tuples"):
         dataclasses.replace(shapeless, digest=shapeless.computed_digest()).state_rows()
 
 
