@@ -56,7 +56,7 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
 from consumers.migrator import migration_id
@@ -319,6 +319,20 @@ class Executor(Protocol):
     ) -> None: ...
 
 
+class Hooks(Protocol):
+    """Told of each migration the worker runs: before its executor runs it, and once its
+    end is folded (:class:`kube.stored_versions.StoredVersionsPruner` marks a custom
+    resource's CRD while it runs and prunes its ``status.storedVersions`` after).
+
+    ``ended`` gets the partition's fold state, which holds the migration's end (phase
+    Succeeded, Failed or Cancelled), and may append events of its own through ``append``.
+    """
+
+    async def started(self, migration: Migration) -> None: ...
+
+    async def ended(self, state: State, migration: Migration, append: Append) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rewriter:
     """The executor that rewrites every object through a :class:`Target` (:func:`migrate`)."""
@@ -357,6 +371,7 @@ async def run_worker(
     snapshots: SnapshotSource | None = None,
     current_only: bool = True,
     check: ClusterCheck | None = None,
+    hooks: Hooks | None = None,
 ) -> None:
     """Run the migrations of the partitions this member owns until ``stop`` is set.
 
@@ -379,6 +394,10 @@ async def run_worker(
     tried again when the log moves or :data:`CHECK_RETRY_SECONDS` later
     (:class:`kube.cluster_check.IdentityCheck`: whether the executor's API server is
     that cluster's).
+
+    ``hooks``: told of each migration before it runs and after its end is folded
+    (:class:`Hooks`). One that fails is logged with the migration's ID; the migration,
+    and the next, run on regardless.
 
     ``current_only=False`` runs every migration requested, stale or not, as upstream's
     migrator runs every StorageVersionMigration it is given: only for the baselines
@@ -434,9 +453,18 @@ async def run_worker(
         # Where the failed attempt before it stopped: the in-tree executor cannot start
         # mid-list, but hands the resources it cannot migrate to the rewrite executor.
         migration = resumed(partition_log.state, migration)
+        if hooks is not None:
+            with _logged(migration, "started"):
+                await hooks.started(migration)
         await executor.run(migration, append=append, cancelled=cancelled)
         # Done only once its last event is folded, so it is not picked again.
         await partition_log.wait_folded(max(positions, default=0) + 1)
+        ended = partition_log.state.migrations.get(key)
+        # A runner stopped while its migration is still active (made stale, its
+        # cancellation still to come) has seen no end: nothing to tell.
+        if hooks is not None and ended is not None and not ended.active:
+            with _logged(migration, "ended"):
+                await hooks.ended(partition_log.state, ended, append)
 
     async def refused(partition_log: PartitionLog, migration: Migration) -> float | None:
         """When to ask again (event loop time) if ``check`` keeps ``migration`` waiting,
@@ -514,6 +542,24 @@ async def run_worker(
         finally:
             for _, task in runners.values():
                 await _finish(task)
+
+
+@contextlib.contextmanager
+def _logged(migration: Migration, hook: str) -> Iterator[None]:
+    """Log a hook's failure with the migration's ID, and go on: a hook only accompanies
+    the migration, whose own events are what the ledger must have. Not the partition's
+    loss or a missing ACL met by its appends: those are the runner's, as ever."""
+    try:
+        yield
+    except (PartitionLost, AccessDenied):
+        raise
+    except Exception:
+        log.exception(
+            "migration %s: the %s hook failed",
+            migration.migration_id,
+            hook,
+            extra={"migration": migration.migration_id},
+        )
 
 
 def clusters_of(state: State) -> set[str]:

@@ -181,7 +181,22 @@ def add_worker(subparsers: Subparsers) -> None:
             "--executor storagemigration: create a storagemigration.k8s.io\n"
             "StorageVersionMigration per migration and let kube-controller-manager's in-tree\n"
             "migrator run it; follow its conditions; delete it when the migration is\n"
-            "cancelled."
+            "cancelled.\n"
+            "\n"
+            "--prune-stored-versions (with --executor rewrite): for a custom resource, do what\n"
+            "kube-controller-manager's in-tree migrator does for its own migrations, guarded by\n"
+            "the ledger. While a migration runs, the CustomResourceDefinition's condition\n"
+            "StorageMigrating is True (reason MigrationRunning, observedGeneration its\n"
+            "generation); when it ends, False (MigrationSucceeded, or MigrationFailed). After a\n"
+            "success, status.storedVersions becomes the storage version alone, only if the\n"
+            "spec's storage version is still the migration's target, the CRD's generation is\n"
+            "still the one the migration started under, and the ledger proves every other\n"
+            "version empty (no apiserver has encoded the resource in it since a migration under\n"
+            "agreement rewrote every object). The write is conditional on the CRD's\n"
+            "resourceVersion (re-read and decided again on a conflict). The outcome is\n"
+            "recorded: StoredVersionsPruned, or StoredVersionsPruneRefused with the reason.\n"
+            "Needs get on customresourcedefinitions and update on\n"
+            "customresourcedefinitions/status (apiextensions.k8s.io), checked at start."
         ),
     )
     add_cluster_option(
@@ -209,6 +224,15 @@ def add_worker(subparsers: Subparsers) -> None:
             "run migrations without checking that the API server is --cluster's: for a"
             " cluster whose apiservers report through svledger's reporter, not identity"
             " Leases"
+        ),
+    )
+    parser.add_argument(
+        "--prune-stored-versions",
+        action="store_true",
+        help=(
+            "after a migration of a custom resource, prune its CRD's status.storedVersions"
+            " to the storage version when the ledger proves the other versions empty, and"
+            " mark the CRD StorageMigrating while it runs (--executor rewrite only; see above)"
         ),
     )
     parser.add_argument(
@@ -247,6 +271,7 @@ def _worker(args: argparse.Namespace) -> int:
     from kube.client import RateLimit, connect
     from kube.cluster_check import IdentityCheck
     from kube.executor import StorageMigrationExecutor
+    from kube.stored_versions import StoredVersionsPruner
     from kube.target import KubernetesTarget
     from ledger.clock import SystemClock
 
@@ -254,6 +279,12 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--chunk-size is for --executor rewrite; with --executor {args.executor}"
             " kube-controller-manager lists the objects itself: drop --chunk-size"
+        )
+    if args.prune_stored_versions and args.executor != "rewrite":
+        raise UsageError(
+            f"--prune-stored-versions is for --executor rewrite; with --executor"
+            f" {args.executor} kube-controller-manager's migrator prunes status.storedVersions"
+            " itself (and svledger records what it did): drop --prune-stored-versions"
         )
     settings = kafka_settings(args)
     clock = SystemClock()
@@ -266,7 +297,10 @@ def _worker(args: argparse.Namespace) -> int:
         )
         if args.executor == "storagemigration":  # events are still rewritten by svledger
             executor = StorageMigrationExecutor(kube, clock, executor)
+        pruner = StoredVersionsPruner(kube, clock) if args.prune_stored_versions else None
         try:
+            if pruner is not None:
+                await pruner.check_access()
             await run_worker(
                 settings,
                 executor,
@@ -277,6 +311,7 @@ def _worker(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency or (1 if args.executor == "rewrite" else 16),
                 snapshots=snapshot_source(args),
                 check=None if args.skip_identity_check else IdentityCheck(kube),
+                hooks=pruner,
             )
         finally:
             await kube.close()

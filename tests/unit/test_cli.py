@@ -221,6 +221,17 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
             "--chunk-size is for --executor rewrite",
         ),
         (
+            [
+                "worker",
+                "--cluster",
+                "c",
+                "--executor",
+                "storagemigration",
+                "--prune-stored-versions",
+            ],
+            "--prune-stored-versions is for --executor rewrite",
+        ),
+        (
             ["migrations", "request", "apps", "deployments", "--cluster", "c", "--version", "V1"],
             "argument --version: invalid version 'V1'",
         ),
