@@ -40,6 +40,7 @@ from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     MigrationRequested,
     MigrationStatusEvent,
     MigrationSucceeded,
@@ -47,12 +48,16 @@ from ledger.events import (
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
+    StoredVersionsPruned,
+    StoredVersionsPruneRefused,
 )
-from ledger.hashing import UNNAMED_VERSION, hash_of_report
+from ledger.hashing import UNNAMED_VERSION, hash_of_report, hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from projections.agreement import agreement, transitions
+from projections.crds import VersionVerdict, stored_version_verdicts
 from projections.fold import STALE_SUCCESS
 from projections.schema import (
+    custom_resource_definitions,
     ledger_events,
     rejected_events,
     storage_states,
@@ -61,6 +66,7 @@ from projections.schema import (
 )
 from projections.state import (
     UNKNOWN_HASH,
+    CustomResourceDefinition,
     Migration,
     ResourceKey,
     ServerStorageVersion,
@@ -77,7 +83,10 @@ RELEASED: Final = ApiserverLeaseReleased.__name__
 EXPIRED: Final = ApiserverLeaseExpired.__name__
 REQUESTED: Final = MigrationRequested.__name__
 SUCCEEDED: Final = MigrationSucceeded.__name__
-_RESOURCE_EVENTS: Final = (REPORTED, WITHDRAWN, RESET)
+OBSERVED: Final = CustomResourceDefinitionObserved.__name__
+PRUNED: Final = StoredVersionsPruned.__name__
+PRUNE_REFUSED: Final = StoredVersionsPruneRefused.__name__
+_RESOURCE_EVENTS: Final = (REPORTED, WITHDRAWN, RESET, OBSERVED, PRUNED, PRUNE_REFUSED)
 _LEASE_ENDS: Final = (RELEASED, EXPIRED)
 _MIGRATION_EVENTS: Final = (
     REQUESTED,
@@ -136,6 +145,9 @@ class Facts:
     # holds those that moved the resource), and its members as the history begins.
     membership: tuple[HistoryEntry, ...] = ()
     members_at_start: frozenset[str] = frozenset()
+    # A custom resource's CustomResourceDefinition, and what can leave its storedVersions.
+    crd: CustomResourceDefinition | None = None
+    verdicts: tuple[VersionVerdict, ...] = ()
 
 
 # ---------------------------------------------------------------- resolution
@@ -188,7 +200,12 @@ def known_resources(connection: Connection) -> set[ResourceKey]:
     query = union(
         *(
             select(table.c.cluster, table.c.api_group, table.c.resource)
-            for table in (storage_versions, storage_states, storage_version_migrations)
+            for table in (
+                storage_versions,
+                storage_states,
+                storage_version_migrations,
+                custom_resource_definitions,
+            )
         )
     )
     return {(cluster, group, resource) for cluster, group, resource in connection.execute(query)}
@@ -417,6 +434,32 @@ def describe(entry: HistoryEntry) -> str:
         )
     if event_type == RESET:
         return f"persisted hashes reset to [{UNKNOWN_HASH}]: {p['reason']}"
+    if event_type == OBSERVED:
+        if p["deleted"]:
+            return f"CustomResourceDefinition {p['name']} deleted"
+        migrating = (
+            f"; StorageMigrating={p['storage_migrating_status']}"
+            f" ({p['storage_migrating_reason']}, generation"
+            f" {p['storage_migrating_observed_generation']})"
+            if p.get("storage_migrating_status")
+            else ""
+        )
+        return (
+            f"CustomResourceDefinition {p['name']} generation {p['generation']}: storage"
+            f" version {p['storage_version']}, storedVersions"
+            f" [{', '.join(p['stored_versions'])}]{migrating}"
+        )
+    if event_type == PRUNED:
+        return (
+            f"storedVersions of {p['name']} set to [{', '.join(p['stored_versions_after'])}]"
+            f" (was [{', '.join(p['stored_versions_before'])}]) after migration"
+            f" {p['migration_id']}"
+        )
+    if event_type == PRUNE_REFUSED:
+        return (
+            f"storedVersions of {p['name']} left as [{', '.join(p['stored_versions'])}] after"
+            f" migration {p['migration_id']}: {p['reason']}: {p['message']}"
+        )
     if event_type == RELEASED:
         return f"{p['apiserver_id']} released its lease, dropping its entries"
     if event_type == EXPIRED:
@@ -455,6 +498,8 @@ def gather(connection: Connection, key: ResourceKey) -> Facts:
         start=start,
         membership=tuple(membership),
         members_at_start=members,
+        crd=state.custom_resources.get(key),
+        verdicts=stored_version_verdicts(state, key),
     )
 
 
@@ -493,6 +538,7 @@ def explanation(facts: Facts) -> str:
         *_hash_lines(facts),
         "",
         *_migration_lines(facts),
+        *_crd_lines(facts),
     ]
     return "\n".join(lines)
 
@@ -757,4 +803,71 @@ def _migration_lines(facts: Facts) -> list[str]:
         for e in steps
         if not e.applied
     ]
+    return lines
+
+
+def _crd_lines(facts: Facts) -> list[str]:
+    """A custom resource's versions as a CRD author asks: which can go now, and what holds
+    each other one (:mod:`projections.crds`)."""
+    crd = facts.crd
+    if crd is None:
+        return []
+    served = ", ".join(crd.served_versions) or "none"
+    lines = [
+        "",
+        f"CustomResourceDefinition {crd.name} (generation {crd.generation}, revision"
+        f" {crd.revision}): storage version {crd.storage_version}; serves {served};"
+        f" status.storedVersions [{', '.join(crd.stored_versions)}].",
+    ]
+    origins = hash_origins(facts)
+    for verdict in facts.verdicts:
+        if verdict.removable:
+            lines.append(
+                f"  - {verdict.version} can be removed from status.storedVersions now:"
+                f" {verdict.why}."
+            )
+            continue
+        origin = origins.get(hash_of_stored(f"{crd.group}/{verdict.version}", crd.kind))
+        since = (
+            f"; it was last reported by {_cite(origin)}"
+            if origin is not None and origin.event_type == REPORTED
+            else ""
+        )
+        lines.append(f"  - {verdict.version} stays: {verdict.why}{since}.")
+    removable = [v.version for v in facts.verdicts if v.removable]
+    unlisted = [
+        v for v in crd.versions if v not in crd.stored_versions and v != crd.storage_version
+    ]
+    if unlisted:
+        lines.append(
+            f"  {', '.join(unlisted)} can be removed from spec.versions now: no object is"
+            " stored in it and status.storedVersions does not list it (stop serving it first"
+            " if clients still ask for it)."
+        )
+    if removable:
+        lines.append(
+            f"  {', '.join(removable)} can be removed from spec.versions once it has left"
+            " status.storedVersions (the apiserver refuses to drop a version it lists):"
+            " svledger worker --prune-stored-versions does that after such a migration, or"
+            " patch the CustomResourceDefinition's status yourself."
+        )
+    if crd.storage_migrating_status is not None:
+        lines.append(
+            f"  StorageMigrating={crd.storage_migrating_status}"
+            f" ({crd.storage_migrating_reason}, observedGeneration"
+            f" {crd.storage_migrating_observed_generation}): {crd.storage_migrating_message}"
+        )
+    if crd.prune_outcome is not None:
+        done = "pruned" if crd.prune_outcome == "Pruned" else f"refused ({crd.prune_outcome})"
+        lines.append(
+            f"  Last prune by svledger's worker, {done} at {crd.prune_revision}:"
+            f" {crd.prune_message}"
+        )
+    if crd.pending_prune:
+        lines.append(
+            f"  {', '.join(crd.pending_prune)} left status.storedVersions while a migration ran;"
+            " judged when it ends."
+        )
+    if crd.prune_alarm is not None:
+        lines.append(f"  ALARM: a prune the ledger does not back: {crd.prune_alarm}.")
     return lines

@@ -30,6 +30,7 @@ from ledger.events import (
 )
 from ledger.names import resource_name, storage_state_name
 from projections import fold
+from projections.crds import stored_version_verdicts
 from projections.history import (
     Facts,
     HistoryEntry,
@@ -74,6 +75,14 @@ def entry(event: Event, position: Position, rejection: str | None) -> HistoryEnt
 
 
 LEASE_EVENTS = ("ApiserverHeartbeat", "ApiserverLeaseReleased", "ApiserverLeaseExpired")
+RESOURCE_EVENTS = (
+    "StorageVersionReported",
+    "StorageVersionWithdrawn",
+    "StorageStateReset",
+    "CustomResourceDefinitionObserved",
+    "StoredVersionsPruned",
+    "StoredVersionsPruneRefused",
+)
 
 
 class Scenario:
@@ -108,21 +117,27 @@ class Scenario:
             )
         )  # fmt: skip
 
-    def facts(self) -> Facts:
+    def facts(self, key: ResourceKey = KEY) -> Facts:
         """What ``gather`` would read: the resource's events and the cluster's lease events."""
         lease_events = [e for e in self.entries if e.event_type in LEASE_EVENTS and e.applied]
         history, membership = with_membership(
             [e for e in self.entries if e.event_type not in LEASE_EVENTS], lease_events
         )
         return Facts(
-            key=KEY,
-            storage_version=self.state.storage_versions.get(KEY),
-            storage_state=self.state.storage_states.get(KEY),
+            key=key,
+            storage_version=self.state.storage_versions.get(key),
+            storage_state=self.state.storage_states.get(key),
             migrations=in_request_order(
-                (m for m in self.state.migrations.values() if m.resource_key == KEY), history
+                (m for m in self.state.migrations.values() if m.resource_key == key), history
             ),
-            history=tuple(history),
+            history=tuple(
+                e
+                for e in history
+                if e.subject == resource_name(*key[1:]) or e.event_type not in RESOURCE_EVENTS
+            ),
             membership=tuple(membership),
+            crd=self.state.custom_resources.get(key),
+            verdicts=stored_version_verdicts(self.state, key),
         )
 
 
