@@ -928,4 +928,3 @@ def _prune_recorded(
         revision=revision,
     )
     _store(state.custom_resources, key, recorded, changes.custom_resources)
-

@@ -82,6 +82,7 @@ LONGEST_FIRST = (
     "tests/integration/test_simulation_random.py",
     "tests/integration/test_rolling_upgrade.py",
     "tests/integration/test_collector.py",
+    "tests/integration/test_crd_lifecycle.py",
     "tests/integration/test_kafka_security.py",
     "tests/integration/test_projector_crash.py",
     "tests/integration/test_docs.py",
