@@ -84,6 +84,7 @@ from ledger.events import Event, Meta, MigrationCancelled, MigrationFailed, Migr
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
 from projections.agreement import source_conflicts, unreported
+from projections.crds import removable_versions
 from projections.fold import active_migrations
 from projections.snapshots import SnapshotSource
 from projections.state import PHASES, Changes, Migration, ResourceKey, State
@@ -272,6 +273,8 @@ async def run_migrator(
             metrics.AGREEMENT.sampling(lambda: agreement_samples(states())),
             metrics.UNREPORTED_APISERVERS.sampling(lambda: unreported_samples(states())),
             metrics.SOURCE_CONFLICTS.sampling(lambda: conflict_samples(states())),
+            metrics.STORED_VERSIONS_REMOVABLE.sampling(lambda: removable_samples(states())),
+            metrics.STORED_VERSIONS_UNSAFE_PRUNES.sampling(lambda: unsafe_prune_samples(states())),
         ):
             async for folded in follower.batches(stop):
                 await _react(folded, failed, backoff)
@@ -301,6 +304,24 @@ def conflict_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int
         ((sv.cluster, sv.name), len(source_conflicts(sv.entries)))
         for state in states
         for sv in state.storage_versions.values()
+    ]
+
+
+def removable_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
+    """``svledger_stored_versions_removable``: versions of storedVersions proven empty."""
+    return [
+        ((crd.cluster, resource_name(crd.group, crd.resource)), len(removable_versions(state, key)))
+        for state in states
+        for key, crd in state.custom_resources.items()
+    ]
+
+
+def unsafe_prune_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
+    """``svledger_stored_versions_unsafe_prunes``: CRDs pruned without the ledger's proof."""
+    return [
+        ((crd.cluster, resource_name(crd.group, crd.resource)), int(crd.prune_alarm is not None))
+        for state in states
+        for crd in state.custom_resources.values()
     ]
 
 

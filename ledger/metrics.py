@@ -207,6 +207,18 @@ SOURCE_CONFLICTS: Final = SampledGauge(
     "versions of a resource, in the migrator's fold.",
     ["cluster", "resource"],
 )
+STORED_VERSIONS_REMOVABLE: Final = SampledGauge(
+    "svledger_stored_versions_removable",
+    "Versions of a CustomResourceDefinition's status.storedVersions that the migrator's fold "
+    "proves no object is stored in: they can be pruned, then dropped from spec.versions.",
+    ["cluster", "resource"],
+)
+STORED_VERSIONS_UNSAFE_PRUNES: Final = SampledGauge(
+    "svledger_stored_versions_unsafe_prunes",
+    "1 for a CustomResourceDefinition whose status.storedVersions lost a version while the "
+    "ledger held that objects may still be stored in it, until a migration proves the store.",
+    ["cluster", "resource"],
+)
 REACTION_SECONDS: Final = Histogram(
     "svledger_reaction_seconds",
     "From the time of the event that made a resource's apiservers agree to the commit of "

@@ -46,6 +46,7 @@ from kube.collector import run_collector
 from kube.executor import StorageMigrationExecutor
 from kube.stored_versions import StoredVersionsPruner
 from kube.target import KubernetesTarget
+from ledger import metrics
 from ledger.clock import SystemClock
 from ledger.events import (
     Event,
@@ -549,6 +550,7 @@ async def test_the_in_tree_migrator_prunes_and_the_ledger_backs_it_or_raises_the
             assert stored_versions(await crd(pipeline.kube, flagged)) == ["v2"]  # upstream's
             text = await explained(pipeline, flagged)
             assert re.search(r"ALARM: .*v1 left status.storedVersions at \d+:\d+", text), text
+            assert unsafe_prunes(f"{flagged}.{RESOURCE}") == 1
         finally:
             cluster.resume_apiserver(1)
 
@@ -558,5 +560,16 @@ async def test_the_in_tree_migrator_prunes_and_the_ledger_backs_it_or_raises_the
             return None if row is not None and row.prune_alarm is None else f"row {row}"
 
         await eventually(proven, f"{flagged} proven by a migration under agreement", 240)
+        await asyncio.sleep(0.5)  # the migrator's fold too
+        assert unsafe_prunes(f"{flagged}.{RESOURCE}") == 0
     finally:
         cluster.stop_controller_manager()
+
+
+def unsafe_prunes(resource: str) -> float:
+    """``svledger_stored_versions_unsafe_prunes`` of ``resource``, as a scrape shows it."""
+    (family,) = metrics.STORED_VERSIONS_UNSAFE_PRUNES.collect()
+    found = [
+        s.value for s in family.samples if s.labels == {"cluster": CLUSTER, "resource": resource}
+    ]
+    return found[0] if found else -1.0
