@@ -4,18 +4,19 @@ A page is a script: its blocks run in order, each by the rule for its language. 
 of any other language fails the test, so a new kind of block needs a rule here first.
 
 * ``console``: a shell session. A line ``$ COMMAND`` is a command (a line ending in ``\\``
-  continues it); the lines after it, up to the next ``$``, are what it prints on stdout
-  (its logs go to stderr and are not shown). All console and python blocks of a page run
-  in one bash process, in page order, so variables and background jobs (``COMMAND &``)
-  carry over; every command must exit 0, and background jobs still running at the end
-  are stopped with SIGTERM and must then exit 0 too.
+  continues it, and a here-document it opens, ``<<EOF`` or ``<<'EOF'``, is part of it up
+  to its terminator line); the lines after it, up to the next ``$``, are what it prints
+  on stdout (its logs go to stderr and are not shown). All console and python blocks of
+  a page run in one bash process, in page order, so variables and background jobs
+  (``COMMAND &``) carry over; every command must exit 0, and background jobs still
+  running at the end are stopped with SIGTERM and must then exit 0 too.
 * ``python``: a program, run with this interpreter as a step of the same script.
 * ``sql``: a query, run against the walkthrough's views: on SQLite after a line
   ``SQLite:``, on PostgreSQL after ``PostgreSQL:``, else on both. A ``text`` block right
   after SQL blocks is their output in docs/sql.md's own sample history, which is not the
   walkthrough: its header must name the query's columns, its rows are not compared.
 * ``sh``: commands shown but not run, because they need what this test does not have (a
-  Kubernetes cluster, a PostgreSQL host). Each line is checked instead: ``svledger``
+  production cluster, a PostgreSQL host). Each line is checked instead: ``svledger``
   lines must parse with svledger's own argument parser, ``make`` lines must name a target
   of the Makefile. The README's two, ``make demo`` and ``make test``, are never run from
   here (they would run this test): ``make test`` is what CI runs (``.ci/run``), and
@@ -38,6 +39,17 @@ working directory (kubectl's cache; no kubeconfig), the session's broker as
 output as the default ``svledger.events``. The addresses ``127.0.0.1:8080`` and
 ``127.0.0.1:8443`` in commands and python blocks are replaced by free ports (and shown as
 written).
+
+A page that needs a Kubernetes cluster says so in its first line, exactly
+``<!-- docs-test: kubernetes -->`` (an HTML comment, so not rendered). It then gets one
+of its own, started before its first block and stopped after its background jobs: one
+stock kube-apiserver of ``deploy.kube.cluster``'s default release (hostname
+``kube-apiserver-0``, so its apiserver ID is always the same) and its etcd
+(``LocalCluster(1)``, 3 to 5 s to start), its kubeconfig written as ``kubeconfig`` in
+the working directory and named by ``KUBECONFIG``, where kubectl and ``svledger
+collect`` and ``worker`` find it. Its address (a free port) is never shown, and its test
+is marked ``kubernetes``. Every other page gets none, and shows what needs one in ``sh``
+blocks.
 
 The walkthrough: ``svledger simulate examples/kep-walkthrough.yaml --db
 sqlite:///walkthrough.db`` runs once for this module (about 25 s). A page with that
@@ -71,6 +83,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from deploy.kafka.broker import free_port
+from deploy.kube.cluster import LocalCluster
 from ledger.settings import KafkaSettings
 from projections.replay import replay
 from simulation import scenario
@@ -83,8 +96,10 @@ WALKTHROUGH_COMMAND = (
 )
 SHOWN_TOPIC = "svledger.events"
 SHOWN_ADDRESSES = ("127.0.0.1:8080", "127.0.0.1:8443")
+KUBERNETES = "<!-- docs-test: kubernetes -->"  # a page's first line: it runs on a cluster
 PAGE_TIMEOUT = 300
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+HEREDOC = re.compile(r"(?<!<)<<(?!<)\s*(['\"]?)(\w+)\1")
 
 
 # --------------------------------------------------------------------------- reading pages
@@ -126,6 +141,10 @@ def blocks(page: str) -> list[Block]:
     return found
 
 
+def needs_kubernetes(page: str) -> bool:
+    return (ROOT / page).read_text().startswith(KUBERNETES + "\n")
+
+
 def commands(block: Block) -> list[Command]:
     """The ``$`` commands of a console block, each with the output shown after it."""
     found: list[Command] = []
@@ -133,7 +152,12 @@ def commands(block: Block) -> list[Command]:
     expected: list[str] = []
     start = 0
     continued = False
+    terminator: str | None = None  # of the here-document the command is in
     for number, line in enumerate(block.text.splitlines(), start=block.line + 1):
+        if terminator is not None:
+            text.append(line)
+            terminator = None if line == terminator else terminator
+            continue
         if continued:
             text.append(line)
         elif line.startswith("$ "):
@@ -144,7 +168,12 @@ def commands(block: Block) -> list[Command]:
             expected.append(line)
         else:
             raise AssertionError(f"{block.page}:{number}: console output before any `$ ` command")
+        is_command = continued or line.startswith("$ ")
         continued = line.endswith("\\")
+        if is_command and (heredoc := HEREDOC.search(line)):
+            terminator = heredoc[2]
+    if terminator is not None:
+        raise AssertionError(f"{block.where}: a here-document without its line {terminator}")
     if text:
         found.append(Command(block, start, "\n".join(text), tuple(expected)))
     return found
@@ -378,7 +407,13 @@ def check_steps(
             )
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(page, marks=pytest.mark.kubernetes) if needs_kubernetes(page) else page
+        for page in PAGES
+    ],
+)
 def test_page_runs_as_shown(
     page: str, kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -391,7 +426,12 @@ def test_page_runs_as_shown(
     workspace = Workspace.create(tmp_path / "page", kafka_bootstrap, topic)
     for block in blocks(page):
         check_block(block)
-    run_page(page, workspace, walkthrough)
+    with contextlib.ExitStack() as stack:
+        if needs_kubernetes(page):
+            cluster = stack.enter_context(LocalCluster(1))
+            kubeconfig = cluster.write_kubeconfig(workspace.directory / "kubeconfig")
+            workspace.env["KUBECONFIG"] = str(kubeconfig)
+        run_page(page, workspace, walkthrough)
 
 
 # --------------------------------------------------------------------------- blocks not run
