@@ -245,12 +245,17 @@ class ClusterWatch:
         return self._listed >= {LEASES[2], STORAGE_VERSIONS[2]}
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(
-            self._follow(LEASES, self._leases, stop, label_selector=IDENTITY_SELECTOR),
-            self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
-            self._follow(CUSTOM_RESOURCES, self._custom_resources, stop),
-            self._poll_discovery(stop),
-        )
+        try:
+            await asyncio.gather(
+                self._follow(LEASES, self._leases, stop, label_selector=IDENTITY_SELECTOR),
+                self._follow(STORAGE_VERSIONS, self._storage_versions, stop),
+                self._follow(CUSTOM_RESOURCES, self._custom_resources, stop),
+                self._poll_discovery(stop),
+            )
+        finally:
+            # The clients made from the leases' peer addresses are the watch's own.
+            for peer in self._peers.values():
+                await peer.close()
 
     def _addressed(self) -> dict[str, Kube]:
         """A client for each live apiserver the collector can address: as ``--apiserver``
