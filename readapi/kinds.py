@@ -8,10 +8,16 @@ handlers (:mod:`readapi.objects`, :mod:`readapi.watch`) move them over HTTP.
   apiserver identity lease of KEP-1965, with upstream's labels), and
   ``migration.k8s.io/v1alpha1`` StorageState and StorageVersionMigration
   (kubernetes-sigs/kube-storage-version-migrator). All four are read-only here.
+* A custom resource's StorageState carries what the ledger makes of its
+  CustomResourceDefinition's ``status.storedVersions`` (:mod:`projections.crds`): the
+  versions listed, those no object is stored in, and conditions saying which can go and
+  whether one left unsafely (:class:`ServedStorageState`).
 * ``metadata.resourceVersion`` is the log offset (in the cluster's partition) of the
-  event that last changed the row. ``creationTimestamp`` is the time of the event that
-  created the row, and ``uid`` is derived from the cluster, kind, name and that event's
-  offset, so an object deleted and created again gets a new uid, as in Kubernetes.
+  event that last changed the row (for a custom resource's StorageState, or its
+  CustomResourceDefinition, or a migration its verdicts read). ``creationTimestamp`` is
+  the time of the event that created the row, and ``uid`` is derived from the cluster,
+  kind, name and that event's offset, so an object deleted and created again gets a new
+  uid, as in Kubernetes.
 * A migration's phase maps onto upstream's conditions: ``Running`` and ``Succeeded``
   as such; ``Failed`` and ``Cancelled`` as ``Failed`` with the ledger's reason
   (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition (an
@@ -50,9 +56,12 @@ from ledger.identity import (
     PEER_ADDRESS_ANNOTATION,
 )
 from ledger.names import group_resource_string, split_group_version
+from projections.crds import VersionVerdict, stored_version_verdicts
 from projections.state import (
+    CustomResourceDefinition,
     Lease,
     Migration,
+    ResourceKey,
     ServerStorageVersion,
     State,
     StorageState,
@@ -62,7 +71,58 @@ from readapi.gojson import JSON
 from readapi.selectors import Requirement, Selection
 from readapi.status import ApiError
 
-Row: TypeAlias = Lease | StorageVersion | StorageState | Migration
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServedStorageState:
+    """A StorageState as served: the fold's row and, for a custom resource whose
+    CustomResourceDefinition the ledger holds, the CustomResourceDefinition's row and the
+    verdict on each version of its ``storedVersions``
+    (:func:`projections.crds.stored_version_verdicts`).
+
+    The verdicts read the resource's migrations too (the one that proved a version empty,
+    the one running), so ``revision`` is the latest of the StorageState's, the
+    CustomResourceDefinition's and those migrations' revisions: every event that can
+    change the object moves its ``resourceVersion``, which never goes back while the
+    CustomResourceDefinition is held (a migration leaves the fold only at an event that
+    stores another of the resource's migrations: a request, or a success). A deleted
+    CustomResourceDefinition takes its revision with it: the object then shows the
+    StorageState's, older than the deletion, and a watch resumed from it sends again what
+    came between (never less). Compared by value, so an event that changed none of them
+    changes no served object.
+    """
+
+    storage_state: StorageState
+    crd: CustomResourceDefinition | None
+    verdicts: tuple[VersionVerdict, ...]
+    revision: str
+
+    @property
+    def key(self) -> ResourceKey:
+        return self.storage_state.key
+
+    @property
+    def removable(self) -> tuple[str, ...]:
+        """The versions of ``storedVersions`` the ledger proves no object is stored in."""
+        return tuple(v.version for v in self.verdicts if v.removable)
+
+
+def served_storage_state(state: State, row: StorageState) -> ServedStorageState:
+    """``row`` as served in ``state``."""
+    crd = state.custom_resources.get(row.key)
+    if crd is None:
+        return ServedStorageState(row, None, (), row.revision)
+    migrations = [
+        state.migrations[key]
+        for index in (state.active_migrations_by_resource, state.inactive_migrations_by_resource)
+        for key in index.get(row.key, ())
+    ]
+    revision = max(
+        (row.revision, crd.revision, *(m.revision for m in migrations)), key=Position.parse
+    )
+    return ServedStorageState(row, crd, stored_version_verdicts(state, row.key), revision)
+
+
+Row: TypeAlias = Lease | StorageVersion | ServedStorageState | Migration
 
 PHASE_LABEL: Final = "svledger.io/phase"
 RESOURCE_LABEL: Final = "svledger.io/resource"
@@ -416,11 +476,56 @@ def _hash_with_version(value: str, named: Mapping[str, str]) -> str:
     return f"{value} ({named[value]})" if value in named else value
 
 
-def _storage_state_body(row: StorageState, view: View) -> JSON:
+def _storage_state_body(served: ServedStorageState, view: View) -> JSON:
+    row = served.storage_state
     status: JSON = {"persistedStorageVersionHashes": list(row.persisted_storage_version_hashes)}
     if row.current_storage_version_hash is not None:
         status["currentStorageVersionHash"] = row.current_storage_version_hash
+    if served.crd is not None:
+        status["storedVersions"] = list(served.crd.stored_versions)
+        status["removableStoredVersions"] = list(served.removable)
+        if conditions := _stored_versions_conditions(served.crd, served.verdicts):
+            status["conditions"] = conditions
     return {"spec": {"resource": _group_resource(row.group, row.resource)}, "status": status}
+
+
+REMOVABLE_CONDITION: Final = "StoredVersionsRemovable"
+UNSAFE_PRUNE_CONDITION: Final = "StoredVersionsPrunedUnsafely"
+
+
+def _stored_versions_conditions(
+    crd: CustomResourceDefinition, verdicts: Sequence[VersionVerdict]
+) -> list[JSON]:
+    """``StoredVersionsRemovable`` while ``storedVersions`` lists a version besides the
+    storage version: True if one of them can go now, each one's verdict in the message;
+    ``StoredVersionsPrunedUnsafely`` while the CustomResourceDefinition carries an alarm."""
+    conditions: list[JSON] = []
+    others = [v for v in verdicts if v.version != crd.storage_version]
+    if others:
+        removable = any(v.removable for v in others)
+        conditions.append(
+            {
+                "type": REMOVABLE_CONDITION,
+                "status": "True" if removable else "False",
+                "reason": "NoObjectStoredIn" if removable else "ObjectsMayBeStoredIn",
+                "message": "; ".join(
+                    f"{v.version} can be removed from status.storedVersions now: {v.why}"
+                    if v.removable
+                    else f"{v.version} stays: {v.why}"
+                    for v in others
+                ),
+            }
+        )
+    if crd.prune_alarm is not None:
+        conditions.append(
+            {
+                "type": UNSAFE_PRUNE_CONDITION,
+                "status": "True",
+                "reason": "PrunedWithoutProof",
+                "message": crd.prune_alarm,
+            }
+        )
+    return conditions
 
 
 def _group_resource(group: str, resource: str, **more: str) -> JSON:
@@ -429,13 +534,15 @@ def _group_resource(group: str, resource: str, **more: str) -> JSON:
     return {**({"group": group} if group else {}), **more, "resource": resource}
 
 
-def _storage_state_cells(row: StorageState, view: View) -> list[Any]:
+def _storage_state_cells(served: ServedStorageState, view: View) -> list[Any]:
+    row = served.storage_state
     named = versions_of_hashes(view.state, row)
     return [
         row.name,
         _hash_with_version(_none(row.current_storage_version_hash), named),
         ", ".join(_hash_with_version(h, named) for h in row.persisted_storage_version_hashes),
         _age("StorageState", row, view),
+        ", ".join(served.removable),
     ]
 
 
@@ -446,16 +553,24 @@ STORAGE_STATES: Final = Kind(
     kind="StorageState",
     singular="storagestate",
     namespaced=False,
-    rows=lambda state: state.storage_states,
-    name=lambda row: row.name,
+    rows=lambda state: {
+        key: served_storage_state(state, row) for key, row in state.storage_states.items()
+    },
+    name=lambda served: served.storage_state.name,
     body=_storage_state_body,
-    labels=lambda row: {},
-    annotations=lambda row: {},
+    labels=lambda served: {},
+    annotations=lambda served: {},
     columns=(
         Column("Name", "string", "The StorageState's name, <resource>.<group>.", "name"),
         Column("Current", "string", "The current storageVersionHash and its version."),
         Column("Persisted", "string", "Hashes objects may still be stored in, with versions."),
         Column("Age", "string", "Time since the StorageState was created."),
+        Column(
+            "Removable",
+            "string",
+            "A custom resource's versions of status.storedVersions no object is stored in.",
+            priority=1,
+        ),
     ),
     cells=_storage_state_cells,
 )
@@ -544,7 +659,7 @@ def row_kind(row: Row) -> Kind:
             return STORAGE_VERSIONS
         case Lease():
             return LEASES
-        case StorageState():
+        case ServedStorageState():
             return STORAGE_STATES
         case Migration():
             return STORAGE_VERSION_MIGRATIONS

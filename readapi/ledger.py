@@ -64,10 +64,10 @@ from projections.fold import apply
 from projections.history import resolve
 from projections.replay import cluster_log
 from projections.snapshots import NO_EVENTS
-from projections.state import Changes, State
+from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Thinning
 from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
-from readapi.kinds import Created, Row, View
+from readapi.kinds import Created, Row, ServedStorageState, View, served_storage_state
 
 Point: TypeAlias = int | datetime
 ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -143,13 +143,24 @@ class ClusterFold:
 
     def _track(self, changes: Changes, offset: int, time: datetime) -> list[Change]:
         state = self.state
+        # A StorageState is served with its CustomResourceDefinition's verdicts, which its
+        # migrations change too (:class:`~readapi.kinds.ServedStorageState`).
+        storage_states = (
+            changes.storage_states
+            | changes.custom_resources
+            | {
+                migration.resource_key
+                for k in changes.migrations
+                if (migration := state.migrations.get(k)) is not None
+            }
+        )
         touched: list[tuple[str, tuple[str, ...], Row | None]] = [
             *(("Lease", k[1:], state.leases.get(k)) for k in changes.leases),
             *(
                 ("StorageVersion", k[1:], state.storage_versions.get(k))
                 for k in changes.storage_versions
             ),
-            *(("StorageState", k[1:], state.storage_states.get(k)) for k in changes.storage_states),
+            *(("StorageState", k[1:], self._storage_state(k)) for k in storage_states),
             *(
                 ("StorageVersionMigration", k[1:], state.migrations.get(k))
                 for k in changes.migrations
@@ -169,9 +180,13 @@ class ClusterFold:
             if previous is None:
                 born = self.created[created_key] = Created(time, offset)
                 found.append(Change(offset, "ADDED", row, None, born))
-            elif previous is not row:
+            elif previous is not row and previous != row:
                 found.append(Change(offset, "MODIFIED", row, previous, self.created[created_key]))
         return found
+
+    def _storage_state(self, key: ResourceKey) -> ServedStorageState | None:
+        row = self.state.storage_states.get(key)
+        return None if row is None else served_storage_state(self.state, row)
 
     def copy(self) -> ClusterFold:
         """A copy that later folds do not change: the checkpoint of this fold."""
@@ -186,6 +201,7 @@ class ClusterFold:
                 migrations=dict(state.migrations),
                 seen={cluster: seen.copy() for cluster, seen in state.seen.items()},
                 custom_resources=dict(state.custom_resources),
+                audits=dict(state.audits),
             ),
             created=dict(self.created),
             rows=dict(self.rows),
@@ -548,6 +564,7 @@ async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str
         set(state.storage_versions)
         | set(state.storage_states)
         | {migration.resource_key for migration in state.migrations.values()}
+        | set(state.custom_resources)
     )
     names = ", ".join(sorted(resource_name(group, resource) for _, group, resource in known))
     _, group, resource = resolve(

@@ -256,8 +256,30 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
     resource = package.field(
         "GroupResource", _object("A resource.", dict(_GROUP_RESOURCE)), "The resource."
     )
+    condition = _object(
+        "What the ledger makes of the CustomResourceDefinition's storedVersions.",
+        {
+            "type": _string(
+                "StoredVersionsRemovable: whether a version of storedVersions besides the "
+                "storage version can leave it now (left out when there is none); "
+                "StoredVersionsPrunedUnsafely: a version left storedVersions while objects "
+                "may still have been stored in it."
+            ),
+            "status": _string(
+                "True or False; StoredVersionsPrunedUnsafely is only ever True, until a "
+                "migration proves the store clean."
+            ),
+            "reason": _string("NoObjectStoredIn, ObjectsMayBeStoredIn or PrunedWithoutProof."),
+            "message": _string(
+                "Each version's verdict and the ledger positions it rests on, or the alarm."
+            ),
+        },
+        ("type", "status", "reason", "message"),
+    )
     status = _object(
-        "storageVersionHash values, as discovery gives them for versions of the resource.",
+        "storageVersionHash values, as discovery gives them for versions of the resource; "
+        "for a custom resource, its CustomResourceDefinition's storedVersions as the ledger "
+        "judges them.",
         {
             "currentStorageVersionHash": _string(
                 "The storageVersionHash of the version the API servers agree on; left out "
@@ -267,6 +289,27 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
                 "Hashes of every version objects may still be stored in; Unknown while "
                 "objects may be stored in a version the ledger never saw, until a "
                 "migration has rewritten every object."
+            ),
+            "storedVersions": _strings(
+                "A custom resource's: its CustomResourceDefinition's status.storedVersions, "
+                "as the ledger last observed them; left out for a resource of no "
+                "CustomResourceDefinition the ledger holds."
+            ),
+            "removableStoredVersions": _strings(
+                "The versions of storedVersions no object can be stored in, as the ledger "
+                "proves: a migration rewrote every object while every API server encoded "
+                "the storage version, and none has encoded them since. They can leave "
+                "storedVersions, then spec.versions. Present with storedVersions; empty "
+                "when none can go."
+            ),
+            "conditions": _list_map(
+                package.array(
+                    "StorageStateCondition",
+                    condition,
+                    "A custom resource's StoredVersionsRemovable and "
+                    "StoredVersionsPrunedUnsafely conditions; left out when neither holds.",
+                ),
+                "type",
             ),
         },
     )
@@ -281,7 +324,10 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
                 "The resource.",
             ),
             "status": package.field(
-                "StorageStateStatus", status, "The current and the persisted hashes."
+                "StorageStateStatus",
+                status,
+                "The current and the persisted hashes; for a custom resource, which versions "
+                "can leave its CustomResourceDefinition's storedVersions.",
             ),
         },
     )

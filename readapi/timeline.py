@@ -13,7 +13,14 @@ On one time axis (UTC, tick labels at round times, the date wherever it changes)
   (grey) or expired (red);
 * one row per migration of the resource: a bar from its request, in parts coloured by
   phase (Pending, Running), ending in a short mark of the phase it ended in
-  (Succeeded, Failed, Cancelled), which the row's label names too.
+  (Succeeded, Failed, Cancelled), which the row's label names too;
+* for a custom resource, its CustomResourceDefinition's row: a mark where the collector
+  saw its storage version or ``status.storedVersions`` change (``storage v2``,
+  ``storedVersions [v1, v2]``), where svledger's worker pruned ``storedVersions``
+  (``pruned v1``) or refused to (``prune refused: GenerationChanged``), and a red line
+  while the CustomResourceDefinition carries an alarm: a version left
+  ``storedVersions`` while the ledger held that objects may still be stored in it
+  (:mod:`projections.crds`).
 
 Every drawn element has an SVG ``<title>``, which a browser shows on hover: the event
 that caused it, its log position (``partition:offset``, the revision the views cite)
@@ -36,19 +43,29 @@ import html
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, Literal
 
 from ledger.events import (
     ApiserverHeartbeat,
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
+    CustomResourceDefinitionObserved,
     Event,
     Position,
+    StoredVersionsPruned,
+    StoredVersionsPruneRefused,
     type_name,
 )
 from ledger.names import resource_name
+from projections.crds import dropped
 from projections.fold import apply
-from projections.state import ACTIVE_PHASES, ResourceKey, State, StorageVersion
+from projections.state import (
+    ACTIVE_PHASES,
+    CustomResourceDefinition,
+    ResourceKey,
+    State,
+    StorageVersion,
+)
 
 # Layout, in CSS pixels.
 LEFT: Final = 230  # the label column
@@ -60,7 +77,7 @@ BAR_TOP: Final = 6  # a bar's top edge, below its row's top edge
 BAR_HEIGHT: Final = 16
 LEASE_Y: Final = 29  # an apiserver's lease line, below its row's top edge
 END_MARK: Final = 8  # the width of the mark of the phase a migration ended in
-AGREEMENT_ROW: Final = 0  # row index of the agreement band; apiservers, then migrations follow
+AGREEMENT_ROW: Final = 0  # row index of the agreement band; apiservers, migrations, CRD follow
 MAX_TICKS: Final = 8
 
 AGREEMENT_COLOUR: Final = "#7b3fa0"
@@ -76,6 +93,10 @@ PHASE_COLOURS: Final = {
     "Failed": "#d62728",
     "Cancelled": "#ff7f0e",
 }
+# A CustomResourceDefinition's marks, by what happened (Mark.kind); its alarm's line.
+CRD_COLOURS: Final = {"changed": "#4c4c4c", "pruned": "#2ca02c", "refused": "#ff7f0e"}
+ALARM_COLOUR: Final = EXPIRED_COLOUR
+CRD_MARK: Final = 3  # the width of a CustomResourceDefinition's mark
 DISAGREE: Final = "versions differ"  # the label of a disagreement window
 UNKNOWN: Final = "not every apiserver reported"  # the label of an unknown window
 
@@ -138,6 +159,26 @@ class MigrationRow:
     phases: list[Span] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mark:
+    """Something that happened to a CustomResourceDefinition at one moment."""
+
+    label: str
+    kind: Literal["changed", "pruned", "refused"]  # its colour in CRD_COLOURS
+    cause: Cause
+    detail: str | None = None  # the worker's words on a prune, or a refusal's
+
+
+@dataclasses.dataclass
+class CrdRow:
+    """The resource's CustomResourceDefinition: the changes of its storage version and
+    ``storedVersions``, the worker's prunes, and its alarms (each labelled with its words)."""
+
+    name: str
+    marks: list[Mark] = dataclasses.field(default_factory=list)
+    alarms: list[Span] = dataclasses.field(default_factory=list)
+
+
 @dataclasses.dataclass
 class Timeline:
     """What the page draws: a resource's history from the cluster's first event to its last."""
@@ -151,6 +192,7 @@ class Timeline:
     unknown: list[Span]  # labelled UNKNOWN
     apiservers: list[ApiserverRow]
     migrations: list[MigrationRow]
+    crd: CrdRow | None = None  # None: the ledger never held a CRD of the resource
 
 
 def render(
@@ -171,6 +213,8 @@ def timeline(
     agreement: list[Span] = []
     disagreement: list[Span] = []
     unknown: list[Span] = []
+    crd_row: CrdRow | None = None
+    crd: CustomResourceDefinition | None = None  # as the last event left it
     start = end = None
     for event, position in records:
         if event.meta.cluster != cluster:
@@ -199,6 +243,12 @@ def timeline(
                 )
                 detail = ": ".join(filter(None, (migration.reason, migration.message)))
                 _phase(row.phases, migration.phase, detail or None, cause)
+        if key in changes.custom_resources:
+            after = state.custom_resources.get(key)
+            if crd_row is None:
+                crd_row = CrdRow(f"{resource}.{group}")  # as every CRD's name is
+            _crd(crd_row, crd, after, event, cause)
+            crd = after
     return Timeline(
         cluster=cluster,
         resource=key,
@@ -212,6 +262,7 @@ def timeline(
             key=lambda row: (row.hostname, row.apiserver_id),
         ),
         migrations=list(migrations.values()),
+        crd=crd_row,
     )
 
 
@@ -255,6 +306,41 @@ def _versions(
             _close(row.versions, cause)
 
 
+def _crd(
+    row: CrdRow,
+    before: CustomResourceDefinition | None,
+    after: CustomResourceDefinition | None,
+    event: Event,
+    cause: Cause,
+) -> None:
+    """Mark what ``event`` did to the CustomResourceDefinition (``before`` it, ``after``
+    it; None: none held); open or close its alarm's window.
+
+    Called only when the event changed the CustomResourceDefinition's row: a prune of a
+    CustomResourceDefinition the ledger does not hold is rejected and marks nothing, and a
+    migration's end may raise or lift an alarm (:func:`projections.fold._judge_prunes`).
+    """
+    match event:
+        case CustomResourceDefinitionObserved() if after is None:
+            row.marks.append(Mark("deleted", "changed", cause))
+        case CustomResourceDefinitionObserved() if after is not None:
+            words = []
+            if before is None or before.storage_version != after.storage_version:
+                words.append(f"storage {after.storage_version}")
+            if before is None or before.stored_versions != after.stored_versions:
+                words.append(f"storedVersions [{', '.join(after.stored_versions)}]")
+            if words:
+                row.marks.append(Mark(", ".join(words), "changed", cause))
+        case StoredVersionsPruned():
+            removed = dropped(event.stored_versions_before, event.stored_versions_after)
+            detail = after.prune_message if after is not None else None
+            row.marks.append(Mark(f"pruned {', '.join(removed)}", "pruned", cause, detail))
+        case StoredVersionsPruneRefused():
+            label = f"prune refused: {event.reason}"
+            row.marks.append(Mark(label, "refused", cause, event.message))
+    _window(row.alarms, after.prune_alarm if after is not None else None, cause)
+
+
 def _window(spans: list[Span], label: str | None, cause: Cause) -> None:
     """Open a window labelled ``label`` (None: none), closing the open one if it differs."""
     current = spans[-1] if spans and spans[-1].end is None else None
@@ -288,7 +374,8 @@ def _close(spans: list[Span], cause: Cause) -> None:
 
 
 def row_top(index: int) -> int:
-    """The y of row ``index``'s top edge: the agreement row, the apiservers, the migrations."""
+    """The y of row ``index``'s top edge: the agreement row, the apiservers, the migrations,
+    the CustomResourceDefinition."""
     return TOP + index * ROW_HEIGHT
 
 
@@ -322,15 +409,18 @@ def draw(picture: Timeline) -> str:
     """
     scale = _Scale(picture.start, picture.end)
     colours = version_colours(picture)
-    rows = 1 + len(picture.apiservers) + len(picture.migrations)
+    first_migration = AGREEMENT_ROW + 1 + len(picture.apiservers)
+    crd_index = first_migration + len(picture.migrations)
+    rows = crd_index + (1 if picture.crd is not None else 0)
     height = row_top(rows) + 8
     parts: list[str] = [_axis(scale, height)]
     parts += _agreement_row(picture, scale)
     for index, row in enumerate(picture.apiservers, start=AGREEMENT_ROW + 1):
         parts += _apiserver_row(row, row_top(index), scale, colours)
-    first_migration = AGREEMENT_ROW + 1 + len(picture.apiservers)
     for index, migration in enumerate(picture.migrations, start=first_migration):
         parts += _migration_row(migration, row_top(index), scale)
+    if picture.crd is not None:
+        parts += _crd_row(picture.crd, row_top(crd_index), scale)
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="{LEFT + PLOT_WIDTH + RIGHT}"'
         f' height="{height}" font-family="sans-serif" font-size="12">{"".join(parts)}</svg>'
@@ -349,7 +439,7 @@ def draw(picture: Timeline) -> str:
         f"<p>From {_e(_when(picture.start))} to {_e(_when(picture.end))}: the cluster's "
         "first and last event in the log. Hover over anything for the event that caused it "
         "and its log position.</p>"
-        f'<p class="legend">{_legend(colours)}</p>{svg}</body></html>\n'
+        f'<p class="legend">{_legend(colours, picture.crd is not None)}</p>{svg}</body></html>\n'
     )
 
 
@@ -390,7 +480,7 @@ def _axis(scale: _Scale, height: int) -> str:
     return "".join(parts)
 
 
-def _legend(colours: dict[str, str]) -> str:
+def _legend(colours: dict[str, str], crd: bool) -> str:
     def key(swatch: str, text: str) -> str:
         return f'<span class="key"><svg width="16" height="14">{swatch}</svg>{_e(text)}</span>'
 
@@ -414,6 +504,19 @@ def _legend(colours: dict[str, str]) -> str:
             key(tick(LEASE_COLOUR), "lease released"),
             key(tick(EXPIRED_COLOUR), "lease expired"),
             *(key(square(colour), f"migration {phase}") for phase, colour in PHASE_COLOURS.items()),
+            *(
+                (
+                    key(
+                        tick(CRD_COLOURS["changed"]),
+                        "CRD's storage version or storedVersions changed",
+                    ),
+                    key(tick(CRD_COLOURS["pruned"]), "storedVersions pruned"),
+                    key(tick(CRD_COLOURS["refused"]), "prune refused"),
+                    key(tick(ALARM_COLOUR), "pruned without proof (alarm)"),
+                )
+                if crd
+                else ()
+            ),
         ]
     )
 
@@ -534,6 +637,40 @@ def _migration_row(row: MigrationRow, y: int, scale: _Scale) -> list[str]:
                 f' data-phase="{span.label}"',
             )
         )
+    parts.append("</g>")
+    return parts
+
+
+def _crd_row(row: CrdRow, y: int, scale: _Scale) -> list[str]:
+    parts = [
+        f'<g class="crd-row" data-crd="{_e(row.name)}">',
+        _label(y, f"CRD {row.name}", f"CustomResourceDefinition {row.name}"),
+    ]
+    line = y + LEASE_Y
+    for alarm in row.alarms:
+        x1, x2 = scale.x(alarm.start), scale.x(alarm.end)
+        title = _e(_span_title(f"ALARM: a prune the ledger does not back: {alarm.label}", alarm))
+        parts.append(
+            f'<line class="crd-alarm" x1="{x1}" y1="{line}" x2="{x2}" y2="{line}" '
+            f'stroke="{ALARM_COLOUR}" stroke-width="2"><title>{title}</title></line>'
+            f'<rect class="crd-alarm-mark" x="{x1 - 1.5}" y="{line - 7}" width="3" height="14" '
+            f'fill="{ALARM_COLOUR}"><title>{title}</title></rect>'
+        )
+    marks = sorted(row.marks, key=lambda mark: mark.cause.time)  # stable: log order at a time
+    room = [scale.x(mark.cause.time) for mark in marks[1:]] + [LEFT + PLOT_WIDTH + RIGHT]
+    for mark, next_x in zip(marks, room, strict=True):
+        x = scale.x(mark.cause.time)
+        title = f"{mark.label}\n{mark.cause}" + (f"\n{mark.detail}" if mark.detail else "")
+        parts.append(
+            f'<rect class="crd-mark" data-mark="{mark.kind}" data-label="{_e(mark.label)}" '
+            f'x="{x - CRD_MARK / 2}" y="{y + BAR_TOP}" width="{CRD_MARK}" height="{BAR_HEIGHT}" '
+            f'fill="{CRD_COLOURS[mark.kind]}"><title>{_e(title)}</title></rect>'
+        )
+        if next_x - x >= 7 * len(mark.label) + 8:  # the label fits before the next mark
+            parts.append(
+                f'<text x="{x + 4}" y="{y + BAR_TOP + BAR_HEIGHT / 2 + 4}" '
+                f'pointer-events="none">{_e(mark.label)}</text>'
+            )
     parts.append("</g>")
     return parts
 

@@ -192,15 +192,17 @@ def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
         storage_versions={("c", "apps", "deployments"): storage_version()},
         storage_states={row.key: row},
     )
-    table = conversions.table(STORAGE_STATES, [(row, {"metadata": {}})], view(state))
-    assert [c["name"] for c in table["columnDefinitions"]] == [
-        "Name", "Current", "Persisted", "Age",
+    served = kinds.served_storage_state(state, row)
+    table = conversions.table(STORAGE_STATES, [(served, {"metadata": {}})], view(state))
+    assert [(c["name"], c["priority"]) for c in table["columnDefinitions"]] == [
+        ("Name", 0), ("Current", 0), ("Persisted", 0), ("Age", 0), ("Removable", 1),
     ]  # fmt: skip
     assert table["rows"][0]["cells"] == [
         "deployments.apps",
         f"{v2} (apps/v2)",
         f"{v1} (apps/v1), {v2} (apps/v2), Unknown",
         "5m",
+        "",  # no CustomResourceDefinition: nothing to remove
     ]
 
 
