@@ -243,6 +243,30 @@ class StoredVersionsPruneRefused:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class StorageAudited:
+    """What etcd held of one resource at ``etcd_revision`` (``svledger audit``); lists are
+    parallel (a version, its hash, its count) and sorted."""
+
+    meta: Meta
+    audit_id: str
+    group: str
+    resource: str
+    etcd_revision: int
+    ledger_offset: int
+    objects: int
+    total_bytes: int
+    versions: tuple[str, ...]
+    version_hashes: tuple[str, ...]
+    version_counts: tuple[int, ...]
+    encryption_keys: tuple[str, ...]
+    encryption_counts: tuple[int, ...]
+    undecodable: int
+    undecodable_keys: tuple[str, ...]
+    polluted_versions: tuple[str, ...] = ()
+    pollution: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class MigrationRequested:
     meta: Meta
     migration_id: str
@@ -310,6 +334,7 @@ Event: TypeAlias = (
     | CustomResourceDefinitionObserved
     | StoredVersionsPruned
     | StoredVersionsPruneRefused
+    | StorageAudited
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -330,6 +355,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CustomResourceDefinitionObserved,
         StoredVersionsPruned,
         StoredVersionsPruneRefused,
+        StorageAudited,
     )
 }
 

@@ -122,6 +122,7 @@ from ledger.events import (
     MigrationStatusEvent,
     MigrationSucceeded,
     Position,
+    StorageAudited,
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
@@ -153,6 +154,7 @@ from projections.state import (
     SeenEvents,
     ServerStorageVersion,
     State,
+    StorageAudit,
     StorageState,
     StorageVersion,
 )
@@ -171,7 +173,9 @@ REASON_RESET: Final = "StorageStateReset"  # a migration cancelled by a reset
 STALE_SUCCESS: Final = "stale success"
 
 _Key = TypeVar("_Key")
-_Row = TypeVar("_Row", Lease, StorageVersion, StorageState, Migration, CustomResourceDefinition)
+_Row = TypeVar(
+    "_Row", Lease, StorageVersion, StorageState, Migration, CustomResourceDefinition, StorageAudit
+)
 
 # Each row type's content: every field but ``revision``, as one tuple. Comparing these
 # is what ``_store`` needs, without building a copy of the old row to compare with.
@@ -179,7 +183,14 @@ _CONTENT: Final[dict[type[Any], Callable[[Any], tuple[object, ...]]]] = {
     row_type: operator.attrgetter(
         *(field.name for field in dataclasses.fields(row_type) if field.name != "revision")
     )
-    for row_type in (Lease, StorageVersion, StorageState, Migration, CustomResourceDefinition)
+    for row_type in (
+        Lease,
+        StorageVersion,
+        StorageState,
+        Migration,
+        CustomResourceDefinition,
+        StorageAudit,
+    )
 }
 
 
@@ -226,6 +237,8 @@ def apply(
             _crd_observed(state, event, revision, changes)
         case StoredVersionsPruned() | StoredVersionsPruneRefused():
             _prune_recorded(state, event, revision, changes)
+        case StorageAudited():
+            _audited(state, event, revision, changes)
         case _:
             _migration_step(state, event, revision, changes)
     return changes
@@ -251,6 +264,7 @@ def subject(event: Event) -> str:
             | CustomResourceDefinitionObserved()
             | StoredVersionsPruned()
             | StoredVersionsPruneRefused()
+            | StorageAudited()
         ):
             return resource_name(event.group, event.resource)
         case _:
@@ -928,3 +942,29 @@ def _prune_recorded(
         revision=revision,
     )
     _store(state.custom_resources, key, recorded, changes.custom_resources)
+
+
+def _audited(state: State, event: StorageAudited, revision: str, changes: Changes) -> None:
+    """Keep the resource's last audit; the auditor judged it against the ledger already."""
+    audit = StorageAudit(
+        cluster=event.meta.cluster,
+        group=event.group,
+        resource=event.resource,
+        audit_id=event.audit_id,
+        etcd_revision=event.etcd_revision,
+        ledger_offset=event.ledger_offset,
+        objects=event.objects,
+        total_bytes=event.total_bytes,
+        versions=event.versions,
+        version_hashes=event.version_hashes,
+        version_counts=event.version_counts,
+        encryption_keys=event.encryption_keys,
+        encryption_counts=event.encryption_counts,
+        undecodable=event.undecodable,
+        undecodable_keys=event.undecodable_keys,
+        polluted_versions=event.polluted_versions,
+        pollution=event.pollution,
+        audited_at=event.meta.occurred_at,
+        revision=revision,
+    )
+    _store(state.audits, audit.key, audit, changes.audits)

@@ -467,6 +467,7 @@ def _holds_rows(state: State) -> bool:
         or state.storage_states
         or state.migrations
         or state.custom_resources
+        or state.audits
     )
 
 

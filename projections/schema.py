@@ -235,6 +235,33 @@ custom_resource_definitions: Final = Table(
     PrimaryKeyConstraint("cluster", "api_group", "resource"),
 )
 
+# Each resource's last audit of the store (svledger audit): what etcd held of it at one
+# revision, as parallel lists (a version, its hash, its count), and any pollution found.
+storage_audits: Final = Table(
+    "storage_audits",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("api_group", String, nullable=False),
+    Column("resource", String, nullable=False),
+    Column("audit_id", String, nullable=False),
+    Column("etcd_revision", BigInteger, nullable=False),
+    Column("ledger_offset", BigInteger, nullable=False),
+    Column("objects", BigInteger, nullable=False),
+    Column("total_bytes", BigInteger, nullable=False),
+    Column("versions", JSONDocument, nullable=False),
+    Column("version_hashes", JSONDocument, nullable=False),
+    Column("version_counts", JSONDocument, nullable=False),
+    Column("encryption_keys", JSONDocument, nullable=False),
+    Column("encryption_counts", JSONDocument, nullable=False),
+    Column("undecodable", BigInteger, nullable=False),
+    Column("undecodable_keys", JSONDocument, nullable=False),
+    Column("polluted_versions", JSONDocument, nullable=False),
+    Column("pollution", Text),
+    Column("audited_at", UTCDateTime, nullable=False),
+    Column("revision", String, nullable=False),
+    PrimaryKeyConstraint("cluster", "api_group", "resource"),
+)
+
 ledger_events: Final = Table(
     "ledger_events",
     metadata,

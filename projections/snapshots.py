@@ -58,6 +58,7 @@ from projections.state import (
     SeenEvent,
     ServerStorageVersion,
     State,
+    StorageAudit,
     StorageState,
     StorageVersion,
     seen_by_cluster,
@@ -72,11 +73,12 @@ NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen. 4: no
 # Failed migration that a fresh success or another request has dropped since, and a
 # digest that covers where the snapshot belongs too. 5: CustomResourceDefinitions.
-FORMAT: Final = 5
+# 6: storage audits.
+FORMAT: Final = 6
 
 # The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
 # views), the event IDs a repeated event would be found by (State.seen), and
-# CustomResourceDefinitions (a view too, last as it came last).
+# CustomResourceDefinitions and storage audits (views too, last as they came last).
 Rows: TypeAlias = tuple[
     tuple[Lease, ...],
     tuple[StorageVersion, ...],
@@ -84,6 +86,7 @@ Rows: TypeAlias = tuple[
     tuple[Migration, ...],
     tuple[SeenEvent, ...],
     tuple[CustomResourceDefinition, ...],
+    tuple[StorageAudit, ...],
 ]
 
 _ALLOWED: Final = {
@@ -98,6 +101,7 @@ _ALLOWED: Final = {
             Migration,
             SeenEvent,
             CustomResourceDefinition,
+            StorageAudit,
         )
     },
     "datetime": {"datetime", "timezone", "timedelta"},
@@ -133,7 +137,7 @@ class Snapshot:
         except Exception as error:  # whatever the bytes make the unpickler raise
             raise CorruptSnapshot(f"its payload does not unpickle: {error}") from None
         if not _well_formed(rows):
-            raise CorruptSnapshot("its payload is not six tuples of fold rows")
+            raise CorruptSnapshot("its payload is not seven tuples of fold rows")
         return rows  # type: ignore[no-any-return]
 
     def describe(self) -> str:
@@ -166,6 +170,7 @@ def take(
         _of(state.migrations.values(), prefix),
         _of((row for seen in state.seen.values() for row in seen.rows()), prefix),
         _of(state.custom_resources.values(), prefix),
+        _of(state.audits.values(), prefix),
     )
     payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
     unsigned = Snapshot(
@@ -189,13 +194,23 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
     migrations: dict[MigrationKey, Migration] = {}
     seen: list[SeenEvent] = []
     custom_resources: dict[ResourceKey, CustomResourceDefinition] = {}
-    for lease_rows, version_rows, state_rows, migration_rows, seen_rows, crd_rows in rows:
+    audits: dict[ResourceKey, StorageAudit] = {}
+    for (
+        lease_rows,
+        version_rows,
+        state_rows,
+        migration_rows,
+        seen_rows,
+        crd_rows,
+        audit_rows,
+    ) in rows:
         leases.update(_keyed(lease_rows, cluster))
         storage_versions.update(_keyed(version_rows, cluster))
         storage_states.update(_keyed(state_rows, cluster))
         migrations.update(_keyed(migration_rows, cluster))
         seen.extend(row for row in seen_rows if cluster is None or row.cluster == cluster)
         custom_resources.update(_keyed(crd_rows, cluster))
+        audits.update(_keyed(audit_rows, cluster))
     return State(
         leases,
         storage_versions,
@@ -203,6 +218,7 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
         migrations,
         seen_by_cluster(seen),
         custom_resources,
+        audits,
     )
 
 
@@ -350,7 +366,15 @@ def _keyed(rows: Iterable[Any], cluster: str | None) -> Iterator[tuple[Any, Any]
 
 
 def _well_formed(rows: object) -> bool:
-    kinds = (Lease, StorageVersion, StorageState, Migration, SeenEvent, CustomResourceDefinition)
+    kinds = (
+        Lease,
+        StorageVersion,
+        StorageState,
+        Migration,
+        SeenEvent,
+        CustomResourceDefinition,
+        StorageAudit,
+    )
     return (
         isinstance(rows, tuple)
         and len(rows) == len(kinds)

@@ -269,6 +269,38 @@ class CustomResourceDefinition:
 
 @_pickled_as_fields
 @dataclasses.dataclass(frozen=True, slots=True)
+class StorageAudit:
+    """A resource's last audit (``StorageAudited``): what etcd held of it at
+    ``etcd_revision``, and the pollution the audit found, if any. ``audited_at`` is the
+    event's time; ``revision`` its log position, as every row's."""
+
+    cluster: str
+    group: str
+    resource: str
+    audit_id: str
+    etcd_revision: int
+    ledger_offset: int
+    objects: int
+    total_bytes: int
+    versions: tuple[str, ...]
+    version_hashes: tuple[str, ...]
+    version_counts: tuple[int, ...]
+    encryption_keys: tuple[str, ...]
+    encryption_counts: tuple[int, ...]
+    undecodable: int
+    undecodable_keys: tuple[str, ...]
+    polluted_versions: tuple[str, ...]
+    pollution: str | None
+    audited_at: datetime
+    revision: str
+
+    @property
+    def key(self) -> ResourceKey:
+        return (self.cluster, self.group, self.resource)
+
+
+@_pickled_as_fields
+@dataclasses.dataclass(frozen=True, slots=True)
 class Rejection:
     """An event the fold did not apply, and why; never silently dropped."""
 
@@ -401,6 +433,7 @@ class State:
     custom_resources: dict[ResourceKey, CustomResourceDefinition] = dataclasses.field(
         default_factory=dict
     )
+    audits: dict[ResourceKey, StorageAudit] = dataclasses.field(default_factory=dict)
     resources_by_apiserver: dict[LeaseKey, set[ResourceKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
@@ -449,6 +482,7 @@ class Changes:
     migrations: set[MigrationKey] = dataclasses.field(default_factory=set)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
     custom_resources: set[ResourceKey] = dataclasses.field(default_factory=set)
+    audits: set[ResourceKey] = dataclasses.field(default_factory=set)
 
     @classmethod
     def everything(cls, state: State) -> Changes:
@@ -459,6 +493,7 @@ class Changes:
             storage_states=set(state.storage_states),
             migrations=set(state.migrations),
             custom_resources=set(state.custom_resources),
+            audits=set(state.audits),
         )
 
     @property
@@ -474,3 +509,4 @@ class Changes:
         self.migrations |= other.migrations
         self.rejections += other.rejections
         self.custom_resources |= other.custom_resources
+        self.audits |= other.audits

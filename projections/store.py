@@ -68,6 +68,7 @@ from projections.schema import (
     projection_checkpoints,
     rejected_events,
     server_storage_versions,
+    storage_audits,
     storage_states,
     storage_version_migrations,
     storage_versions,
@@ -90,6 +91,7 @@ from projections.state import (
     SeenEvents,
     ServerStorageVersion,
     State,
+    StorageAudit,
     StorageState,
     StorageVersion,
     seen_horizon,
@@ -102,6 +104,7 @@ VIEWS: Final = (
     storage_states,
     storage_version_migrations,
     custom_resource_definitions,
+    storage_audits,
     ledger_events,
     rejected_events,
     lease_renewals,
@@ -118,6 +121,7 @@ STATE_VIEWS: Final = tuple(
         storage_states,
         storage_version_migrations,
         custom_resource_definitions,
+        storage_audits,
     )
 )
 
@@ -172,6 +176,7 @@ class Batch:
     log_times: Mapping[int, datetime | None] = dataclasses.field(default_factory=dict)
     snapshots: Sequence[Snapshot] = ()
     custom_resources: Mapping[ResourceKey, CrdRow | None] = dataclasses.field(default_factory=dict)
+    audits: Mapping[ResourceKey, StorageAudit | None] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(
@@ -214,6 +219,7 @@ class Batch:
             {p: (log_times or {}).get(p) for p in next_offsets},
             tuple(snapshots),
             _crd_rows(state, changes),
+            _rows(changes.audits, state.audits),
         )
 
     @classmethod
@@ -338,6 +344,7 @@ def write(connection: Connection, batch: Batch) -> None:
         _values(storage_version_migrations),
     )
     _sync(connection, custom_resource_definitions, batch.custom_resources, _crd_values)
+    _sync(connection, storage_audits, batch.audits, _values(storage_audits))
     _upsert(
         connection,
         projection_checkpoints,
@@ -483,6 +490,7 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
         custom_resources=_load(
             connection, custom_resource_definitions, CustomResourceDefinition, resource
         ),
+        audits=_load(connection, storage_audits, StorageAudit, resource),
     )
 
 
@@ -678,7 +686,7 @@ _FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.i
 _NO_LIMIT: Final = 2**63 - 1  # past any offset
 _HEARTBEAT: Final = ApiserverHeartbeat.__name__  # the type whose IDs the fold does not keep
 
-_Stored = TypeVar("_Stored", Lease, StorageState, Migration, CustomResourceDefinition)
+_Stored = TypeVar("_Stored", Lease, StorageState, Migration, CustomResourceDefinition, StorageAudit)
 
 
 def _values(table: Table, computed: Collection[str] = ()) -> Callable[[Any], dict[str, Any]]:

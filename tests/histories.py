@@ -48,6 +48,7 @@ from ledger.events import (
     MigrationStatusEvent,
     MigrationSucceeded,
     Position,
+    StorageAudited,
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
@@ -80,7 +81,7 @@ _ACTIONS = (
     + ("request",) * 2
     + ("step",) * 4
     + ("repeat",)
-    + ("crd", "crd", "prune")
+    + ("crd", "crd", "prune", "audit")
 )
 
 
@@ -330,6 +331,27 @@ def histories(draw: st.DrawFn, max_events: int = 60) -> list[tuple[Event, Positi
                 None if migrating is None else "running",
                 None if migrating is None else serial,
                 deleted,
+            )
+        elif action == "audit":
+            polluted = draw(st.sampled_from([(), ("v1",)]))
+            event = StorageAudited(
+                dataclasses.replace(meta, source="svledger-audit"),
+                f"audit-{serial}",
+                group,
+                resource,
+                serial,
+                cluster.next_offset,
+                3,
+                300,
+                ("v1", "v2"),
+                tuple(storage_version_hash(group, v, kind) for v in ("v1", "v2")),
+                (1, 2),
+                (),
+                (),
+                0,
+                (),
+                polluted,
+                "objects in v1" if polluted else None,
             )
         elif action == "prune":
             uid, storage, stored = cluster.crds.get(subject, ("", "v1", ("v1", "v2")))

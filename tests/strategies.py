@@ -32,6 +32,7 @@ from ledger.events import (
     MigrationRequested,
     MigrationStarted,
     MigrationSucceeded,
+    StorageAudited,
     StorageStateReset,
     StorageVersionReported,
     StorageVersionWithdrawn,
@@ -311,6 +312,33 @@ def stored_versions_prune_refused(*, domains: Domains = ANY) -> st.SearchStrateg
     )
 
 
+@st.composite
+def storage_audited(draw: st.DrawFn, *, domains: Domains = ANY) -> StorageAudited:
+    """An audit's count of one resource: parallel lists of one length each."""
+    versions = draw(st.lists(domains.versions, max_size=3, unique=True))
+    keys = draw(st.lists(domains.texts, max_size=2, unique=True))
+    polluted = draw(st.lists(st.sampled_from(versions), unique=True)) if versions else []
+    return StorageAudited(
+        meta=draw(metas(domains=domains)),
+        audit_id=draw(domains.texts),
+        group=draw(domains.groups),
+        resource=draw(domains.resources),
+        etcd_revision=draw(domains.counts),
+        ledger_offset=draw(domains.counts),
+        objects=draw(domains.counts),
+        total_bytes=draw(domains.counts),
+        versions=tuple(versions),
+        version_hashes=tuple(draw(domains.texts) for _ in versions),
+        version_counts=tuple(draw(domains.counts) for _ in versions),
+        encryption_keys=tuple(keys),
+        encryption_counts=tuple(draw(domains.counts) for _ in keys),
+        undecodable=draw(domains.counts),
+        undecodable_keys=tuple(draw(st.lists(domains.texts, max_size=2))),
+        polluted_versions=tuple(polluted),
+        pollution=draw(domains.texts) if polluted else None,
+    )
+
+
 BY_TYPE: dict[str, Callable[..., st.SearchStrategy[Event]]] = {
     "ApiserverHeartbeat": apiserver_heartbeat,
     "ApiserverLeaseReleased": apiserver_lease_released,
@@ -327,6 +355,7 @@ BY_TYPE: dict[str, Callable[..., st.SearchStrategy[Event]]] = {
     "CustomResourceDefinitionObserved": custom_resource_definition_observed,
     "StoredVersionsPruned": stored_versions_pruned,
     "StoredVersionsPruneRefused": stored_versions_prune_refused,
+    "StorageAudited": storage_audited,
 }
 assert BY_TYPE.keys() == EVENT_TYPES.keys(), "every event type needs a strategy"
 

@@ -22,7 +22,14 @@ from projections.fold import apply, fold
 from projections.state import Changes, State, seen_by_cluster
 from tests.histories import histories, storage_version_hash
 
-TABLES = ("leases", "storage_versions", "storage_states", "migrations", "custom_resources")
+TABLES = (
+    "leases",
+    "storage_versions",
+    "storage_states",
+    "migrations",
+    "custom_resources",
+    "audits",
+)
 
 
 def rows(state: State) -> dict[str, dict[Any, Any]]:

@@ -81,6 +81,7 @@ def merged(logs: dict[int, PartitionLog]) -> State:
             "migrations",
             "seen",
             "custom_resources",
+            "audits",
         ):
             getattr(state, name).update(getattr(log.state, name))
     return state

@@ -47,8 +47,8 @@ def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
     snapshot = data.draw(st.sampled_from(snapshots_of(state, history) or [None]))
     if snapshot is None:
         return
-    leases, versions, states, migrations, seen, crds = snapshot.state_rows()
-    rows = [*leases, *versions, *states, *migrations, *crds]
+    leases, versions, states, migrations, seen, crds, audits = snapshot.state_rows()
+    rows = [*leases, *versions, *states, *migrations, *crds, *audits]
     assert all(row.revision.startswith(f"{snapshot.partition}:") for row in [*rows, *seen])
     assert snapshot.rows == len(rows)
     clusters = {row.cluster for row in [*rows, *seen]}
@@ -101,7 +101,7 @@ def test_a_snapshot_of_another_format_or_shape_is_refused() -> None:
         dataclasses.replace(snapshot, format=99).state_rows()
     payload = zlib.compress(pickle.dumps(("not", "rows")))
     shapeless = dataclasses.replace(snapshot, payload=payload)
-    with pytest.raises(CorruptSnapshot, match="six tuples"):
+    with pytest.raises(CorruptSnapshot, match="seven tuples"):
         dataclasses.replace(shapeless, digest=shapeless.computed_digest()).state_rows()
 
 
