@@ -54,6 +54,7 @@ from ledger.events import (
 from ledger.hashing import UNNAMED_VERSION, hash_of_report, hash_of_stored
 from ledger.names import resource_name, storage_state_name
 from projections.agreement import agreement, transitions
+from projections.audits import removable_keys
 from projections.crds import VersionVerdict, stored_version_verdicts
 from projections.fold import STALE_SUCCESS
 from projections.schema import (
@@ -70,6 +71,7 @@ from projections.state import (
     Migration,
     ResourceKey,
     ServerStorageVersion,
+    StorageAudit,
     StorageState,
     StorageVersion,
 )
@@ -148,6 +150,7 @@ class Facts:
     # A custom resource's CustomResourceDefinition, and what can leave its storedVersions.
     crd: CustomResourceDefinition | None = None
     verdicts: tuple[VersionVerdict, ...] = ()
+    audit: StorageAudit | None = None  # the resource's last audit of the store
 
 
 # ---------------------------------------------------------------- resolution
@@ -500,6 +503,7 @@ def gather(connection: Connection, key: ResourceKey) -> Facts:
         members_at_start=members,
         crd=state.custom_resources.get(key),
         verdicts=stored_version_verdicts(state, key),
+        audit=state.audits.get(key),
     )
 
 
@@ -539,6 +543,7 @@ def explanation(facts: Facts) -> str:
         "",
         *_migration_lines(facts),
         *_crd_lines(facts),
+        *_audit_lines(facts),
     ]
     return "\n".join(lines)
 
@@ -821,10 +826,11 @@ def _crd_lines(facts: Facts) -> list[str]:
     ]
     origins = hash_origins(facts)
     for verdict in facts.verdicts:
+        audited = _audited_words(facts.audit, f"{crd.group}/{verdict.version}")
         if verdict.removable:
             lines.append(
                 f"  - {verdict.version} can be removed from status.storedVersions now:"
-                f" {verdict.why}."
+                f" {verdict.why}{audited}."
             )
             continue
         origin = origins.get(hash_of_stored(f"{crd.group}/{verdict.version}", crd.kind))
@@ -833,7 +839,7 @@ def _crd_lines(facts: Facts) -> list[str]:
             if origin is not None and origin.event_type == REPORTED
             else ""
         )
-        lines.append(f"  - {verdict.version} stays: {verdict.why}{since}.")
+        lines.append(f"  - {verdict.version} stays: {verdict.why}{since}{audited}.")
     removable = [v.version for v in facts.verdicts if v.removable]
     unlisted = [
         v for v in crd.versions if v not in crd.stored_versions and v != crd.storage_version
@@ -871,3 +877,69 @@ def _crd_lines(facts: Facts) -> list[str]:
     if crd.prune_alarm is not None:
         lines.append(f"  ALARM: a prune the ledger does not back: {crd.prune_alarm}.")
     return lines
+
+
+def _audit_lines(facts: Facts) -> list[str]:
+    """The resource's last audit of the store (:mod:`projections.audits`): what etcd held,
+    against what the ledger holds, and the encryption keys that can go."""
+    audit = facts.audit
+    if audit is None:
+        return []
+    when = audit.audited_at.isoformat(timespec="seconds")
+    lines = [
+        "",
+        f"Last audit of the store {audit.audit_id}: etcd revision {audit.etcd_revision}"
+        f" (StorageAudited at {audit.revision}, {when}): {audit.objects} objects,"
+        f" {audit.total_bytes} bytes.",
+    ]
+    persisted = (
+        set()
+        if facts.storage_state is None
+        else set(facts.storage_state.persisted_storage_version_hashes)
+    )
+    for version, found_hash, count in zip(
+        audit.versions, audit.version_hashes, audit.version_counts, strict=True
+    ):
+        if version in audit.polluted_versions:
+            held = "POLLUTION: the ledger holds no object can be stored in it"
+        elif found_hash in persisted or UNKNOWN_HASH in persisted:
+            held = "as the ledger holds"
+        else:
+            held = "not among the persisted hashes now (a migration since rewrote them?)"
+        lines.append(f"  - {count} stored in {version} (hash {found_hash}): {held}")
+    for key, count in zip(audit.encryption_keys, audit.encryption_counts, strict=True):
+        lines.append(f"  - {count} encrypted with {key}")
+    if audit.undecodable:
+        shown = "; ".join(audit.undecodable_keys)
+        lines.append(f"  - {audit.undecodable} values neither an object nor encrypted: {shown}")
+    if audit.pollution is not None:
+        lines.append(f"  ALARM: {audit.pollution}.")
+    for key in removable_keys(audit):
+        lines.append(
+            f"  {key} encrypts no object of this resource at etcd revision"
+            f" {audit.etcd_revision}: it can be removed from the EncryptionConfiguration's"
+            f" providers for it ({audit.encryption_keys[0]} writes), once every apiserver"
+            " has read the configuration that writes with the new key."
+        )
+    return lines
+
+
+def _audited_words(audit: StorageAudit | None, version: str) -> str:
+    """What the resource's last audit found stored in ``version``, if there was one."""
+    if audit is None:
+        return ""
+    counts = dict(zip(audit.versions, audit.version_counts, strict=True))
+    encrypted = sum(audit.encryption_counts) - _plain(audit)
+    found = f"{counts.get(version, 0)} objects stored in it"
+    if encrypted:
+        found += f" ({encrypted} encrypted, their version unread)"
+    return f"; the audit at etcd revision {audit.etcd_revision} ({audit.revision}) found {found}"
+
+
+def _plain(audit: StorageAudit) -> int:
+    """The values counted under the ``identity`` provider: stored in the clear."""
+    return sum(
+        count
+        for key, count in zip(audit.encryption_keys, audit.encryption_counts, strict=True)
+        if key.split(":")[0] == "identity"
+    )

@@ -138,6 +138,7 @@ class Scenario:
             membership=tuple(membership),
             crd=self.state.custom_resources.get(key),
             verdicts=stored_version_verdicts(self.state, key),
+            audit=self.state.audits.get(key),
         )
 
 
