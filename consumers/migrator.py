@@ -275,6 +275,7 @@ async def run_migrator(
             metrics.SOURCE_CONFLICTS.sampling(lambda: conflict_samples(states())),
             metrics.STORED_VERSIONS_REMOVABLE.sampling(lambda: removable_samples(states())),
             metrics.STORED_VERSIONS_UNSAFE_PRUNES.sampling(lambda: unsafe_prune_samples(states())),
+            metrics.POLLUTED_OBJECTS.sampling(lambda: pollution_samples(states())),
         ):
             async for folded in follower.batches(stop):
                 await _react(folded, failed, backoff)
@@ -323,6 +324,17 @@ def unsafe_prune_samples(states: Iterable[State]) -> list[tuple[tuple[str, str],
         for state in states
         for crd in state.custom_resources.values()
     ]
+
+
+def pollution_samples(states: Iterable[State]) -> list[tuple[tuple[str, str], int]]:
+    """``svledger_storage_polluted_objects``: per audited resource, from its last audit."""
+    samples = []
+    for state in states:
+        for audit in state.audits.values():
+            counts = dict(zip(audit.versions, audit.version_counts, strict=True))
+            polluted = sum(counts[version] for version in audit.polluted_versions)
+            samples.append(((audit.cluster, resource_name(audit.group, audit.resource)), polluted))
+    return samples
 
 
 async def _react(folded: Folded, failed: dict[int, set[ResourceKey]], backoff: Backoff) -> None:

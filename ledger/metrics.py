@@ -219,6 +219,12 @@ STORED_VERSIONS_UNSAFE_PRUNES: Final = SampledGauge(
     "ledger held that objects may still be stored in it, until a migration proves the store.",
     ["cluster", "resource"],
 )
+POLLUTED_OBJECTS: Final = SampledGauge(
+    "svledger_storage_polluted_objects",
+    "Objects the last audit of the store found in versions the ledger holds none can be stored "
+    "in (svledger audit), in the migrator's fold.",
+    ["cluster", "resource"],
+)
 REACTION_SECONDS: Final = Histogram(
     "svledger_reaction_seconds",
     "From the time of the event that made a resource's apiservers agree to the commit of "
