@@ -37,9 +37,13 @@ PURE = (
     "ledger/kafka/records.py",
     "ledger/names.py",
     "ledger/validation.py",
+    "kube/audit.py",
     "kube/protobuf.py",
+    "kube/store_layout.py",
     "kube/stored.py",
     "projections/agreement.py",
+    "projections/audits.py",
+    "projections/crds.py",
     "projections/fold.py",
     "projections/state.py",
 )
