@@ -60,6 +60,9 @@ class Tally:
     encryption: tuple[tuple[str, int], ...]  # ("<provider>:<version>:<key name>", objects)
     undecodable: int
     undecodable_kept: tuple[Undecodable, ...]  # the first KEPT by key
+    # The kind of the objects stored in each of versions (the first seen): with the
+    # apiVersion, what their storage version hash is computed from.
+    kinds: tuple[tuple[str, str], ...] = ()
 
 
 class _First(Generic[_Item]):
@@ -86,12 +89,13 @@ class _First(Generic[_Item]):
 class _Counting:
     """One resource's counts while pages come in."""
 
-    __slots__ = ("bytes", "encryption", "objects", "undecodable", "versions")
+    __slots__ = ("bytes", "encryption", "kinds", "objects", "undecodable", "versions")
 
     def __init__(self, keep: int) -> None:
         self.objects = 0
         self.bytes = 0
         self.versions: Counter[str] = Counter()
+        self.kinds: dict[str, str] = {}
         self.encryption: Counter[str] = Counter()
         self.undecodable: _First[Undecodable] = _First(keep)
 
@@ -105,6 +109,7 @@ class _Counting:
             tuple(sorted(self.encryption.items())),
             self.undecodable.count,
             tuple(self.undecodable.items),
+            tuple(sorted(self.kinds.items())),
         )
 
 
@@ -152,6 +157,8 @@ class Audit:
             stored = decode(key, value)
             if isinstance(stored, StoredObject):
                 counts.versions[stored.api_version] += 1
+                if stored.api_version not in counts.kinds:
+                    counts.kinds[stored.api_version] = str(stored.kind)
             elif isinstance(stored, EncryptedValue):
                 label = f"{stored.provider}:{stored.provider_version}:{stored.key_name}"
                 counts.encryption[label] += 1

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kube.audit import KEPT, Audit, Tally
 from kube.protobuf import MAGIC
 from kube.store_layout import Layout, Placed, Unplaced
-from kube.stored import Reason, Undecodable
+from kube.stored import Reason, StoredObject, Undecodable, decode
 
 CAPTURED: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "etcd" / "stored_values.json").read_text()
@@ -56,7 +56,10 @@ def test_values_of_a_real_cluster_are_counted_by_stored_version_and_encryption_k
 
     def tally(group: str, resource: str, versions: Any = (), encryption: Any = ()) -> Tally:
         (key,) = [key for key in VALUES if f"/{resource}/" in key]
-        return Tally(group, resource, 1, len(VALUES[key]), versions, encryption, 0, ())
+        stored = decode(key, VALUES[key])
+        kind = stored.kind if isinstance(stored, StoredObject) else ""
+        kinds = tuple((version, kind) for version, _ in versions)
+        return Tally(group, resource, 1, len(VALUES[key]), versions, encryption, 0, (), kinds)
 
     assert audit.tallies == (
         tally("", "configmaps", (("v1", 1),)),
