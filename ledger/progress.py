@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, TextIO
 
 log = logging.getLogger(__name__)
 
 INTERVAL_SECONDS: Final = 10.0
+REDRAW_SECONDS: Final = 0.2  # a bar on a terminal is redrawn this often at most
+LOG_SECONDS: Final = 5.0  # elsewhere, a line is logged this often at most
 
 
 class CatchUp:
@@ -90,3 +92,62 @@ class CatchUp:
             },
         )
         self._since, self._read_since = now, read
+
+
+class ProgressBar:
+    """Long work's progress: a bar on a terminal, a log line every few seconds elsewhere.
+
+    ``what`` names the work in log lines, ``unit`` what is counted (``keys``,
+    ``records``). :meth:`update` with the count done and the count in all (which may
+    grow, as a scan learns it); :meth:`finish` once, at the end.
+    """
+
+    WIDTH: Final = 30
+
+    def __init__(self, what: str, unit: str, *, tty: bool, stream: TextIO, total: int = 0) -> None:
+        self.what = what
+        self.unit = unit
+        self.tty = tty
+        self.stream = stream
+        self.total = total
+        self.done = 0
+        self.started = self.shown = time.monotonic()
+
+    def update(self, done: int, total: int) -> None:
+        self.show(done, total)
+
+    def finish(self) -> None:
+        self.show(self.done, self.total, final=True)
+
+    def show(self, done: int, total: int, detail: str = "", *, final: bool = False) -> None:
+        self.done, self.total = done, total
+        now = time.monotonic()
+        if not final and now - self.shown < (REDRAW_SECONDS if self.tty else LOG_SECONDS):
+            return
+        self.shown = now
+        line = self.line(done, total, now - self.started, detail)
+        if self.tty:
+            self.stream.write(f"\r{line}" + ("\n" if final else ""))
+            self.stream.flush()
+        else:
+            log.info("%s: %s", self.what, line)
+
+    def line(self, done: int, total: int, elapsed: float, detail: str = "") -> str:
+        fraction = 1.0 if total == 0 else min(1.0, done / total)
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else None
+        filled = round(fraction * self.WIDTH)
+        return (
+            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {fraction:6.1%}"
+            f"  {done:,}/{total:,} {self.unit}"
+            + (f"  {detail}" if detail else "")
+            + f"  {rate:,.0f}/s  ETA {_duration(eta)}"
+        )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

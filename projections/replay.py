@@ -54,7 +54,7 @@ import time
 import traceback
 from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
-from typing import IO, Any, Final, Protocol, TextIO, TypeAlias
+from typing import IO, Any, Protocol, TypeAlias
 
 from sqlalchemy import Engine, exists, select
 
@@ -71,6 +71,7 @@ from ledger.kafka import (
     topic_partitions,
 )
 from ledger.memory import Sweeper, fewer_collections
+from ledger.progress import REDRAW_SECONDS, ProgressBar
 from ledger.settings import KafkaSettings
 from projections import snapshots, store
 from projections.database import engine, parse_url, shown, upgrade
@@ -88,9 +89,6 @@ from projections.writer import BatchWriter, frame, read_frame, read_frame_async
 log = logging.getLogger(__name__)
 
 Until: TypeAlias = int | datetime | None
-
-REDRAW_SECONDS: Final = 0.2
-LOG_SECONDS: Final = 5.0
 
 
 class ReplayError(UsageError):
@@ -240,10 +238,12 @@ async def replay(
                             await writer.commit(start)
                     span = Span.of(ends, projection.next_offsets, until, cluster)
                     _warn_past_the_end(until, ends, span)
-                    bar = _ProgressBar(
-                        total=span.total,
+                    bar = _ReplayBar(
+                        "replay",
+                        "records",
                         tty=sys.stderr.isatty() if progress is None else progress,
                         stream=sys.stderr,
+                        total=span.total,
                     )
                     own, *shares = span.split(1 + len(helpers.children))
                     bars = _Shares(bar, 1 + len(shares))
@@ -475,6 +475,16 @@ def _done(reached: Mapping[int, int], limits: Mapping[int, int], starts: Mapping
     return sum(max(0, min(reached[p], limits[p]) - starts[p]) for p in reached)
 
 
+class _ReplayBar(ProgressBar):
+    """The replay's bar: records read of the span, and the events folded."""
+
+    def update(self, done: int, events: int = 0) -> None:
+        self.show(done, self.total, f"{events:,} events folded")
+
+    def finish(self, done: int = 0, events: int = 0) -> None:
+        self.show(done, self.total, f"{events:,} events folded", final=True)
+
+
 class _Shares:
     """The progress of the shares of a replay, shown as one."""
 
@@ -634,58 +644,6 @@ def _sorted_out(
             if reached[partition] >= limits[partition]:
                 open_partitions.discard(partition)
     return kept
-
-
-class _ProgressBar:
-    """A progress bar on a terminal, periodic log lines elsewhere; no dependencies."""
-
-    WIDTH: Final = 30
-
-    def __init__(self, total: int, tty: bool, stream: TextIO) -> None:
-        self.total = total
-        self.tty = tty
-        self.stream = stream
-        self.started = self.shown = time.monotonic()
-
-    def update(self, done: int, events: int) -> None:
-        now = time.monotonic()
-        if now - self.shown < (REDRAW_SECONDS if self.tty else LOG_SECONDS):
-            return
-        self.shown = now
-        self._show(done, events, now)
-
-    def finish(self, done: int, events: int) -> None:
-        self._show(done, events, time.monotonic())
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _show(self, done: int, events: int, now: float) -> None:
-        line = self.line(done, events, now - self.started)
-        if self.tty:
-            self.stream.write(f"\r{line}")
-            self.stream.flush()
-        else:
-            log.info("replay: %s", line)
-
-    def line(self, done: int, events: int, elapsed: float) -> str:
-        fraction = 1.0 if self.total == 0 else min(1.0, done / self.total)
-        rate = done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else None
-        filled = round(fraction * self.WIDTH)
-        return (
-            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {fraction:6.1%}"
-            f"  {done:,}/{self.total:,} records  {events:,} events folded"
-            f"  {rate:,.0f}/s  ETA {_duration(eta)}"
-        )
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
 # ---------------------------------------------------------------- in a replay process

@@ -57,6 +57,7 @@ WORKER: Final = "svledger-worker"
 COLLECTOR: Final = "svledger-collector"
 ADMISSION: Final = "svledger-admission"
 DEAD_LETTERS: Final = "svledger-dead-letters"  # ledger.kafka.DeadLetters' transactional IDs
+AUDIT: Final = "svledger-audit"  # kube.auditor's transactional IDs
 
 ROLES: Final = {
     "reporter": "an embedded reporter of one cluster (--cluster): writes its inbox topic only",
@@ -66,7 +67,7 @@ ROLES: Final = {
     "migrator": "svledger migrator",
     "worker": "svledger worker (--cluster: that cluster's worker only)",
     "collector": "svledger collect (--cluster: that cluster's collector only)",
-    "operator": "svledger migrations request, storagestate reset",
+    "operator": "svledger migrations request, storagestate reset, audit",
     "reader": "svledger serve and timeline: read T",
     "setup": "svledger topics create: creates T, T.dlq and (--inbox C) T.inbox.C",
 }
@@ -161,7 +162,12 @@ def grants(
         case "collector":
             return per_cluster(COLLECTOR)
         case "operator":
-            return [Grant("topic", topic, LITERAL, read_write)]
+            # svledger audit appends an audit's events in one transaction, its ID
+            # "svledger-audit-<topic>-<cluster>" (kube.auditor).
+            return [
+                Grant("topic", topic, LITERAL, read_write),
+                Grant("transactional-id", f"{AUDIT}-{topic}-", PREFIXED, write),
+            ]
         case "reader":
             return [Grant("topic", topic, LITERAL, read)]
         case _:  # setup

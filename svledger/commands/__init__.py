@@ -20,6 +20,7 @@ COMMANDS: Final[tuple[Callable[[Subparsers], None], ...]] = (
     services.add_worker,
     operators.add_migrations,
     operators.add_storagestate,
+    operators.add_audit,
     log.add_replay,
     log.add_history,
     log.add_explain,

@@ -12,7 +12,7 @@ import pytest
 from consumers import admission, lease_gc, migrator, worker
 from deploy.kafka import acls
 from deploy.kafka.acls import LITERAL, PREFIXED, Grant, grants
-from kube import collector
+from kube import auditor, collector
 from ledger import kafka
 from projections.projector import DEFAULT_PROJECTION, group_id
 
@@ -26,6 +26,7 @@ def test_the_group_names_are_the_code_s() -> None:
     assert acls.COLLECTOR == collector.GROUP_ID
     assert acls.ADMISSION == admission.GROUP_ID
     assert acls.DEAD_LETTERS == kafka.DEAD_LETTER_SENDERS
+    assert acls.AUDIT == auditor.SOURCE
     named = group_id("t", DEFAULT_PROJECTION, "0123456789ab")  # by its database's ID
     assert named.startswith(acls.PROJECTOR_GROUP.format(topic="t"))
 
