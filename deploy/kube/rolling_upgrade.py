@@ -25,7 +25,9 @@ Two triggers:
   write in v1beta1.
 
 Each run prints, per resource, how many objects etcd holds in each version, and the
-objects left in an old version.
+objects left in an old version; and ``svledger audit``'s counts (:mod:`kube.auditor`),
+taken before the upgrade and after the migrations, next to what the ledger holds objects
+may be stored in then.
 
 Two executors run the migrations: svledger's own worker (``rewrite``: list in chunks,
 no-op update of every object) or kube-controller-manager's in-tree migrator
@@ -57,14 +59,16 @@ from consumers.migrator import Backoff, run_migrator
 from consumers.worker import Executor, Rewriter, run_worker
 from deploy.kafka.broker import kafka_bootstrap
 from deploy.kube.cluster import LocalCluster
+from kube.auditor import AuditOptions, run_audit
 from kube.client import ApiError, ClusterUnreachable, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
+from kube.etcd import EtcdSettings, open_store
 from kube.executor import StorageMigrationExecutor
 from kube.stored import EncryptedValue, StoredObject, decode
 from kube.target import KubernetesTarget
 from ledger.clock import SystemClock
-from ledger.events import Meta, MigrationRequested, MigrationSucceeded
+from ledger.events import Meta, MigrationRequested, MigrationSucceeded, StorageAudited
 from ledger.hashing import hash_of_stored
 from ledger.identity import apiserver_id
 from ledger.kafka import EventProducer, PartitionProducer, create_topics
@@ -104,6 +108,11 @@ class Result:
     succeeded: dict[str, int]  # resource -> migrations that succeeded
     believed_migrated: dict[str, bool]  # the trigger in charge thinks all is in v1
     views_match_apiservers: bool  # the projection's StorageVersions equal their discovery
+    # resource -> svledger audit's count before the upgrade and after the migrations, each
+    # with the versions the ledger then held objects may be stored in
+    audits: dict[str, list[tuple[StorageAudited, tuple[str, ...]]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def left_behind(self) -> int:
@@ -332,8 +341,10 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
         else:
             tasks.append(discovery_hash_trigger(settings, servers[0], stop))
         running = [asyncio.create_task(t) for t in tasks]
+        audits: dict[str, list[tuple[StorageAudited, tuple[str, ...]]]] = {}
         try:
             await asyncio.sleep(10)
+            await _audit(settings, cluster, audits)
             for index in range(3):
                 log.info("upgrading kube-apiserver %d to %s", index, NEW)
                 await asyncio.to_thread(cluster.restart_apiserver, index, NEW)
@@ -343,6 +354,7 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
             await asyncio.sleep(5)
             clients_stop.set()
             await _settle(settings, trigger)
+            await _audit(settings, cluster, audits)
             discovered = await _discovered(direct)
         finally:
             stop.set()
@@ -394,7 +406,29 @@ async def run(settings: KafkaSettings, trigger: str, executor_name: str, workdir
         },
         believed_migrated=believed,
         views_match_apiservers=_views_match(projected, discovered),
+        audits=audits,
     )
+
+
+async def _audit(
+    settings: KafkaSettings,
+    cluster: LocalCluster,
+    audits: dict[str, list[tuple[StorageAudited, tuple[str, ...]]]],
+) -> None:
+    """``svledger audit`` of :data:`RESOURCES`, appended to the log, and what the ledger
+    then holds objects of each may be stored in (its persisted hashes as versions)."""
+    options = AuditOptions(
+        CLUSTER, resources=tuple(f"{GROUP}.{r}" for r, _ in RESOURCES), pages_per_second=1000.0
+    )
+    async with open_store(EtcdSettings((cluster.etcd_url,))) as store:
+        result = await run_audit(settings, store, options)
+    state, _ = await cluster_log(settings, CLUSTER)
+    for event in result.events:
+        kind = dict(RESOURCES)[event.resource]
+        persisted = state.storage_states[(CLUSTER, GROUP, event.resource)]
+        named = {hash_of_stored(v, kind): v for v in (OLD_VERSION, NEW_VERSION)}
+        held = tuple(named.get(h, h) for h in persisted.persisted_storage_version_hashes)
+        audits.setdefault(event.resource, []).append((event, held))
 
 
 async def _settle(settings: KafkaSettings, trigger: str) -> None:
@@ -456,6 +490,17 @@ def render(result: Result) -> str:
             f"* {resource}: stored in etcd as {versions}; trigger believes all in v1: {believed};"
             f" migrations succeeded: {result.succeeded[resource]}"
         )
+    for resource, taken in result.audits.items():
+        for when, (event, held) in zip(("before the upgrade", "after"), taken, strict=False):
+            found = ", ".join(
+                f"{v}: {n}" for v, n in zip(event.versions, event.version_counts, strict=True)
+            )
+            alarm = f"; POLLUTED: {event.pollution}" if event.pollution else ""
+            lines.append(
+                f"* svledger audit of {resource} {when} (etcd revision {event.etcd_revision}):"
+                f" {found or 'none'}; the ledger then held objects may be in"
+                f" {', '.join(held)}{alarm}"
+            )
     lines += [
         f"* objects left in an old version (etcd, not {NEW_VERSION}): {result.left_behind}",
         f"* migrations while the apiservers disagreed: {len(result.migrations_while_disagreeing)}",

@@ -43,6 +43,15 @@ async def test_the_agreement_trigger_leaves_no_object_behind(
     assert result.left_behind == 0
     assert result.migrations_while_disagreeing == []
     assert result.views_match_apiservers
+    for resource, (before, after) in result.audits.items():
+        # svledger audit counts what etcd holds, as read here; the store is as the ledger
+        # says before and after, so neither is pollution.
+        assert dict(zip(after[0].versions, after[0].version_counts, strict=True)) == dict(
+            result.stored[resource]
+        )
+        assert after[1] == (NEW_VERSION,)
+        assert before[0].objects > 0 and not before[0].polluted_versions
+        assert not after[0].polluted_versions
 
 
 async def test_the_discovery_hash_trigger_believes_a_polluted_migration_done(
@@ -53,3 +62,13 @@ async def test_the_discovery_hash_trigger_believes_a_polluted_migration_done(
     assert all(result.believed_migrated.values())
     assert result.left_behind > 0  # objects the old apiservers wrote after its migration
     assert result.migrations_while_disagreeing != []
+    # The audit finds them; the ledger never held them gone (the baseline's successes
+    # came while the apiservers disagreed), so it is no contradiction of the ledger.
+    found = sum(
+        n
+        for _, after in result.audits.values()
+        for v, n in zip(after[0].versions, after[0].version_counts, strict=True)
+        if v != NEW_VERSION
+    )
+    assert found == result.left_behind
+    assert not any(after[0].polluted_versions for _, after in result.audits.values())
