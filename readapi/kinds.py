@@ -12,9 +12,12 @@ handlers (:mod:`readapi.objects`, :mod:`readapi.watch`) move them over HTTP.
   CustomResourceDefinition's ``status.storedVersions`` (:mod:`projections.crds`): the
   versions listed, those no object is stored in, and conditions saying which can go and
   whether one left unsafely (:class:`ServedStorageState`).
+* An audited resource's StorageState carries its last audit of the store
+  (:mod:`projections.audits`) next to what the ledger infers: what etcd held, and
+  conditions when it contradicts the ledger or an encryption key encrypts nothing.
 * ``metadata.resourceVersion`` is the log offset (in the cluster's partition) of the
-  event that last changed the row (for a custom resource's StorageState, or its
-  CustomResourceDefinition, or a migration its verdicts read). ``creationTimestamp`` is
+  event that last changed the row (for a StorageState, or its CustomResourceDefinition,
+  or a migration its verdicts read, or its last audit). ``creationTimestamp`` is
   the time of the event that created the row, and ``uid`` is derived from the cluster,
   kind, name and that event's offset, so an object deleted and created again gets a new
   uid, as in Kubernetes.
@@ -56,6 +59,7 @@ from ledger.identity import (
     PEER_ADDRESS_ANNOTATION,
 )
 from ledger.names import group_resource_string, split_group_version
+from projections.audits import removable_keys
 from projections.crds import VersionVerdict, stored_version_verdicts
 from projections.state import (
     CustomResourceDefinition,
@@ -64,6 +68,7 @@ from projections.state import (
     ResourceKey,
     ServerStorageVersion,
     State,
+    StorageAudit,
     StorageState,
     StorageVersion,
 )
@@ -74,26 +79,28 @@ from readapi.status import ApiError
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServedStorageState:
-    """A StorageState as served: the fold's row and, for a custom resource whose
+    """A StorageState as served: the fold's row; for a custom resource whose
     CustomResourceDefinition the ledger holds, the CustomResourceDefinition's row and the
     verdict on each version of its ``storedVersions``
-    (:func:`projections.crds.stored_version_verdicts`).
+    (:func:`projections.crds.stored_version_verdicts`); and the resource's last audit of
+    the store, if it was audited.
 
     The verdicts read the resource's migrations too (the one that proved a version empty,
     the one running), so ``revision`` is the latest of the StorageState's, the
-    CustomResourceDefinition's and those migrations' revisions: every event that can
-    change the object moves its ``resourceVersion``, which never goes back while the
-    CustomResourceDefinition is held (a migration leaves the fold only at an event that
-    stores another of the resource's migrations: a request, or a success). A deleted
-    CustomResourceDefinition takes its revision with it: the object then shows the
-    StorageState's, older than the deletion, and a watch resumed from it sends again what
-    came between (never less). Compared by value, so an event that changed none of them
-    changes no served object.
+    CustomResourceDefinition's, those migrations' and the audit's revisions: every event
+    that can change the object moves its ``resourceVersion``, which never goes back while
+    the CustomResourceDefinition is held (a migration leaves the fold only at an event that
+    stores another of the resource's migrations: a request, or a success; an audit is only
+    ever replaced by a later one). A deleted CustomResourceDefinition takes its revision
+    with it: the object then shows the latest of the others, older than the deletion, and
+    a watch resumed from it sends again what came between (never less). Compared by
+    value, so an event that changed none of them changes no served object.
     """
 
     storage_state: StorageState
     crd: CustomResourceDefinition | None
     verdicts: tuple[VersionVerdict, ...]
+    audit: StorageAudit | None
     revision: str
 
     @property
@@ -108,18 +115,21 @@ class ServedStorageState:
 
 def served_storage_state(state: State, row: StorageState) -> ServedStorageState:
     """``row`` as served in ``state``."""
+    audit = state.audits.get(row.key)
+    revisions = [row.revision] if audit is None else [row.revision, audit.revision]
     crd = state.custom_resources.get(row.key)
     if crd is None:
-        return ServedStorageState(row, None, (), row.revision)
+        return ServedStorageState(row, None, (), audit, max(revisions, key=Position.parse))
     migrations = [
         state.migrations[key]
         for index in (state.active_migrations_by_resource, state.inactive_migrations_by_resource)
         for key in index.get(row.key, ())
     ]
     revision = max(
-        (row.revision, crd.revision, *(m.revision for m in migrations)), key=Position.parse
+        (*revisions, crd.revision, *(m.revision for m in migrations)), key=Position.parse
     )
-    return ServedStorageState(row, crd, stored_version_verdicts(state, row.key), revision)
+    verdicts = stored_version_verdicts(state, row.key)
+    return ServedStorageState(row, crd, verdicts, audit, revision)
 
 
 Row: TypeAlias = Lease | StorageVersion | ServedStorageState | Migration
@@ -481,11 +491,16 @@ def _storage_state_body(served: ServedStorageState, view: View) -> JSON:
     status: JSON = {"persistedStorageVersionHashes": list(row.persisted_storage_version_hashes)}
     if row.current_storage_version_hash is not None:
         status["currentStorageVersionHash"] = row.current_storage_version_hash
+    conditions: list[JSON] = []
     if served.crd is not None:
         status["storedVersions"] = list(served.crd.stored_versions)
         status["removableStoredVersions"] = list(served.removable)
-        if conditions := _stored_versions_conditions(served.crd, served.verdicts):
-            status["conditions"] = conditions
+        conditions += _stored_versions_conditions(served.crd, served.verdicts)
+    if served.audit is not None:
+        status["lastAudit"] = _last_audit(served.audit)
+        conditions += _audit_conditions(served.audit)
+    if conditions:
+        status["conditions"] = conditions
     return {"spec": {"resource": _group_resource(row.group, row.resource)}, "status": status}
 
 
@@ -528,6 +543,67 @@ def _stored_versions_conditions(
     return conditions
 
 
+def _last_audit(audit: StorageAudit) -> JSON:
+    """What etcd held of the resource at the audit's revision, every list in the audit's
+    order and present even when empty (an audit that found nothing says so)."""
+    return {
+        "auditID": audit.audit_id,
+        "etcdRevision": audit.etcd_revision,
+        "auditedAt": kube_time(audit.audited_at),
+        "objects": audit.objects,
+        "bytes": audit.total_bytes,
+        "versions": [
+            {"version": version, "storageVersionHash": found_hash, "objects": count}
+            for version, found_hash, count in zip(
+                audit.versions, audit.version_hashes, audit.version_counts, strict=True
+            )
+        ],
+        "encryptionKeys": [
+            {"key": key, "objects": count}
+            for key, count in zip(audit.encryption_keys, audit.encryption_counts, strict=True)
+        ],
+        "undecodable": audit.undecodable,
+        "pollutedVersions": list(audit.polluted_versions),
+    }
+
+
+POLLUTED_CONDITION: Final = "StorageContradictsLedger"
+KEYS_REMOVABLE_CONDITION: Final = "EncryptionKeysRemovable"
+
+
+def _audit_conditions(audit: StorageAudit) -> list[JSON]:
+    """``StorageContradictsLedger`` while the last audit found objects where the ledger
+    holds none can be; ``EncryptionKeysRemovable`` while it found configured keys, but the
+    writing one, that encrypt no object. Both stand until the next audit says otherwise:
+    only an audit reads the store."""
+    conditions: list[JSON] = []
+    if audit.pollution is not None:
+        conditions.append(
+            {
+                "type": POLLUTED_CONDITION,
+                "status": "True",
+                "reason": "ObjectsWhereNoneCanBe",
+                "message": audit.pollution,
+            }
+        )
+    if keys := removable_keys(audit):
+        conditions.append(
+            {
+                "type": KEYS_REMOVABLE_CONDITION,
+                "status": "True",
+                "reason": "NoObjectEncryptedWith",
+                "message": (
+                    f"no object of the resource is encrypted with {', '.join(keys)} at etcd"
+                    f" revision {audit.etcd_revision} (audit {audit.audit_id}): each can be"
+                    " removed from the EncryptionConfiguration's providers for it"
+                    f" ({audit.encryption_keys[0]} writes), once every apiserver has read the"
+                    " configuration that writes with the new key"
+                ),
+            }
+        )
+    return conditions
+
+
 def _group_resource(group: str, resource: str, **more: str) -> JSON:
     """Upstream's ``GroupResource`` (``GroupVersionResource`` with ``version``): the core
     group's empty name is left out (``omitempty``)."""
@@ -543,6 +619,7 @@ def _storage_state_cells(served: ServedStorageState, view: View) -> list[Any]:
         ", ".join(_hash_with_version(h, named) for h in row.persisted_storage_version_hashes),
         _age("StorageState", row, view),
         ", ".join(served.removable),
+        "" if served.audit is None else f"{served.audit.objects} at {served.audit.etcd_revision}",
     ]
 
 
@@ -569,6 +646,12 @@ STORAGE_STATES: Final = Kind(
             "Removable",
             "string",
             "A custom resource's versions of status.storedVersions no object is stored in.",
+            priority=1,
+        ),
+        Column(
+            "Audited",
+            "string",
+            "Objects etcd held at the last audit's revision: <objects> at <etcd revision>.",
             priority=1,
         ),
     ),

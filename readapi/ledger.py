@@ -144,10 +144,12 @@ class ClusterFold:
     def _track(self, changes: Changes, offset: int, time: datetime) -> list[Change]:
         state = self.state
         # A StorageState is served with its CustomResourceDefinition's verdicts, which its
-        # migrations change too (:class:`~readapi.kinds.ServedStorageState`).
+        # migrations change too, and with its last audit
+        # (:class:`~readapi.kinds.ServedStorageState`).
         storage_states = (
             changes.storage_states
             | changes.custom_resources
+            | changes.audits
             | {
                 migration.resource_key
                 for k in changes.migrations

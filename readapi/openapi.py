@@ -56,8 +56,8 @@ def _time(description: str) -> JSON:
     return _string(description, format="date-time")
 
 
-def _integer(description: str) -> JSON:
-    return {"type": "integer", "format": "int32", "description": description}
+def _integer(description: str, bits: int = 32) -> JSON:
+    return {"type": "integer", "format": f"int{bits}", "description": description}
 
 
 def _strings(description: str) -> JSON:
@@ -257,29 +257,93 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
         "GroupResource", _object("A resource.", dict(_GROUP_RESOURCE)), "The resource."
     )
     condition = _object(
-        "What the ledger makes of the CustomResourceDefinition's storedVersions.",
+        "What the ledger makes of the CustomResourceDefinition's storedVersions, and what "
+        "the last audit of the store says against the ledger.",
         {
             "type": _string(
                 "StoredVersionsRemovable: whether a version of storedVersions besides the "
                 "storage version can leave it now (left out when there is none); "
                 "StoredVersionsPrunedUnsafely: a version left storedVersions while objects "
-                "may still have been stored in it."
+                "may still have been stored in it; StorageContradictsLedger: the last audit "
+                "found objects stored in a version the ledger holds none can be stored in; "
+                "EncryptionKeysRemovable: the last audit found configured encryption keys, "
+                "but the writing one, that encrypt no object of the resource."
             ),
             "status": _string(
-                "True or False; StoredVersionsPrunedUnsafely is only ever True, until a "
-                "migration proves the store clean."
+                "True or False; only StoredVersionsRemovable is ever False, the others are "
+                "left out when they do not hold. StoredVersionsPrunedUnsafely stands until a "
+                "migration proves the store clean, the audit's two until the next audit."
             ),
-            "reason": _string("NoObjectStoredIn, ObjectsMayBeStoredIn or PrunedWithoutProof."),
+            "reason": _string(
+                "NoObjectStoredIn, ObjectsMayBeStoredIn, PrunedWithoutProof, "
+                "ObjectsWhereNoneCanBe or NoObjectEncryptedWith."
+            ),
             "message": _string(
-                "Each version's verdict and the ledger positions it rests on, or the alarm."
+                "Each version's verdict and the ledger positions it rests on, the alarm, "
+                "or the keys that can go and the one that writes."
             ),
         },
         ("type", "status", "reason", "message"),
     )
+    audited_version = _object(
+        "The objects stored in one version.",
+        {
+            "version": _string("The version, <group>/<version> (v1 for the core group)."),
+            "storageVersionHash": _string("Its storageVersionHash, as discovery gives it."),
+            "objects": _integer("Objects stored in it.", 64),
+        },
+        ("version", "storageVersionHash", "objects"),
+    )
+    audited_key = _object(
+        "The objects one encryption key encrypts.",
+        {
+            "key": _string(
+                "The key, <provider>:<name> as the EncryptionConfiguration names it "
+                "(identity for values stored in the clear)."
+            ),
+            "objects": _integer("Objects it encrypts; 0 for a configured key none uses.", 64),
+        },
+        ("key", "objects"),
+    )
+    audit = _object(
+        "What etcd held of the resource at one revision, read by svledger audit.",
+        {
+            "auditID": _string("The audit's ID (a UUID), shared by every resource it counted."),
+            "etcdRevision": _integer("The etcd revision every page was read at.", 64),
+            "auditedAt": _time("The time of the audit's event in the ledger."),
+            "objects": _integer("Values etcd held under the resource's keys.", 64),
+            "bytes": _integer("Their stored size, in bytes.", 64),
+            "versions": package.array(
+                "StorageAuditVersion",
+                audited_version,
+                "The objects per version they are stored in, sorted by version; an "
+                "encrypted object's version is not read, so it is counted under its key.",
+            ),
+            "encryptionKeys": package.array(
+                "StorageAuditEncryptionKey",
+                audited_key,
+                "The objects per encryption key. Given the API servers' "
+                "EncryptionConfiguration, every key it lists for the resource, in its order "
+                "(the first encrypts every write), 0 counts included; without it, the keys "
+                "found, sorted.",
+            ),
+            "undecodable": _integer(
+                "Values neither an object nor an encrypted value kube-apiserver writes.", 64
+            ),
+            "pollutedVersions": _strings(
+                "The versions objects were found stored in that the ledger holds none can "
+                "be: neither before nor after the audit's read did it hold their hash."
+            ),
+        },
+        (
+            "auditID", "etcdRevision", "auditedAt", "objects", "bytes", "versions",
+            "encryptionKeys", "undecodable", "pollutedVersions",
+        ),
+    )  # fmt: skip
     status = _object(
         "storageVersionHash values, as discovery gives them for versions of the resource; "
         "for a custom resource, its CustomResourceDefinition's storedVersions as the ledger "
-        "judges them.",
+        "judges them; for an audited one, what its last audit found in etcd.",
         {
             "currentStorageVersionHash": _string(
                 "The storageVersionHash of the version the API servers agree on; left out "
@@ -302,12 +366,20 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
                 "storedVersions, then spec.versions. Present with storedVersions; empty "
                 "when none can go."
             ),
+            "lastAudit": package.field(
+                "StorageAudit",
+                audit,
+                "The resource's last audit of the store (svledger audit), next to what the "
+                "ledger infers; left out for a resource never audited.",
+            ),
             "conditions": _list_map(
                 package.array(
                     "StorageStateCondition",
                     condition,
                     "A custom resource's StoredVersionsRemovable and "
-                    "StoredVersionsPrunedUnsafely conditions; left out when neither holds.",
+                    "StoredVersionsPrunedUnsafely conditions, an audited resource's "
+                    "StorageContradictsLedger and EncryptionKeysRemovable; left out when none "
+                    "holds.",
                 ),
                 "type",
             ),
@@ -327,7 +399,8 @@ def _storage_state(kind: Kind, package: _Package) -> JSON:
                 "StorageStateStatus",
                 status,
                 "The current and the persisted hashes; for a custom resource, which versions "
-                "can leave its CustomResourceDefinition's storedVersions.",
+                "can leave its CustomResourceDefinition's storedVersions; for an audited one, "
+                "its last audit.",
             ),
         },
     )

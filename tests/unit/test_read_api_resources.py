@@ -196,6 +196,7 @@ def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
     table = conversions.table(STORAGE_STATES, [(served, {"metadata": {}})], view(state))
     assert [(c["name"], c["priority"]) for c in table["columnDefinitions"]] == [
         ("Name", 0), ("Current", 0), ("Persisted", 0), ("Age", 0), ("Removable", 1),
+        ("Audited", 1),
     ]  # fmt: skip
     assert table["rows"][0]["cells"] == [
         "deployments.apps",
@@ -203,6 +204,7 @@ def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
         f"{v1} (apps/v1), {v2} (apps/v2), Unknown",
         "5m",
         "",  # no CustomResourceDefinition: nothing to remove
+        "",  # never audited
     ]
 
 

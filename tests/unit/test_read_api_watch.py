@@ -674,7 +674,7 @@ async def test_a_custom_resources_table_bookmark_has_null_cells_but_its_name(
     events = await watch(client, states, "allowWatchBookmarks=true", headers=table_type)
     [row] = events[-1]["object"]["rows"]
     assert events[-1]["type"] == "BOOKMARK"
-    assert row["cells"] == ["", None, None, None, None]  # Name, then Current ... Removable
+    assert row["cells"] == ["", None, None, None, None, None]  # Name, then Current ... Audited
 
 
 @pytest.mark.parametrize("query", ["limit=2&resourceVersion=0", "limit=0", "limit=-1"])
