@@ -17,6 +17,9 @@ encoding version since. So, for a version ``v`` of ``storedVersions``:
   (no such migration since the ledger began watching, or since a reset), every version
   stays: objects may be stored in any;
 * ``v`` stays while its hash is among the persisted hashes;
+* ``v`` stays while the resource's last audit of the store, begun after the migration
+  that proved it empty, found objects stored in it (written behind the ledger's back:
+  :mod:`projections.audits`);
 * otherwise ``v`` can go: no object can be stored in it.
 
 Every reason cites the ledger positions it rests on, so ``svledger explain`` can say it to
@@ -30,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from ledger.events import Position
 from ledger.hashing import hash_of_stored
 from ledger.names import resource_name
 from projections.state import (
@@ -107,6 +111,9 @@ def verdict(state: State, crd: CustomResourceDefinition, version: str) -> Versio
             f" {storage_state.revision}){running}",
         )
     success = last_success(state, crd.key)
+    found = _audited(state, crd, version, success)
+    if found is not None:
+        return VersionVerdict(version, False, found)
     proof = (
         f" migration {success.migration_id} rewrote every object to {success.target_version}"
         f" (succeeded at {success.revision}) while every apiserver encoded it, and"
@@ -118,6 +125,28 @@ def verdict(state: State, crd: CustomResourceDefinition, version: str) -> Versio
         True,
         f"no object can be stored in {version}:{proof} no apiserver has encoded {name} in"
         f" {version} since (StorageState at {storage_state.revision})",
+    )
+
+
+def _audited(
+    state: State, crd: CustomResourceDefinition, version: str, success: Migration | None
+) -> str | None:
+    """Why ``version`` stays though the ledger holds it empty: the resource's last audit of
+    the store found objects in it, and began after the migration that proved it empty
+    (one that began before may have counted objects that migration then rewrote)."""
+    audit = state.audits.get(crd.key)
+    if audit is None:
+        return None
+    counts = dict(zip(audit.versions, audit.version_counts, strict=True))
+    found = counts.get(f"{crd.group}/{version}", 0)
+    if not found:
+        return None
+    if success is not None and Position.parse(success.revision).offset >= audit.ledger_offset:
+        return None
+    return (
+        f"the audit of the store at etcd revision {audit.etcd_revision} (StorageAudited at"
+        f" {audit.revision}) found {found} objects stored in {version}, though the ledger"
+        " holds none can be: rewrite them (svledger migrations request) and audit again"
     )
 
 

@@ -726,12 +726,12 @@ def _load(
 
 def _crd_rows(state: State, changes: Changes) -> dict[ResourceKey, CrdRow | None]:
     """The CustomResourceDefinition rows to write: those the batch changed, and those whose
-    resource's StorageState or migrations it changed (what can leave storedVersions rests
-    on them). A migration is dropped from the views only when another of its resource is
+    resource's StorageState, migrations or audit it changed (what can leave storedVersions
+    rests on them). A migration is dropped from the views only when another of its resource is
     requested or succeeds, so the resources of the migrations still there cover those."""
     moved = {m.resource_key for k in changes.migrations if (m := state.migrations.get(k))}
     keys = changes.custom_resources | (
-        (changes.storage_states | moved) & state.custom_resources.keys()
+        (changes.storage_states | changes.audits | moved) & state.custom_resources.keys()
     )
     rows: dict[ResourceKey, CrdRow | None] = {}
     for key in keys:

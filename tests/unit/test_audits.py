@@ -7,6 +7,7 @@ import copy
 
 from ledger.events import Position, StorageAudited
 from projections.audits import pollution, removable_keys
+from projections.crds import stored_version_verdicts
 from projections.history import explanation
 from tests.unit.test_crds import GROUP, H1, H2, KEY, RESOURCE, Widgets, switched
 
@@ -99,3 +100,21 @@ def test_a_configured_key_that_encrypts_nothing_can_go_but_the_writing_one() -> 
     assert "(aescbc:key2 writes)" in text
     audited(s, {}, keys=(("aescbc:key2", 0), ("aescbc:key1", 20)))
     assert removable_keys(s.state.audits[KEY]) == ()
+
+
+def test_a_version_the_audit_found_objects_in_after_the_proof_cannot_go() -> None:
+    s = switched()
+    s.migrate("m1")
+    assert stored_version_verdicts(s.state, KEY)[0].removable  # v1, proven empty
+    polluted, why = judged(s, s, {V1: 2, V2: 18})
+    at = audited(s, {V1: 2, V2: 18}, polluted=polluted, why=why)
+    v1 = stored_version_verdicts(s.state, KEY)[0]
+    assert not v1.removable
+    assert f"StorageAudited at {at}) found 2 objects stored in v1" in v1.why
+
+
+def test_an_audit_that_began_before_the_proof_does_not_hold_a_version() -> None:
+    s = switched()
+    audited(s, {V1: 20})  # every widget in v1, before the migration rewrote them
+    s.migrate("m1")
+    assert stored_version_verdicts(s.state, KEY)[0].removable
