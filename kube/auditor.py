@@ -7,7 +7,7 @@ so the counts are one moment of the store however long the read takes; in pages 
 ``page_size`` keys, at most ``pages_per_second`` requests a second, so a large
 cluster's etcd serves its apiservers first; only under the prefixes of the resources
 asked for (:meth:`kube.store_layout.Layout.prefixes`). Each page is counted by
-:class:`kube.audit.Audit`.
+:class:`kube.audit.Audit` (:func:`read_store`).
 
 The ledger is read twice, the cluster's partition folded to its end: when the audit
 begins (which resources the ledger knows, where their keys are, what it holds objects
@@ -129,25 +129,15 @@ async def run_audit(
     before, offset = await _ledger(settings, options.cluster)
     layout = _layout(before, options)
     wanted = [_resolve(before, layout, options, name) for name in options.resources]
-    prefixes = layout.prefixes(wanted or None)
-    revision = await store.revision()
-    ranges = [(p.encode(), _prefix_end(p.encode())) for p in prefixes]
-    total = sum([await store.count(start, end, revision) for start, end in ranges])
-    audit = Audit(layout, revision)
-    pace = _Pace(options.pages_per_second)
-    for start, end in ranges:
-        while True:
-            await pace.wait()
-            pairs, size = await store.page(start, end, revision, options.page_size)
-            audit.add_page(
-                [(k.decode("utf-8", errors="surrogateescape"), v) for k, v in pairs],
-                bytes_read=size,
-            )
-            if progress is not None:
-                progress(audit.keys, total)
-            if len(pairs) < options.page_size:
-                break
-            start = pairs[-1][0] + b"\0"  # strictly after the last key
+    audit = await read_store(
+        store,
+        layout,
+        layout.prefixes(wanted or None),
+        options.page_size,
+        options.pages_per_second,
+        progress,
+    )
+    revision = audit.revision
     after, _ = await _ledger(settings, options.cluster)
     audit_id = str(uuid.uuid4())
     tallies = {(t.group, t.resource): t for t in audit.tallies}
@@ -183,6 +173,38 @@ async def run_audit(
         audit.unplaced,
         time.monotonic() - began,
     )
+
+
+async def read_store(
+    store: Store,
+    layout: Layout,
+    prefixes: Sequence[str],
+    page_size: int,
+    pages_per_second: float,
+    progress: Progress | None = None,
+) -> Audit:
+    """Every key under ``prefixes`` at the store's current revision, counted by ``layout``:
+    first how many there are (one request per prefix), then in pages of ``page_size``
+    keys, at most ``pages_per_second`` pages a second."""
+    revision = await store.revision()
+    ranges = [(p.encode(), _prefix_end(p.encode())) for p in prefixes]
+    total = sum([await store.count(start, end, revision) for start, end in ranges])
+    audit = Audit(layout, revision)
+    pace = _Pace(pages_per_second)
+    for start, end in ranges:
+        while True:
+            await pace.wait()
+            pairs, size = await store.page(start, end, revision, page_size)
+            audit.add_page(
+                [(k.decode("utf-8", errors="surrogateescape"), v) for k, v in pairs],
+                bytes_read=size,
+            )
+            if progress is not None:
+                progress(audit.keys, total)
+            if len(pairs) < page_size:
+                break
+            start = pairs[-1][0] + b"\0"  # strictly after the last key
+    return audit
 
 
 async def _ledger(settings: KafkaSettings, cluster: str) -> tuple[State, int]:

@@ -17,9 +17,11 @@ own that ignores the environment: ``REQUESTS_CA_BUNDLE`` would silently replace 
 given, and a proxy has no business between an auditor and etcd.
 
 Every failure is an :class:`EtcdError` that names the server and says what to check:
-unreachable, no answer in time, TLS refused (the reason kept), a revision compacted
-meanwhile (audit again), the gateway off. With several ``--etcd-servers``, the first that
-answers the revision is read, as one member's revision is every member's.
+unreachable, no answer in time, TLS refused (the reason kept: a client certificate etcd
+does not accept, a CA that does not verify etcd's, a file that cannot be read), a
+revision compacted meanwhile (audit again), the gateway off. With several
+``--etcd-servers``, the first that answers the revision is read, as one member's
+revision is every member's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ from etcd3gw import exceptions as gateway
 from ledger.errors import UsageError
 
 TIMEOUT_SECONDS: Final = 30.0
+# What Python says of a TLS handshake etcd ended for the client's certificate: none given
+# (TLS 1.3), or one of a CA etcd does not trust (etcd 3.7 closes the connection without
+# an alert under TLS 1.3; older servers send one).
+_CERTIFICATE_REFUSED: Final = (
+    "CERTIFICATE_REQUIRED",
+    "EOF occurred in violation of protocol",
+    "ALERT_BAD_CERTIFICATE",
+    "ALERT_UNKNOWN_CA",
+)
 
 
 class EtcdError(UsageError):
@@ -88,6 +99,8 @@ class EtcdStore:
             if settings.certfile and settings.keyfile:
                 session.cert = (settings.certfile, settings.keyfile)
         self.server = server
+        self._cafile = settings.cafile
+        self._certfile = settings.certfile
         self._client = Etcd3Client(
             host=parts.hostname or "",
             port=parts.port or 2379,
@@ -134,8 +147,26 @@ class EtcdStore:
                 f"etcd at {self.server} did not answer within its timeout: {_detail(error)}"
             ) from None
         except gateway.ConnectionFailedError as error:
+            detail = _detail(error)
+            if any(reason in detail for reason in _CERTIFICATE_REFUSED):
+                given = (
+                    f"the client certificate {self._certfile}"
+                    if self._certfile
+                    else "a client without a certificate"
+                )
+                raise EtcdError(
+                    f"etcd at {self.server} did not accept {given} ({detail}): give"
+                    " --etcd-certfile and --etcd-keyfile as kube-apiserver has them, a"
+                    " certificate signed by a CA etcd trusts (its --trusted-ca-file)"
+                ) from None
+            if "CERTIFICATE_VERIFY_FAILED" in detail:
+                raise EtcdError(
+                    f"etcd at {self.server} has a certificate that --etcd-cafile {self._cafile}"
+                    f" does not verify ({detail}): give the CA that signed it, as kube-apiserver's"
+                    " --etcd-cafile"
+                ) from None
             raise EtcdError(
-                f"cannot reach etcd at {self.server}: {_detail(error)}; check --etcd-servers and,"
+                f"cannot reach etcd at {self.server}: {detail}; check --etcd-servers and,"
                 " for TLS, --etcd-cafile, --etcd-certfile and --etcd-keyfile"
             ) from None
         except gateway.Etcd3Exception as error:
@@ -143,7 +174,7 @@ class EtcdStore:
             if "compacted" in detail:
                 raise EtcdError(
                     f"etcd at {self.server} compacted past the audit's revision while it read"
-                    f" ({detail}): audit again (a smaller --page-size or a higher"
+                    f" ({detail}): audit again (a larger --page-size or a higher"
                     " --requests-per-second reads faster)"
                 ) from None
             if "404" in detail:
@@ -153,7 +184,10 @@ class EtcdStore:
                 ) from None
             raise EtcdError(f"etcd at {self.server} refused a read: {detail}") from None
         except OSError as error:  # a TLS file that cannot be read
-            raise EtcdError(f"etcd at {self.server}: {error}") from None
+            raise EtcdError(
+                f"etcd at {self.server}: {error}; check --etcd-cafile, --etcd-certfile and"
+                " --etcd-keyfile"
+            ) from None
 
 
 def _detail(error: gateway.Etcd3Exception) -> str:
@@ -161,7 +195,7 @@ def _detail(error: gateway.Etcd3Exception) -> str:
     text = str(getattr(error, "detail_text", "") or error or type(error).__name__)
     with contextlib.suppress(ValueError, AttributeError):
         text = str(json.loads(text).get("message", text))
-    return text
+    return text.strip()
 
 
 @contextlib.asynccontextmanager
