@@ -158,7 +158,7 @@ async def run_audit(
     )
     if audit.unplaced:
         log.warning(
-            "%d keys hold no object of a resource the ledger knows; the first: %s",
+            "keys holding no object of a resource the ledger knows: %d; the first: %s",
             audit.unplaced,
             "; ".join(f"{u.key} ({u.reason})" for u in audit.unplaced_kept),
         )

@@ -115,7 +115,17 @@ async def pipeline(
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(
-            run_collector(settings, CLUSTER, kube, stop=stop, clock=clock, apiservers=direct)
+            # An apiserver restarted (the key rotation) leaves at once: a test of the store,
+            # not of shutdown delays (test_agreement_real.py).
+            run_collector(
+                settings,
+                CLUSTER,
+                kube,
+                stop=stop,
+                clock=clock,
+                apiservers=direct,
+                shutdown_window=2.0,
+            )
         ),
         asyncio.create_task(run_migrator(settings, stop=stop, group_id=f"{topic}.migrator")),
         asyncio.create_task(
@@ -153,6 +163,9 @@ async def settled(pipeline: Pipeline, *resources: tuple[str, str]) -> str | None
     """None once each resource's apiservers agree, its StorageState holds one hash and no
     migration of it is active."""
     state, _ = await cluster_log(pipeline.settings, CLUSTER)
+    members = state.members_by_cluster.get(CLUSTER, set())
+    if len(members) != 2:
+        return f"members {sorted(members)}"
     for group, resource in resources:
         storage_state = state.storage_states.get((CLUSTER, group, resource))
         if storage_state is None or len(storage_state.persisted_storage_version_hashes) != 1:
@@ -195,6 +208,18 @@ def counted(pairs: list[tuple[str, bytes]]) -> tuple[Counter[str], Counter[str]]
         elif isinstance(found, EncryptedValue):
             keys[f"{found.provider}:{found.provider_version}:{found.key_name}"] += 1
     return versions, keys
+
+
+async def logged(pipeline: Pipeline, result: Result) -> None:
+    """Wait until the log shows ``result``'s events: a transaction's commit markers are
+    written after its commit returns, so a read at once may end before them."""
+
+    async def shown() -> str | None:
+        _, records = await cluster_log(pipeline.settings, CLUSTER)
+        ids = {r.event.audit_id for r in records if isinstance(r.event, StorageAudited)}
+        return None if result.events[0].audit_id in ids else "the audit is not in the log yet"
+
+    await eventually(shown, "the audit in the log", 30)
 
 
 def of(result: Result, group: str, resource: str) -> StorageAudited:
@@ -261,6 +286,7 @@ async def test_an_audit_counts_what_etcd_holds_at_one_revision_in_any_page_size(
     assert of(large, "", "configmaps").version_counts == of(again, "", "configmaps").version_counts
     assert large.requests < again.requests
     # Clean runs raise no alarm.
+    await logged(pipeline, again)
     _, records = await cluster_log(pipeline.settings, CLUSTER)
     audits = [r.event for r in records if isinstance(r.event, StorageAudited)]
     assert len(audits) == 4 and not any(a.polluted_versions for a in audits)
@@ -272,8 +298,17 @@ async def test_a_rotated_encryption_key_can_go_once_a_migration_rewrote_every_se
     cluster, settings = pipeline.cluster, pipeline.settings
     await create(pipeline.kube, "Secret", [f"r-{i}" for i in range(30)])
     pipeline.config.write_text(yaml.safe_dump(encryption(("key2", KEY2), ("key1", KEY1))))
+    state, _ = await cluster_log(settings, CLUSTER)
+    old = {lease.holder_identity for lease in state.leases.values()}
     for index in range(2):
         cluster.restart_apiserver(index)
+
+    async def restarted() -> str | None:  # the ledger holds the new incarnations alone
+        state, _ = await cluster_log(settings, CLUSTER)
+        holders = {lease.holder_identity for lease in state.leases.values()}
+        return None if len(holders) == 2 and not holders & old else f"holders {holders}"
+
+    await eventually(restarted, "the restarted apiservers in the ledger", 120)
     rotated = of(await pipeline.audit(resources=("secrets",)), "", "secrets")
     counts = dict(zip(rotated.encryption_keys, rotated.encryption_counts, strict=True))
     assert rotated.encryption_keys == ("aescbc:v1:key2", "aescbc:v1:key1", "identity")
@@ -283,18 +318,21 @@ async def test_a_rotated_encryption_key_can_go_once_a_migration_rewrote_every_se
     requested = await request_migration(settings, CLUSTER, "", "secrets", None, "test")
 
     async def migrated() -> str | None:
-        _, records = await cluster_log(settings, CLUSTER)
+        state, records = await cluster_log(settings, CLUSTER)
         done = any(
             isinstance(r.event, MigrationSucceeded)
             and r.event.migration_id == requested.migration_id
             for r in records
         )
-        return None if done else f"migration {requested.migration_id} not done"
+        row = state.migrations.get((CLUSTER, requested.migration_id))
+        return None if done else f"migration {requested.migration_id}: {row}"
 
     await eventually(migrated, "the migration of secrets", 120)
-    after = of(await pipeline.audit(resources=("secrets",)), "", "secrets")
+    audit = await pipeline.audit(resources=("secrets",))
+    after = of(audit, "", "secrets")
     counts = dict(zip(after.encryption_keys, after.encryption_counts, strict=True))
     assert counts["aescbc:v1:key1"] == 0 and counts["aescbc:v1:key2"] == after.objects
+    await logged(pipeline, audit)
     database = f"sqlite:///{pipeline.workdir / 'rotated.db'}"
     await replay(settings, database, progress=False)
     with create_engine(database).connect() as connection:

@@ -1,6 +1,6 @@
 """``svledger audit`` on bad input: a failed audit appends nothing, bad data is counted.
 
-Real etcd processes (:func:`bench.audit_bench.local_etcd`), one serving plain HTTP and one
+Real etcd processes (:func:`deploy.kube.etcd.local_etcd`), one serving plain HTTP and one
 mutual TLS with certificates made here by openssl, each shared by the module; the
 suite's broker, a topic per test whose ledger knows core configmaps (one apiserver's
 heartbeat and report); and the audit as ``svledger audit`` runs it (:func:`open_store`,
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.audit_bench import gateway, local_etcd, put_all
 from deploy.kube.cluster import free_port
+from deploy.kube.etcd import gateway, local_etcd, put_all
 from kube.auditor import AuditOptions, Result, Store, run_audit
 from kube.etcd import EtcdError, EtcdSettings, open_store
 from ledger.events import ApiserverHeartbeat, Meta, StorageAudited, StorageVersionReported
@@ -273,7 +273,9 @@ async def test_a_key_of_no_resource_is_counted_apart_and_the_rest_appended(
         result = await audit(settings, EtcdSettings((etcd,)))
     assert (result.keys, result.unplaced) == (6, 1)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "kube.auditor"]
-    assert "1 keys" in warning and "/registry/not-a-resource/x (under no resource" in warning
+    assert (
+        "ledger knows: 1;" in warning and "/registry/not-a-resource/x (under no resource" in warning
+    )
     event = appended_once(result, await audited(settings))
     assert (event.objects, event.versions, event.version_counts) == (5, ("v1",), (5,))
     assert (event.undecodable, event.polluted_versions) == (0, ())
