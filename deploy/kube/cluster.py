@@ -619,20 +619,7 @@ class LocalCluster:
         peer = f"http://127.0.0.1:{free_port()}"
         client = f"http://127.0.0.1:{self._etcd_port}"
         self._etcd = Process("etcd", workdir / "etcd.log")
-        self._etcd.start(
-            [
-                str(binary),
-                "--name=svledger",
-                f"--data-dir={workdir / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=svledger={peer}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ]
-        )
+        self._etcd.start(etcd_command(binary, workdir / "etcd", client, peer))
         self._poll(
             self._etcd, f"{client}/health", None, {}, time.monotonic() + self._startup_timeout
         )
@@ -833,3 +820,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def etcd_command(binary: Path, data_dir: Path, client: str, peer: str) -> list[str]:
+    """A lone etcd member's command line: serving ``client``, its data in ``data_dir``,
+    fsync off (a test's or a bench's store, thrown away after)."""
+    return [
+        str(binary),
+        "--name=svledger",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=svledger={peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from deploy.kube.cluster import DEFAULT_VERSION, binaries, free_port
+from deploy.kube.cluster import DEFAULT_VERSION, binaries, etcd_command, free_port
 from deploy.kube.processes import Process
 
 STARTUP_SECONDS: Final = 60.0
@@ -50,22 +50,7 @@ def local_etcd(
         context = ssl.create_default_context(cafile=str(ca))
         context.load_cert_chain(cert, key)
     process = Process("etcd", workdir / "etcd.log")
-    process.start(
-        [
-            str(binary),
-            "--name=svledger",
-            f"--data-dir={workdir / 'etcd'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=svledger={peer}",
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-            *security,
-            *args,
-        ]
-    )
+    process.start([*etcd_command(binary, workdir / "etcd", client, peer), *security, *args])
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:

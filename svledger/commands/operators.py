@@ -201,9 +201,9 @@ def _audit(args: argparse.Namespace) -> int:
     import sys
 
     import yaml
-    from kube.etcd import EtcdSettings, open_store
 
     from kube.auditor import AuditOptions, describe, run_audit
+    from kube.etcd import EtcdSettings, open_store
     from ledger.errors import UsageError
     from ledger.progress import ProgressBar
 

@@ -220,6 +220,16 @@ async def change_crd(kube: Kube, group: str, storage: str, description: str = ""
     await kube.request("PUT", f"{CRDS}/{RESOURCE}.{group}", body)
 
 
+async def pruned_to(pipeline: Pipeline, group: str, version: str, timeout: float) -> None:
+    """Wait until the CRD of ``group`` lists ``version`` alone in ``status.storedVersions``."""
+
+    async def pruned() -> str | None:
+        stored = stored_versions(await crd(pipeline.kube, group))
+        return None if stored == [version] else f"storedVersions {stored}"
+
+    await eventually(pruned, f"storedVersions of {group} pruned to [{version}]", timeout)
+
+
 def stored_versions(obj: dict[str, Any]) -> list[str]:
     return list(obj.get("status", {}).get("storedVersions", []))
 
@@ -369,11 +379,7 @@ async def test_v1_leaves_stored_versions_only_once_every_object_is_stored_as_v2(
         await asyncio.sleep(4)
     assert names, "the client wrote through both apiservers"
 
-    async def pruned() -> str | None:
-        stored = stored_versions(await crd(pipeline.kube, group))
-        return None if stored == ["v2"] else f"storedVersions {stored}"
-
-    await eventually(pruned, f"storedVersions of {group} pruned to [v2]", 180)
+    await pruned_to(pipeline, group, "v2", 180)
     counts = in_etcd(pipeline.cluster, group)
     assert counts == {f"{group}/v2": 20 + len(names)}, counts
     # The prune came after the migration to v2 succeeded, and says so.
@@ -423,11 +429,7 @@ async def test_a_storage_version_switched_back_mid_migration_keeps_stored_versio
     pipeline.gate.release(group)
 
     # Everything rewritten to v1 again: now v2 can go, and v1 stays.
-    async def pruned() -> str | None:
-        stored = stored_versions(await crd(pipeline.kube, group))
-        return None if stored == ["v1"] else f"storedVersions {stored}"
-
-    await eventually(pruned, f"storedVersions of {group} pruned to [v1]", 180)
+    await pruned_to(pipeline, group, "v1", 180)
     assert set(in_etcd(pipeline.cluster, group)) == {f"{group}/v1"}
 
 
@@ -482,11 +484,7 @@ async def test_an_apiserver_stopped_mid_migration_keeps_v1_until_it_answers_agai
         pipeline.cluster.resume_apiserver(1)
 
     # Back: it reports v2, a migration runs under agreement, and v1 goes.
-    async def pruned() -> str | None:
-        stored = stored_versions(await crd(pipeline.kube, group))
-        return None if stored == ["v2"] else f"storedVersions {stored}"
-
-    await eventually(pruned, f"storedVersions of {group} pruned to [v2]", 240)
+    await pruned_to(pipeline, group, "v2", 240)
     assert set(in_etcd(pipeline.cluster, group)) == {f"{group}/v2"}
 
 
