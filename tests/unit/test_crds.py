@@ -4,6 +4,8 @@ resource moving from v1 to v2 under two apiservers."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from ledger.events import (
     CustomResourceDefinitionObserved,
     MigrationCancelled,
@@ -82,9 +84,12 @@ class Widgets(Scenario):
         return at
 
 
-def switched() -> Widgets:
+_Scenario = TypeVar("_Scenario", bound="Widgets")
+
+
+def switched(scenario: type[_Scenario] = Widgets) -> _Scenario:  # type: ignore[assignment]  (mypy: a TypeVar default)
     """v1 was the storage version; the CRD now stores v2 and both apiservers encode v2."""
-    s = Widgets()
+    s = scenario()
     s.heartbeat("a")
     s.heartbeat("b")
     s.crd("v1", ("v1",))

@@ -91,6 +91,7 @@ class Scenario:
     def __init__(self) -> None:
         self.state = State()
         self.entries: list[HistoryEntry] = []
+        self.records: list[tuple[Event, Position]] = []  # what the log holds, in order
 
     def meta(self, source: str) -> Meta:
         offset = len(self.entries)
@@ -101,6 +102,7 @@ class Scenario:
         changes = fold.apply(self.state, event, position)
         rejection = changes.rejections[0].reason if changes.rejections else None
         self.entries.append(entry(event, position, rejection))
+        self.records.append((event, position))
         return position
 
     def heartbeat(self, apiserver: str) -> Position:

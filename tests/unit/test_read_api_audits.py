@@ -23,12 +23,10 @@ from tests.unit.test_read_api_crds import NOW, Recorded, storage_state_changes
 
 
 @pytest.fixture
-def widgets(monkeypatch: pytest.MonkeyPatch) -> Recorded:
+def widgets() -> Recorded:
     """:func:`tests.unit.test_crds.switched`, recorded, after migration m1 rewrote every
     object to v2 under agreement: the ledger holds no object can be stored in v1."""
-    monkeypatch.setattr(test_crds, "Widgets", Recorded)
-    switched = test_crds.switched()
-    assert isinstance(switched, Recorded)
+    switched = test_crds.switched(Recorded)
     switched.migrate("m1")
     return switched
 
@@ -61,8 +59,7 @@ def test_a_resource_never_audited_is_served_as_before(widgets: Recorded) -> None
     assert audit_conditions(before["status"]) == []
     assert wide_cells(widgets)[-1] == ""
     # An audit of another resource changes nothing of this one.
-    other = test_crds.switched()
-    assert isinstance(other, Recorded)
+    other = test_crds.switched(Recorded)
     audited(other, {V2: 20})
     event, _ = other.records[-1]
     assert isinstance(event, StorageAudited)

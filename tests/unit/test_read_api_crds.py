@@ -43,15 +43,6 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 class Recorded(Widgets):
     """A history of widgets, its records kept for the read API's fold and the timeline."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[Event, Position]] = []
-
-    def add(self, event: Event) -> Position:
-        position = super().add(event)
-        self.records.append((event, position))
-        return position
-
     def served(self) -> dict[str, Any]:
         """The widgets' StorageState as the read API serves it now."""
         view = View("prod", len(self.records), NOW, self.state, {})
@@ -82,12 +73,10 @@ class Recorded(Widgets):
 
 
 @pytest.fixture
-def widgets(monkeypatch: pytest.MonkeyPatch) -> Recorded:
+def widgets() -> Recorded:
     """:func:`tests.unit.test_crds.switched`, recorded: the CRD stores v2 and lists v1 and
     v2 in storedVersions, both apiservers encode v2, and no migration ran yet."""
-    monkeypatch.setattr(test_crds, "Widgets", Recorded)
-    switched = test_crds.switched()
-    assert isinstance(switched, Recorded)
+    switched = test_crds.switched(Recorded)
     return switched
 
 
