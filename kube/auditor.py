@@ -25,7 +25,6 @@ keys no longer encrypt anything (:mod:`kube.encryption`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -35,8 +34,9 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from kube.audit import Audit, Tally
+from kube.client import RateLimit
 from kube.encryption import IDENTITY, keys_for
-from kube.store_layout import Layout
+from kube.store_layout import Layout, prefix_end
 from ledger.events import Meta, StorageAudited
 from ledger.hashing import hash_of_stored
 from ledger.kafka import (
@@ -187,10 +187,10 @@ async def read_store(
     first how many there are (one request per prefix), then in pages of ``page_size``
     keys, at most ``pages_per_second`` pages a second."""
     revision = await store.revision()
-    ranges = [(p.encode(), _prefix_end(p.encode())) for p in prefixes]
+    ranges = [(p.encode(), prefix_end(p.encode())) for p in prefixes]
     total = sum([await store.count(start, end, revision) for start, end in ranges])
     audit = Audit(layout, revision)
-    pace = _Pace(pages_per_second)
+    pace = RateLimit(pages_per_second, burst=1)  # a page at once, then one per 1/rate s
     for start, end in ranges:
         while True:
             await pace.wait()
@@ -288,32 +288,6 @@ async def _append(settings: KafkaSettings, cluster: str, events: Sequence[Storag
         )
     finally:
         await producer.stop()
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The first key after every key that starts with ``prefix``."""
-    end = bytearray(prefix)
-    while end and end[-1] == 0xFF:
-        end.pop()
-    if not end:
-        return b"\0"
-    end[-1] += 1
-    return bytes(end)
-
-
-class _Pace:
-    """At most ``per_second`` requests a second, the first at once."""
-
-    def __init__(self, per_second: float) -> None:
-        self._gap = 1.0 / per_second
-        self._next = 0.0
-
-    async def wait(self) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            await asyncio.sleep(self._next - now)
-            now = self._next
-        self._next = now + self._gap
 
 
 def describe(result: Result) -> str:

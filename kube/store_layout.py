@@ -243,6 +243,18 @@ class Layout:
         return tuple(p for p in ordered if not any(p.startswith(o) for o in chosen - {p}))
 
 
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``: etcd's
+    ``range_end`` for reading a prefix."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # an empty prefix: every key
+
+
 def _root(prefix: str) -> str:
     """``prefix`` as kube-apiserver's etcd3 storage prepends it to a key (``path.Join("/",
     prefix)``, then a ``/``): ``registry`` and ``/registry/`` are ``/registry/``."""

@@ -24,7 +24,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kube.store_layout import COMPACT_REV_KEY, GroupResource, Layout, Placed, Unplaced
+from kube.store_layout import (
+    COMPACT_REV_KEY,
+    GroupResource,
+    Layout,
+    Placed,
+    Unplaced,
+    prefix_end,
+)
 
 CAPTURED: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "etcd" / "store_keys.json").read_text()
@@ -290,3 +297,9 @@ def test_every_object_key_is_placed_back_to_its_object(
     owner = EVENTS if group_resource == NEW_EVENTS else group_resource
     placed = Placed(*owner, namespace, name)
     assert LAYOUT.place(key_of(LAYOUT, placed)) == placed
+
+
+def test_the_end_of_a_prefix_is_the_first_key_after_every_key_under_it() -> None:
+    assert prefix_end(b"/registry/pods/") == b"/registry/pods0"
+    assert prefix_end(b"a\xff\xff") == b"b"
+    assert prefix_end(b"\xff") == b"\0"  # no key is after every one: read them all
