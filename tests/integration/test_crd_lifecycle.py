@@ -230,12 +230,18 @@ async def pruned_to(pipeline: Pipeline, group: str, version: str, timeout: float
     await eventually(pruned, f"storedVersions of {group} pruned to [{version}]", timeout)
 
 
+def status_list(obj: dict[str, Any], field: str) -> list[Any]:
+    """A list of a CRD's status: the apiserver writes null for an empty one (a CRD just
+    created has ``conditions: null``)."""
+    return list((obj.get("status") or {}).get(field) or ())
+
+
 def stored_versions(obj: dict[str, Any]) -> list[str]:
-    return list(obj.get("status", {}).get("storedVersions", []))
+    return status_list(obj, "storedVersions")
 
 
 def condition(obj: dict[str, Any]) -> dict[str, Any]:
-    found = [c for c in obj["status"].get("conditions", []) if c["type"] == "StorageMigrating"]
+    found = [c for c in status_list(obj, "conditions") if c["type"] == "StorageMigrating"]
     return found[0] if found else {}
 
 
@@ -279,7 +285,7 @@ async def created(pipeline: Pipeline, group: str, objects: int = 20) -> list[str
     await pipeline.kube.request("POST", CRDS, definition(group, "v1"))
 
     async def established() -> str | None:
-        conditions = (await crd(pipeline.kube, group)).get("status", {}).get("conditions", [])
+        conditions = status_list(await crd(pipeline.kube, group), "conditions")
         ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
         return None if ok else f"conditions {conditions}"
 
