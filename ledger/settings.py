@@ -11,7 +11,8 @@ variable                            meaning (default)
 ``SVLEDGER_TOPIC``                  the event topic (``svledger.events``)
 ``SVLEDGER_DLQ_TOPIC``              the dead-letter topic (``<topic>.dlq``)
 ``SVLEDGER_KAFKA_PARTITIONS``       partitions of a created topic (6)
-``SVLEDGER_KAFKA_REPLICATION_FACTOR`` replicas of a created topic (1)
+``SVLEDGER_KAFKA_REPLICATION_FACTOR`` replicas of a created topic (``min(3, brokers)``)
+``SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS`` its ``min.insync.replicas`` (replicas - 1, at least 1)
 ``SVLEDGER_KAFKA_CLIENT_ID``        client id shown in broker logs (``svledger``)
 ``SVLEDGER_KAFKA_SECURITY_PROTOCOL`` PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
 ``SVLEDGER_KAFKA_SASL_MECHANISM``   PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
@@ -51,6 +52,7 @@ _ENV: Final = {
     "dlq_topic": "SVLEDGER_DLQ_TOPIC",
     "partitions": "SVLEDGER_KAFKA_PARTITIONS",
     "replication_factor": "SVLEDGER_KAFKA_REPLICATION_FACTOR",
+    "min_insync_replicas": "SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS",
     "client_id": "SVLEDGER_KAFKA_CLIENT_ID",
     "security_protocol": "SVLEDGER_KAFKA_SECURITY_PROTOCOL",
     "sasl_mechanism": "SVLEDGER_KAFKA_SASL_MECHANISM",
@@ -61,7 +63,7 @@ _ENV: Final = {
     "ssl_keyfile": "SVLEDGER_KAFKA_SSL_KEYFILE",
     "inbox": "SVLEDGER_INBOX",
 }
-_INT_FIELDS: Final = frozenset({"partitions", "replication_factor"})
+_INT_FIELDS: Final = frozenset({"partitions", "replication_factor", "min_insync_replicas"})
 _BOOL_FIELDS: Final = frozenset({"inbox"})
 _BOOLEANS: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 INBOX_INFIX: Final = ".inbox."
@@ -120,7 +122,8 @@ class KafkaSettings:
     topic: str = "svledger.events"
     dlq_topic: str = ""  # empty means "<topic>.dlq"
     partitions: int = 6
-    replication_factor: int = 1
+    replication_factor: int | None = None  # None: min(3, brokers), chosen by topics create
+    min_insync_replicas: int | None = None  # None: replication_factor - 1, at least 1
     client_id: str = "svledger"
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str = "PLAIN"
@@ -141,8 +144,8 @@ class KafkaSettings:
             raise SettingsError(
                 "dlq_topic", self.dlq_topic, "the dead-letter topic must differ from the topic"
             )
-        for name in _INT_FIELDS:
-            if getattr(self, name) < 1:
+        for name in sorted(_INT_FIELDS):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingsError(name, getattr(self, name), "must be at least 1")
         if self.security_protocol not in SECURITY_PROTOCOLS:
             raise SettingsError(

@@ -138,39 +138,94 @@ def fetch_jars() -> Path:
     return LIB
 
 
+@dataclasses.dataclass
+class _Node:
+    """One KRaft node of a :class:`LocalKafka`: broker and controller in one JVM."""
+
+    node_id: int
+    directory: Path
+    port: int
+    controller_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "broker.log"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def metadata_dir(self) -> Path:
+        return self.directory / "metadata"
+
+    def log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+        return f"Last lines of {self.log_path}:\n" + "\n".join(lines)
+
+
 class LocalKafka:
-    """One KRaft broker+controller on free 127.0.0.1 ports, alive between start() and stop()."""
+    """KRaft nodes (broker and controller each) on free 127.0.0.1 ports, alive between
+    start() and stop(): one by default, ``brokers=3`` for a replicated cluster.
+
+    Nodes are numbered from 0 in the methods that act on one (:meth:`kill`,
+    :meth:`terminate`, :meth:`restart`, :meth:`wipe`, :meth:`hang`); their Kafka node
+    IDs are that number plus one. With several, the internal topics (consumer offsets,
+    transaction state) have ``min(3, brokers)`` replicas and need all but one in sync,
+    as a production cluster runs them.
+    """
 
     def __init__(
         self,
         *,
+        brokers: int = 1,
         heap: str = "512m",
         startup_timeout: float = 120.0,
         security: Security | None = None,
         overrides: Mapping[str, str] | None = None,
     ) -> None:
         """``overrides``: broker settings (``server.properties`` keys) set over its own."""
+        if brokers < 1:
+            raise BrokerError(f"brokers={brokers}: a cluster has at least one broker")
+        self.brokers = brokers
         self._heap = heap
         self._startup_timeout = startup_timeout
         self.security = security
         self._overrides = dict(overrides or {})
         self._workdir: Path | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._port = 0
+        self._nodes: list[_Node] = []
+        self._cluster_id = _cluster_id()
 
     @property
     def bootstrap(self) -> str:
-        """The bootstrap address clients connect to, ``127.0.0.1:PORT``."""
-        if self._process is None:
-            raise BrokerError("the broker is not running: call start() first")
-        return f"127.0.0.1:{self._port}"
+        """The bootstrap address clients connect to: ``127.0.0.1:PORT`` of every node."""
+        self._require_running()
+        return ",".join(node.address for node in self._nodes)
+
+    def address(self, node: int) -> str:
+        """The client address of node ``node`` alone."""
+        return self._node(node).address
+
+    def node_of(self, broker_id: int) -> int:
+        """The node number of the broker Kafka calls ``broker_id`` (a leader's, say)."""
+        return broker_id - 1
+
+    def running(self, node: int) -> bool:
+        return self._node(node).process is not None
 
     @property
     def data_dir(self) -> Path:
-        """The broker's ``log.dirs``: one directory per topic partition, ``<topic>-<n>``."""
-        if self._workdir is None:
-            raise BrokerError("the broker is not running: call start() first")
-        return self._workdir / "data"
+        """The first node's ``log.dirs``: one directory per topic partition, ``<topic>-<n>``."""
+        return self._node(0).data_dir
 
     @property
     def ca_file(self) -> Path:
@@ -198,14 +253,24 @@ class LocalKafka:
     @property
     def _tls_dir(self) -> Path:
         self._require_security()
-        if self._workdir is None:
-            raise BrokerError("the broker is not running: call start() first")
+        self._require_running()
+        assert self._workdir is not None
         return self._workdir / "tls"
 
     def _require_security(self) -> Security:
         if self.security is None:
             raise BrokerError("this broker is not secured: give LocalKafka(security=...)")
         return self.security
+
+    def _require_running(self) -> None:
+        if self._workdir is None:
+            raise BrokerError("the broker is not running: call start() first")
+
+    def _node(self, node: int) -> _Node:
+        self._require_running()
+        if not 0 <= node < len(self._nodes):
+            raise BrokerError(f"no node {node}: the nodes are 0 to {len(self._nodes) - 1}")
+        return self._nodes[node]
 
     def __enter__(self) -> LocalKafka:
         return self.start()
@@ -219,130 +284,182 @@ class LocalKafka:
         self.stop()
 
     def start(self) -> LocalKafka:
-        """Start the broker and return once it accepts connections at ``bootstrap``."""
-        if self._process is not None:
+        """Start every node and return once each accepts connections."""
+        if self._workdir is not None:
             raise BrokerError(f"the broker is already running at {self.bootstrap}")
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
-            self._port, controller_port = free_port(), free_port()
+            self._nodes = [
+                _Node(index + 1, self._workdir / f"node-{index + 1}", free_port(), free_port())
+                for index in range(self.brokers)
+            ]
             if self.security is not None:
                 _make_certificates(self._tls_dir)
-            config = self._write_config(controller_port)
-            self._format_storage(self._java_command(), config)
-            self._launch(config)
+            java = self._java_command()
+            for node in self._nodes:
+                node.directory.mkdir()
+                self._write_config(node)
+                self._format_storage(java, node)
+            for node in self._nodes:  # a node waits for a quorum of controllers: all at once
+                self._spawn(node)
+            for node in self._nodes:
+                self._wait_until_ready(node)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def kill(self) -> None:
-        """Kill the broker hard (SIGKILL), as a crash would; its data stays for :meth:`restart`."""
-        process, self._process = self._process, None
+    def kill(self, node: int = 0) -> None:
+        """Kill a node hard (SIGKILL), as a crash would; its data stays for :meth:`restart`."""
+        target = self._node(node)
+        process, target.process = target.process, None
         if process is None:
-            raise BrokerError("the broker is not running: call start() first")
+            raise BrokerError(f"node {node} is not running")
         process.kill()
         process.wait()
 
-    def hang(self) -> None:
-        """Freeze the broker (SIGSTOP): its connections stay open and nothing is answered,
+    def terminate(self, node: int = 0, timeout: float = 60.0) -> None:
+        """Shut a node down cleanly (SIGTERM: a controlled shutdown that hands its
+        leaderships over first), as an operator's rolling restart does; its data stays."""
+        target = self._node(node)
+        process, target.process = target.process, None
+        if process is None:
+            raise BrokerError(f"node {node} is not running")
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise BrokerError(
+                f"node {node} did not shut down within {timeout:g} s: killed.\n{target.log_tail()}"
+            ) from None
+
+    def wipe(self, node: int) -> None:
+        """Delete a stopped node's partition data (``log.dirs``), as a replaced disk loses
+        it, and format the empty directory as an operator must (``kafka-storage format
+        --ignore-formatted`` with the cluster's ID). Its metadata log stays, so it rejoins
+        the quorum as the same node; restarted, it fetches every replica it holds again
+        from the leaders."""
+        target = self._node(node)
+        if target.process is not None:
+            raise BrokerError(f"node {node} is running: kill() or terminate() it first")
+        shutil.rmtree(target.data_dir)
+        self._format_storage(self._java_command(), target, "--ignore-formatted")
+
+    def hang(self, node: int = 0) -> None:
+        """Freeze a node (SIGSTOP): its connections stay open and nothing is answered,
         as when its machine stalls; :meth:`resume` lets it go on."""
-        if self._process is None:
-            raise BrokerError("the broker is not running: call start() first")
-        self._process.send_signal(signal.SIGSTOP)
+        process = self._node(node).process
+        if process is None:
+            raise BrokerError(f"node {node} is not running")
+        process.send_signal(signal.SIGSTOP)
 
-    def resume(self) -> None:
-        """Let a broker frozen by :meth:`hang` go on (SIGCONT)."""
-        if self._process is not None:
-            self._process.send_signal(signal.SIGCONT)
+    def resume(self, node: int = 0) -> None:
+        """Let a node frozen by :meth:`hang` go on (SIGCONT)."""
+        process = self._node(node).process
+        if process is not None:
+            process.send_signal(signal.SIGCONT)
 
-    def restart(self) -> None:
-        """Start the broker again on its data and ports after :meth:`kill`; return once ready."""
-        if self._process is not None or self._workdir is None:
-            raise BrokerError("restart() follows kill(): the broker must be killed, not stopped")
-        self._launch(self._workdir / "server.properties")
+    def restart(self, node: int = 0) -> None:
+        """Start a killed or terminated node again on its data and ports; return once ready."""
+        target = self._node(node)
+        if target.process is not None:
+            raise BrokerError(f"node {node} is running: restart() follows kill() or terminate()")
+        self._spawn(target)
+        self._wait_until_ready(target)
 
     def _java_command(self) -> list[str]:
         java = _require_tool(
             "java", "a Java 17+ runtime (for example `apt-get install default-jre`)"
         )
+        assert self._workdir is not None
         return [
             java,
             f"-Xmx{self._heap}",
             *_JAVA_OPTIONS,
-            f"-Dlog4j2.configurationFile={self._write_log_config()}",
+            f"-Dlog4j2.configurationFile={self._write_log_config(self._workdir)}",
             "-cp",
             str(fetch_jars() / "*"),
         ]
 
-    def _launch(self, config: Path) -> None:
-        with self._log_path.open("wb") as log:
-            self._process = subprocess.Popen(
-                [*self._java_command(), "kafka.Kafka", str(config)],
+    def _spawn(self, node: _Node) -> None:
+        with node.log_path.open("wb") as log:
+            node.process = subprocess.Popen(
+                [*self._java_command(), "kafka.Kafka", str(node.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
             )
-        self._wait_until_ready()
 
     def stop(self) -> None:
-        """Stop the broker (SIGTERM, SIGKILL after 30 s) and delete its data; safe to repeat."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
+        """Stop every node (SIGTERM, SIGKILL after 30 s) and delete the data; safe to repeat."""
+        stopping = []
+        for node in self._nodes:
+            process, node.process = node.process, None
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a hung node could not stop
+                process.terminate()
+                stopping.append(process)
+        deadline = time.monotonic() + 30
+        for process in stopping:
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._nodes = []
         workdir, self._workdir = self._workdir, None
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def check_alive(self) -> None:
-        """Raise BrokerError, with the end of the broker's log, if the broker process has exited."""
-        if self._process is None:
-            raise BrokerError("the broker is not running: call start() first")
-        code = self._process.poll()
-        if code is not None:
-            raise BrokerError(f"the Kafka broker exited with code {code}.\n{self._log_tail()}")
+        """Raise BrokerError, with the end of its log, if a node's process has exited."""
+        self._require_running()
+        for index, node in enumerate(self._nodes):
+            if node.process is None:
+                continue
+            code = node.process.poll()
+            if code is not None:
+                raise BrokerError(
+                    f"the Kafka broker (node {index}) exited with code {code}.\n{node.log_tail()}"
+                )
 
-    @property
-    def _log_path(self) -> Path:
-        assert self._workdir is not None
-        return self._workdir / "broker.log"
-
-    def _write_config(self, controller_port: int) -> Path:
-        assert self._workdir is not None
+    def _write_config(self, node: _Node) -> None:
         listener = "PLAINTEXT" if self.security is None else "SASL_SSL"
+        replicas = min(3, self.brokers)
+        in_sync = max(1, replicas - 1)
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes)
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"{listener}://127.0.0.1:{self._port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"{listener}://127.0.0.1:{self._port}",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": (
+                f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
+            ),
+            "advertised.listeners": f"{listener}://{node.address}",
             "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
             **self._security_config(),
-            "log.dirs": str(self.data_dir),
+            "log.dirs": str(node.data_dir),
+            "metadata.log.dir": str(node.metadata_dir),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
-            "default.replication.factor": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(replicas),
+            "offsets.topic.replication.factor": str(replicas),
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": str(in_sync),
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(replicas),
+            "share.coordinator.state.topic.min.isr": str(in_sync),
             "group.initial.rebalance.delay.ms": "0",
             "transaction.partition.verification.enable": "false",
             **self._overrides,
         }
-        path = self._workdir / "server.properties"
-        path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
-        return path
+        node.config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
     def _security_config(self) -> dict[str, str]:
         """SASL_SSL with SCRAM on the client listener, and the authorizer; none by default."""
@@ -369,9 +486,9 @@ class LocalKafka:
             config[key] = _scram_login(admin, self.security.password(admin))
         return config
 
-    def _write_log_config(self) -> Path:
-        assert self._workdir is not None
-        path = self._workdir / "log4j2.properties"
+    @staticmethod
+    def _write_log_config(workdir: Path) -> Path:
+        path = workdir / "log4j2.properties"
         path.write_text(
             "status = warn\n"
             "appender.stdout.type = Console\n"
@@ -383,12 +500,7 @@ class LocalKafka:
         )
         return path
 
-    def _format_storage(self, java_command: list[str], config: Path) -> None:
-        # Kafka cluster ids are 16 random bytes in unpadded URL-safe base64. One that
-        # starts with "-" would be read by StorageTool as an option: draw again.
-        cluster_id = "-"
-        while cluster_id.startswith("-"):
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    def _format_storage(self, java_command: list[str], node: _Node, *options: str) -> None:
         # SCRAM credentials live in the cluster metadata: written with the first record.
         scram = [
             argument
@@ -402,31 +514,36 @@ class LocalKafka:
                 "kafka.tools.StorageTool",
                 "format",
                 "-t",
-                cluster_id,
+                self._cluster_id,
                 "-c",
-                str(config),
+                str(node.config),
                 *scram,
+                *options,
             ],
-            f"formatting the Kafka storage in {self._workdir} failed",
+            f"formatting the Kafka storage in {node.directory} failed",
         )
 
-    def _wait_until_ready(self) -> None:
+    def _wait_until_ready(self, node: _Node) -> None:
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             self.check_alive()
-            if _STARTED_MARKER in self._log_path.read_text(errors="replace") and _accepts(
-                self._port
-            ):
+            if _STARTED_MARKER in node.log_path.read_text(errors="replace") and _accepts(node.port):
                 return
             time.sleep(0.2)
         raise BrokerError(
-            f"the Kafka broker did not start within {self._startup_timeout:g} s; "
-            f"raise startup_timeout on a slow machine.\n{self._log_tail()}"
+            f"the Kafka broker (node {node.node_id - 1}) did not start within"
+            f" {self._startup_timeout:g} s; raise startup_timeout on a slow machine.\n"
+            f"{node.log_tail()}"
         )
 
-    def _log_tail(self) -> str:
-        lines = self._log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
-        return f"Last lines of {self._log_path}:\n" + "\n".join(lines)
+
+def _cluster_id() -> str:
+    """A new Kafka cluster ID: 16 random bytes in unpadded URL-safe base64."""
+    # One that starts with "-" would be read by StorageTool as an option: draw again.
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return cluster_id
 
 
 @contextlib.contextmanager

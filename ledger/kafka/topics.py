@@ -6,6 +6,14 @@ guarded ledger) if they do not exist, kept for ever and never compacted
 topic it finds made otherwise that would delete records is refused
 (:class:`TopicForgets`).
 
+How many replicas, and how many must hold a record before it counts, is chosen by
+:func:`layout` from the brokers the cluster has: ``min(3, brokers)`` replicas and
+``min.insync.replicas`` one less (at least 1), the production rule of thumb that
+survives one broker down with every append still acknowledged by two. A layout that
+can never accept a write (more replicas than brokers; more in-sync replicas required
+than replicas) is refused before anything is created; one replica is allowed, with a
+warning that says what it costs.
+
 A missing topic is found by :func:`topic_partitions` before any client waits for it
 (:class:`TopicMissing`): it asks the admin client, whose metadata request neither
 creates the topic nor waits for it.
@@ -18,6 +26,7 @@ long-polling fetch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Self
 
@@ -52,8 +61,75 @@ class TopicForgets(Unavailable):
     finite retention): the broker would delete the ledger's history."""
 
 
-async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) -> None:
-    """Create the event and dead-letter topics if they do not exist (idempotent).
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """How the ledger's topics are replicated on a cluster of ``brokers`` brokers."""
+
+    brokers: int
+    replication_factor: int
+    min_insync_replicas: int
+
+    @property
+    def warning(self) -> str | None:
+        """What this layout risks, in words, or None for a layout that tolerates a broker down."""
+        if self.replication_factor == 1:
+            return (
+                "replication factor 1: every record has one copy, so a lost disk loses the"
+                " ledger and every append waits while that broker restarts; fine for one"
+                " development broker, use three brokers (replication factor 3,"
+                " min.insync.replicas 2) in production"
+            )
+        if self.min_insync_replicas == self.replication_factor:
+            return (
+                f"min.insync.replicas {self.min_insync_replicas} equals the replication factor:"
+                " a single broker down stops every append until it is back; set"
+                " SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS one lower to ride out a broker restart"
+            )
+        return None
+
+    def __str__(self) -> str:
+        return (
+            f"replication factor {self.replication_factor},"
+            f" min.insync.replicas {self.min_insync_replicas}"
+            f" ({self.brokers} broker{'s' if self.brokers != 1 else ''})"
+        )
+
+
+def layout(settings: KafkaSettings, brokers: int) -> TopicLayout:
+    """The replication of the ledger's topics on ``brokers`` brokers, from ``settings``
+    (None in a field: the default rule); raises :class:`~ledger.errors.UsageError` for a
+    layout that could never accept a write with ``acks=all``."""
+    replicas = settings.replication_factor or min(3, brokers)
+    in_sync = settings.min_insync_replicas or max(1, replicas - 1)
+    where = f"the cluster at {settings.bootstrap_servers!r} has {brokers} broker(s)"
+    if replicas > brokers:
+        raise UsageError(
+            f"SVLEDGER_KAFKA_REPLICATION_FACTOR={replicas}: {where}, and a partition cannot"
+            f" have more replicas than brokers; set SVLEDGER_KAFKA_PARTITIONS and"
+            f" SVLEDGER_KAFKA_REPLICATION_FACTOR to what the cluster can hold (a replication"
+            f" factor of at most {brokers}), or leave the latter unset for min(3, brokers)"
+        )
+    if in_sync > replicas:
+        raise UsageError(
+            f"SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS={in_sync} is more than the replication factor"
+            f" {replicas}: with acks=all no append could ever be acknowledged; set it to at"
+            f" most {replicas} (or leave it unset for {max(1, replicas - 1)})"
+        )
+    return TopicLayout(brokers, replicas, in_sync)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CreatedTopics:
+    """What :func:`create_topics` did: the topics it created, with which layout."""
+
+    layout: TopicLayout
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+
+
+async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) -> CreatedTopics:
+    """Create the event and dead-letter topics if they do not exist (idempotent), with the
+    layout :func:`layout` chooses.
 
     ``inboxes`` names clusters whose inbox topic (one partition: one order per
     cluster) is created too, for a ledger guarded by ``svledger admit``.
@@ -62,18 +138,25 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
     wanted.update((settings.inbox_topic(cluster), 1) for cluster in inboxes)
     admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
     try:
+        with lost(settings, "reading the cluster's brokers"):
+            cluster = await admin.describe_cluster()
+        chosen = layout(settings, len(cluster["brokers"]))
+        config = {**TOPIC_CONFIG, "min.insync.replicas": str(chosen.min_insync_replicas)}
         response = await admin.create_topics(
             [
                 NewTopic(
                     name,
                     num_partitions=partitions,
-                    replication_factor=settings.replication_factor,
-                    topic_configs=dict(TOPIC_CONFIG),
+                    replication_factor=chosen.replication_factor,
+                    topic_configs=config,
                 )
                 for name, partitions in wanted.items()
             ]
         )
+        existing = []
         for topic, code, *rest in response.topic_errors:
+            if code == _TOPIC_ALREADY_EXISTS:
+                existing.append(topic)
             if code == _TOPIC_AUTHORIZATION_FAILED:
                 raise NotAuthorized(
                     settings, "Create", f"topic {topic!r}", "TopicAuthorizationFailed"
@@ -82,7 +165,7 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
                 message = rest[0] if rest and rest[0] else for_code(code).description
                 refused = (
                     f"cannot create topic {topic!r} ({wanted[topic]} partitions, "
-                    f"replication factor {settings.replication_factor}): {message}"
+                    f"replication factor {chosen.replication_factor}): {message}"
                 )
                 if code in _REFUSED_SETTINGS:
                     raise UsageError(
@@ -95,6 +178,8 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
         await _check_kept(admin, settings)
     finally:
         await admin.close()
+    created = tuple(name for name in wanted if name not in existing)
+    return CreatedTopics(chosen, created, tuple(existing))
 
 
 async def _check_kept(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from svledger.options import (
@@ -31,10 +32,14 @@ def add_topics(subparsers: Subparsers) -> None:
         help="create the events topic and its dead-letter topic",
         description=(
             "svledger topics create: create the events topic and its dead-letter topic\n"
-            "(SVLEDGER_KAFKA_PARTITIONS partitions, SVLEDGER_KAFKA_REPLICATION_FACTOR\n"
-            "replicas, kept for ever) unless they exist, and wait for their leaders\n"
-            "(idempotent). Run it once per deployment, before the other roles, and with\n"
-            "--inbox for each cluster whose reporters write through 'svledger admit'."
+            "(SVLEDGER_KAFKA_PARTITIONS partitions, kept for ever) unless they exist, and\n"
+            "wait for their leaders (idempotent). Replicas: SVLEDGER_KAFKA_REPLICATION_FACTOR,\n"
+            "by default min(3, brokers); min.insync.replicas: SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS,\n"
+            "by default one less (at least 1). It prints what it chose, warns about a layout\n"
+            "that cannot ride out a broker down, and refuses one that can never accept a\n"
+            "write. Run it once per deployment, with every broker up, before the other\n"
+            "roles, and with --inbox for each cluster whose reporters write through\n"
+            "'svledger admit'."
         ),
     )
     parser.add_argument("action", choices=["create"], help="create: create missing topics")
@@ -53,11 +58,21 @@ def _topics_create(args: argparse.Namespace) -> int:
     from ledger.kafka import create_topics
 
     settings = kafka_settings(args)
-    inboxes = [settings.inbox_topic(cluster) for cluster in args.inbox]  # checked before any I/O
-    asyncio.run(create_topics(settings, args.inbox))
-    *others, last = [settings.topic, settings.dlq_topic, *inboxes]
-    print(f"topics {', '.join(others)} and {last} exist")
+    for cluster in args.inbox:  # checked before any I/O
+        settings.inbox_topic(cluster)
+    done = asyncio.run(create_topics(settings, args.inbox))
+    if done.created:
+        print(f"created {_listed(done.created)}: {done.layout}")
+        if done.layout.warning is not None:
+            print(f"warning: {done.layout.warning}", file=sys.stderr)
+    if done.existing:
+        print(f"{_listed(done.existing)} already existed: left as they are")
     return 0
+
+
+def _listed(topics: Sequence[str]) -> str:
+    *others, last = topics
+    return f"topics {', '.join(others)} and {last}" if others else f"topic {last}"
 
 
 def add_db(subparsers: Subparsers) -> None:
