@@ -40,6 +40,25 @@ last owner, then reads the committed offset and goes on from there, so every inb
 record reaches the ledger or the dead-letter topic once, in the inbox's order. New
 inboxes are found by the subscription's pattern within
 :data:`ledger.kafka.METADATA_MAX_AGE_MS`.
+
+**Markers a broker lost.** A broker that restarts right after it acknowledged a commit
+may never write the transaction's markers on some of its partitions, which then keep it
+open for ever: no ``read_committed`` reader of the partition (the projector, every
+consumer) gets past it. An inbox's moves write two partitions only, so that its
+producer's start can end such a transaction, as aborted
+(:class:`~ledger.kafka.TransactionalProducer`): the cluster's ledger partition, and the
+dead-letter partition of the cluster's name (:func:`~ledger.kafka.partition_of`; a
+refused record's own key may be anything, and would spread an inbox's dead letters over
+the topic's partitions). A later move of the same producer ends what the broker left
+open on a partition as committed, so admission watches only each partition's last move
+(:meth:`~ledger.kafka.TransactionalProducer.markers_lost`), once nothing followed it
+there for a quarter of :data:`~ledger.kafka.TRANSACTION_TIMEOUT_SECONDS`; a move with
+dead letters is confirmed readable before the inbox moves on, as the next move, without
+one, would end its ledger part alone. When a partition's last stable offset still stands
+at a move a transaction timeout after its commit, admission replaces the inbox's
+producer, whose start aborts the move, and moves the inbox again from the group's
+committed offset: once, as long as the broker lost the markers on every partition of
+the transaction, the group's offset included.
 """
 
 from __future__ import annotations
@@ -62,6 +81,7 @@ from ledger.events import (
     type_name,
 )
 from ledger.kafka import (
+    TRANSACTION_TIMEOUT_SECONDS,
     Addressed,
     BrokerUnavailable,
     OutgoingRecord,
@@ -168,11 +188,13 @@ class Admission:
         self.settings = settings
         self.group_id = group_id
         self._partitions: list[int] = []
+        self._dlq_partitions: list[int] = []
         self._member = PatternMember(settings, group_id, inbox_pattern(settings))
         self._inboxes: dict[TopicPartition, _Inbox] = {}
 
     async def __aenter__(self) -> Admission:
         self._partitions = await topic_partitions(self.settings)
+        self._dlq_partitions = await topic_partitions(self.settings, self.settings.dlq_topic)
         await self._member.__aenter__()
         return self
 
@@ -198,7 +220,45 @@ class Admission:
             lag = self._member.lag(tp, inbox.next_offset)
             if lag is not None:
                 inbox.lag.set({tp.partition: lag})
+        await self._mend()
         return moved
+
+    def _cluster(self, tp: TopicPartition) -> str:
+        cluster: str = tp.topic[len(self.settings.inbox_prefix) :]
+        return cluster
+
+    def _writes(self, cluster: str) -> tuple[TopicPartition, TopicPartition]:
+        """Where an inbox's records go: its cluster's ledger and dead-letter partitions."""
+        return (
+            TopicPartition(self.settings.topic, partition_of(cluster, self._partitions)),
+            TopicPartition(self.settings.dlq_topic, partition_of(cluster, self._dlq_partitions)),
+        )
+
+    async def _mend(self) -> None:
+        """Move an inbox again whose last commit to a partition the broker acknowledged
+        but never ended there (see the module's docstring)."""
+        for tp, inbox in list(self._inboxes.items()):
+            try:
+                lost = await inbox.producer.markers_lost(every=TRANSACTION_TIMEOUT_SECONDS / 4)
+            except BrokerUnavailable as error:  # asked again at a later step
+                log.warning("cannot tell whether %s's last move is readable: %s", tp.topic, error)
+                continue
+            if lost:
+                await self._move_again(tp, lost)
+
+    async def _move_again(self, tp: TopicPartition, lost: list[TopicPartition]) -> None:
+        """Replace the producer of an inbox whose move is ``lost`` on those partitions:
+        the next step starts a new one, which aborts it, and moves the inbox again from
+        its committed offset."""
+        log.warning(
+            "what %s moved to %s is still not readable %.0f s after its commit (the broker"
+            " did not write the transaction's markers); moving it again from its committed"
+            " offset with a new producer, which aborts it",
+            tp.topic,
+            ", ".join(f"{lost_tp.topic}:{lost_tp.partition}" for lost_tp in lost),
+            TRANSACTION_TIMEOUT_SECONDS,
+        )
+        await self._inboxes.pop(tp).close()
 
     async def _sync(self) -> None:
         """Producers for newly assigned inbox partitions, none for revoked ones."""
@@ -207,10 +267,15 @@ class Admission:
             await self._inboxes.pop(tp).close()
         for tp in sorted(assigned - self._inboxes.keys()):
             producer = TransactionalProducer(
-                self.settings, f"{self.group_id}-{tp.topic}-{tp.partition}"
+                self.settings,
+                f"{self.group_id}-{tp.topic}-{tp.partition}",
+                writes=self._writes(self._cluster(tp)),
+                group=(self.group_id, tp),
             )
             try:
-                await producer.start()  # fences the last owner: its offsets are final now
+                # Fences the last owner (its offsets are final now) and ends what the
+                # broker left open of its transactions.
+                await producer.start()
                 next_offset = await self._member.resume(tp)
             except BrokerUnavailable as error:  # an outage: tried again at the next step
                 log.warning("cannot move %s yet: %s", tp.topic, error)
@@ -222,7 +287,8 @@ class Admission:
             self._inboxes[tp] = _Inbox(tp, producer, next_offset)
 
     async def _move(self, tp: TopicPartition, inbox: _Inbox, messages: list[Any]) -> int:
-        inbox_cluster = tp.topic[len(self.settings.inbox_prefix) :]
+        inbox_cluster = self._cluster(tp)
+        ledger, dead_letters = self._writes(inbox_cluster)
         records: list[Addressed] = []
         admitted: collections.Counter[str] = collections.Counter()
         refused: collections.Counter[str] = collections.Counter()
@@ -242,18 +308,16 @@ class Admission:
                 value = message.value and message.value[:MAX_VALUE_BYTES]
                 records.append(
                     Addressed(
-                        self.settings.dlq_topic, None, OutgoingRecord(message.key, value, headers)
+                        dead_letters.topic,
+                        dead_letters.partition,
+                        OutgoingRecord(message.key, value, headers),
                     )
                 )
                 continue
             name = type_name(verdict)
             admitted[name] += 1
             records.append(
-                Addressed(
-                    self.settings.topic,
-                    partition_of(verdict.meta.cluster, self._partitions),
-                    to_record(verdict, message.value),
-                )
+                Addressed(ledger.topic, ledger.partition, to_record(verdict, message.value))
             )
         next_offset = messages[-1].offset + 1
         try:
@@ -264,6 +328,26 @@ class Admission:
             log.warning("%s; moving %s again from its committed offset", error, tp.topic)
             await self._inboxes.pop(tp).close()
             return 0
+        if refused:
+            # Confirmed before the inbox moves on, or its next move, with no dead letter,
+            # would end the ledger part of a transaction the broker lost as committed and
+            # leave the dead letters alone open, to be aborted: they would be lost.
+            try:
+                lost = await inbox.producer.wait_readable()
+            except BrokerUnavailable as error:
+                # A new producer ends the transaction if it is open, and the inbox goes
+                # on from its committed offset, whichever way it ended.
+                log.warning(
+                    "cannot tell whether %s's last move is readable: %s; going on from its"
+                    " committed offset with a new producer",
+                    tp.topic,
+                    error,
+                )
+                await self._inboxes.pop(tp).close()
+                return 0
+            if lost:
+                await self._move_again(tp, lost)
+                return 0
         inbox.next_offset = next_offset
         for name, count in admitted.items():
             metrics.EVENTS_APPENDED.labels(self.group_id, name).inc(count)

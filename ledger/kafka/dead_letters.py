@@ -24,7 +24,12 @@ from ledger.kafka.connection import connect
 from ledger.kafka.errors import BrokerUnavailable
 from ledger.kafka.records import Headers, OutgoingRecord
 from ledger.kafka.topics import topic_partitions
-from ledger.kafka.transactions import Addressed, TransactionalProducer, TransactionFailed
+from ledger.kafka.transactions import (
+    TRANSACTION_TIMEOUT_SECONDS,
+    Addressed,
+    TransactionalProducer,
+    TransactionFailed,
+)
 from ledger.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,15 @@ class DeadLetters:
     broker outage to its caller: the records are read and sent again later).
     The dead-letter topic is small (bad records are rare), so reading a partition of it
     is cheap, and nothing else has to remember what was sent.
+
+    A send returns once its letters are readable (:meth:`TransactionalProducer.wait_readable
+    <ledger.kafka.TransactionalProducer.wait_readable>`). A broker that restarts right
+    after it acknowledged the commit may never write the transaction's markers, leaving
+    it open on the dead-letter partition for ever (:class:`~ledger.kafka.TransactionalProducer`):
+    when the partition's last stable offset still stands at the letters
+    :data:`~ledger.kafka.TRANSACTION_TIMEOUT_SECONDS` after their commit, the sender is
+    replaced, and the new producer's start ends that transaction as aborted; the letters
+    are then not in the partition, and are sent again.
     """
 
     def __init__(self, settings: KafkaSettings) -> None:
@@ -94,6 +108,8 @@ class DeadLetters:
 
     async def _send_partition(self, partition: int, letters: list[tuple[Any, str]]) -> int:
         for attempt in itertools.count(1):
+            if partition in self._senders and not await self._readable(partition):
+                await self._replace(partition)
             if partition not in self._senders:
                 # Read before starting a producer, which would fence the sender that may
                 # be sending these very letters: if it sent them, there is nothing to do.
@@ -140,13 +156,38 @@ class DeadLetters:
                 await asyncio.sleep(pause)
                 continue
             self._senders[partition] = (producer, todo[-1][0].offset + 1)
-            return len(todo)
+            if await self._readable(partition):
+                return len(todo)
+            await self._replace(partition)
         raise AssertionError("unreachable")
+
+    async def _readable(self, partition: int) -> bool:
+        """Wait until the letters the partition's sender committed are readable; False if
+        their transaction's markers were lost (:class:`DeadLetters`)."""
+        producer, _ = self._senders[partition]
+        if not await producer.wait_readable():
+            return True
+        log.warning(
+            "dead letters of %s:%d were committed but are still not readable %.0f s later"
+            " (the broker did not write the transaction's markers); sending them again"
+            " with a new producer, which aborts them",
+            self.settings.topic,
+            partition,
+            TRANSACTION_TIMEOUT_SECONDS,
+        )
+        return False
+
+    async def _replace(self, partition: int) -> None:
+        """Stop the partition's sender: the next one's start ends what it left open."""
+        producer, _ = self._senders.pop(partition)
+        await producer.stop()
 
     async def _sender(self, partition: int) -> tuple[TransactionalProducer, int]:
         if partition not in self._senders:
             producer = TransactionalProducer(
-                self.settings, f"{DEAD_LETTER_SENDERS}-{self.settings.topic}-{partition}"
+                self.settings,
+                f"{DEAD_LETTER_SENDERS}-{self.settings.topic}-{partition}",
+                writes=[TopicPartition(self.settings.dlq_topic, self._dlq_partition(partition))],
             )
             await producer.start()
             try:

@@ -7,10 +7,12 @@ fences every earlier producer of its transactional ID, so a consumer that lost i
 partition can no longer commit for it.
 
 One other record is written, never read: a transactional producer that starts while a
-transaction is open on its partition appends an empty record with header
-``svledger-fence`` (its transactional ID) in a transaction it aborts
-(:class:`PartitionProducer`), so ``read_committed`` readers, as every reader of the
-ledger is, never see it.
+transaction is open on a partition it writes appends an empty record with header
+``svledger-fence`` (its transactional ID) there in a transaction it aborts, so
+``read_committed`` readers, as every reader of the ledger is, never see it. It ends a
+transaction whose markers the broker lost (:class:`TransactionalProducer`); a producer
+tells that one of its own commits was so lost (:meth:`TransactionalProducer.markers_lost`),
+and its owner replaces it.
 
 A transaction that does not complete within :data:`TRANSACTION_TIMEOUT_SECONDS` is
 given up (:class:`TransactionFailed`) without waiting for its abort, and sooner in a
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -59,19 +62,68 @@ class _Aborted(Exception):
     """Raised inside a transaction that is meant to be aborted."""
 
 
+class _Unread(NamedTuple):
+    """A producer's last commit to a partition, not yet seen readable: its first offset,
+    when it was committed, and when the partition's last stable offset was last asked."""
+
+    first: int
+    committed_at: float
+    asked_at: float
+
+
 class TransactionalProducer:
     """Records to any topics plus a group's consumed offsets, in one Kafka transaction.
 
     Starting it fences every earlier producer with the same ``transactional_id`` (their
     open transaction is aborted, their later ones refused).
+
+    Starting it also ends a transaction that no coordinator knows to be open on a
+    partition it ``writes``. When the coordinator writes the markers of a transaction it
+    has prepared to commit (the producer has been told it committed), a partition of the
+    transaction may have no leader for a moment, as when the only broker restarts; the
+    coordinator then skips that partition as if it had been deleted and records the
+    transaction complete. The partition keeps it open for ever: its last stable offset
+    stays at the transaction's first record and no ``read_committed`` reader gets past
+    it. Only a marker of the same producer ID ends it, and the init that fences writes
+    none (the coordinator knows of nothing open). So for each partition of ``writes``
+    whose last stable offset is below its end (some transaction is open on it), the new
+    producer appends one record there (empty, header ``svledger-fence``), with the
+    offset of ``group`` (its group ID and the partition it consumes), in a transaction
+    it aborts: the abort marker ends whatever the ID left open there, as aborted. It
+    cannot tell whose the open transaction is; another producer's costs the partition
+    two offsets. No reader has seen such a record; the owner reads its state again (a
+    consumer's fold, admission's committed inbox offset, the dead letters sent) and
+    writes what it still decides to.
+
+    The owner learns that this happened to one of its commits from
+    :meth:`markers_lost`, which watches the partitions a commit wrote until their last
+    stable offsets pass it; then it replaces the producer (the new one's start ends the
+    transaction). Each partition a producer writes goes into ``writes``: one it left
+    out would stay open.
     """
 
-    def __init__(self, settings: KafkaSettings, transactional_id: str) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        transactional_id: str,
+        *,
+        writes: Sequence[TopicPartition] = (),
+        group: tuple[str, TopicPartition] | None = None,
+    ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
+        self.writes = tuple(writes)
+        self.group = group
         self._producer: AIOKafkaProducer | None = None
+        self._unread: dict[TopicPartition, _Unread] = {}
 
     async def start(self) -> None:
+        """Connect, fence earlier producers of the ID and end what they left open on the
+        partitions it ``writes``.
+
+        Raises what :func:`connect` raises, :class:`~aiokafka.errors.KafkaError`,
+        :class:`NotAuthorized` or :class:`TransactionFailed`.
+        """
         with refusals(self.settings, transactional_id=self.transactional_id):
             self._producer = await connect(
                 lambda: AIOKafkaProducer(
@@ -86,6 +138,18 @@ class TransactionalProducer:
                 ),
                 self.settings,
             )
+        try:
+            if open_ := await _transactions_open(self.settings, self.writes):
+                fence = OutgoingRecord(None, b"", [(FENCE_HEADER, self.transactional_id.encode())])
+                group_id, consumed = self.group or (None, None)
+                await self.abort(
+                    [Addressed(tp.topic, tp.partition, fence) for tp in open_],
+                    group_id=group_id,
+                    offsets=None if consumed is None else {consumed: 0},
+                )
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         """Stop the producer, or abandon it if it has not stopped within
@@ -156,7 +220,16 @@ class TransactionalProducer:
                         raise _Aborted
             if not commit:
                 return []
-            return [Position(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+            written = await asyncio.gather(*futures)
+            now = asyncio.get_running_loop().time()
+            firsts: dict[TopicPartition, int] = {}
+            for m in written:
+                tp = TopicPartition(m.topic, m.partition)
+                firsts[tp] = min(firsts.get(tp, m.offset), m.offset)
+            # A commit ends whatever this producer left open on the partition, as
+            # committed: only the last one there can still be unreadable.
+            self._unread.update({tp: _Unread(first, now, now) for tp, first in firsts.items()})
+            return [Position(m.partition, m.offset) for m in written]
 
         task = asyncio.create_task(transact())
         try:
@@ -193,6 +266,67 @@ class TransactionalProducer:
                 elif not future.done():
                     future.cancel()
 
+    async def markers_lost(self, every: float = 0.0) -> list[TopicPartition]:
+        """The partitions whose last stable offset still stands at the first record of
+        this producer's last commit there :data:`TRANSACTION_TIMEOUT_SECONDS` after it:
+        the broker acknowledged the commit but did not write its markers there, and
+        nothing of it there is readable until a new producer of the ID starts.
+
+        Asks the last stable offset of each partition whose last commit of this producer
+        has not been seen readable yet, and was neither made nor asked about within the
+        last ``every`` seconds (so that a partition written again and again is not asked
+        about at all: each commit ends what the last one left open as committed); once
+        the partition's last stable offset has passed it, it is not asked about again.
+        Raises :class:`BrokerUnavailable` if the broker cannot be asked.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = {
+            tp: unread
+            for tp, unread in self._unread.items()
+            if now - max(unread.committed_at, unread.asked_at) >= every
+        }
+        if not due:
+            return []
+        # Asked now, answered or not: a broker that is away is asked again ``every`` later.
+        due = {tp: unread._replace(asked_at=now) for tp, unread in due.items()}
+        self._unread.update(due)
+        stable = await _ends(self.settings, list(due))
+        lost = []
+        for tp, unread in due.items():
+            if self._unread.get(tp) != unread:
+                continue  # committed to again meanwhile
+            if stable[tp] > unread.first:
+                del self._unread[tp]
+                continue
+            # Below it: another producer's transaction, opened before this commit, is
+            # still open; this one cannot be told from it yet.
+            if (
+                stable[tp] == unread.first
+                and unread.asked_at - unread.committed_at >= TRANSACTION_TIMEOUT_SECONDS
+            ):
+                lost.append(tp)
+        return lost
+
+    async def wait_readable(self) -> list[TopicPartition]:
+        """Wait until this producer's commits are readable; the partitions where
+        :meth:`markers_lost` found one lost as soon as it does, else []. Gives up waiting
+        a transaction timeout after the call: what still holds them then is a transaction
+        of another producer, opened before them, and that producer's to end.
+        """
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + TRANSACTION_TIMEOUT_SECONDS
+        pause = 0.01
+        while self._unread:
+            last = loop.time() >= give_up  # then a lost commit is told by this ask
+            if lost := await self.markers_lost():
+                return lost
+            if last:
+                break
+            await asyncio.sleep(pause)
+            pause = min(1.0, 2 * pause)
+        return []
+
 
 class PartitionProducer(TransactionalProducer):
     """Appends events to one partition of the ledger in transactions that also commit
@@ -200,50 +334,19 @@ class PartitionProducer(TransactionalProducer):
 
     Its transactional ID fences: starting it aborts any open transaction of an earlier
     producer with the same ID and refuses that producer's later ones, so a consumer
-    that lost its partition (or crashed mid-transaction) can no longer commit for it.
-
-    Starting it also ends a transaction that no coordinator knows to be open. When the
-    coordinator writes the markers of a transaction it has prepared to commit (the
-    producer has been told it committed), a partition of the transaction may have no
-    leader for a moment, as when the only broker restarts; the coordinator then skips
-    that partition as if it had been deleted and records the transaction complete. The
-    partition keeps it open for ever: its last stable offset stays at the transaction's
-    first record and no ``read_committed`` reader gets past it. Only a marker of the same
-    producer ID ends it, and the init that fences writes none (the coordinator knows of
-    nothing open). So when the partition's last stable offset is below its end (some
-    transaction is open on it), the new producer appends one record (empty, header
-    ``svledger-fence``) to its partition, and the group's offset, in a transaction it
-    aborts: the abort marker ends whatever the ID left open there, as aborted. No reader
-    has seen such a record; the consumer that appended it rebuilds from the log
-    (:mod:`consumers.partitions`) and appends it again if it still decides to.
+    that lost its partition (or crashed mid-transaction) can no longer commit for it,
+    and ends a transaction whose markers the broker lost on the partition
+    (:class:`TransactionalProducer`); the consumer rebuilds from the log
+    (:mod:`consumers.partitions`) and appends again what it still decides to.
     """
 
     def __init__(
         self, settings: KafkaSettings, partition: int, transactional_id: str, group_id: str
     ) -> None:
-        super().__init__(settings, transactional_id)
+        tp = TopicPartition(settings.topic, partition)
+        super().__init__(settings, transactional_id, writes=[tp], group=(group_id, tp))
         self.partition = partition
         self.group_id = group_id
-
-    async def start(self) -> None:
-        """Connect, fence earlier producers of the ID and abort what they left open.
-
-        Raises what :func:`connect` raises, :class:`~aiokafka.errors.KafkaError`,
-        :class:`NotAuthorized` or :class:`TransactionFailed`.
-        """
-        await super().start()
-        try:
-            if await self._transaction_open():
-                tp = TopicPartition(self.settings.topic, self.partition)
-                fence = OutgoingRecord(None, b"", [(FENCE_HEADER, self.transactional_id.encode())])
-                await self.abort(
-                    [Addressed(tp.topic, tp.partition, fence)],
-                    group_id=self.group_id,
-                    offsets={tp: 0},
-                )
-        except BaseException:
-            await self.stop()
-            raise
 
     async def append(self, events: Sequence[Event], *, consumed: int) -> list[Position]:
         """Append ``events`` and commit the group's next offset ``consumed``, atomically."""
@@ -254,10 +357,33 @@ class PartitionProducer(TransactionalProducer):
             offsets={TopicPartition(topic, self.partition): consumed},
         )
 
-    async def _transaction_open(self) -> bool:
-        """Whether a transaction is open on the partition: its last stable offset is below
-        its end (the end is read first, so that records appended meanwhile do not count)."""
-        async with EndOffsets(self.settings, committed=False) as high:
-            end = (await high([self.partition]))[self.partition]
-        async with EndOffsets(self.settings) as stable:
-            return (await stable([self.partition]))[self.partition] < end
+
+async def _transactions_open(
+    settings: KafkaSettings, tps: Sequence[TopicPartition]
+) -> list[TopicPartition]:
+    """Those of ``tps`` on which a transaction is open: the last stable offset is below
+    the end (the ends are read first, so that records appended meanwhile do not count)."""
+    if not tps:
+        return []
+    high = await _ends(settings, tps, committed=False)
+    stable = await _ends(settings, tps)
+    return [tp for tp in tps if stable[tp] < high[tp]]
+
+
+async def _ends(
+    settings: KafkaSettings, tps: Sequence[TopicPartition], *, committed: bool = True
+) -> dict[TopicPartition, int]:
+    """The last stable offsets (``committed``) or high watermarks of ``tps``, now."""
+    ends: dict[TopicPartition, int] = {}
+    for topic in sorted({tp.topic for tp in tps}):
+        # EndOffsets asks about the settings' events topic: these settings, with this
+        # topic as theirs.
+        named = (
+            settings
+            if topic == settings.topic
+            else dataclasses.replace(settings, topic=topic, dlq_topic="")
+        )
+        async with EndOffsets(named, committed=committed) as asked:
+            offsets = await asked([tp.partition for tp in tps if tp.topic == topic])
+        ends.update({TopicPartition(topic, p): offset for p, offset in offsets.items()})
+    return ends
