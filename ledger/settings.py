@@ -33,8 +33,10 @@ and the value in the message, not later as a connection error.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -103,6 +105,66 @@ def bootstrap_addresses(servers: str) -> list[tuple[str, int]]:
             raise ValueError(f"{entry!r} is not host:port (a port from 1 to 65535)")
         addresses.append((host, int(port)))
     return addresses
+
+
+_PEM_CERTIFICATE: Final = re.compile(
+    r"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.DOTALL
+)
+_COMMON_NAME_OID: Final = b"\x55\x04\x03"  # 2.5.4.3, DER-encoded
+_VERSION_TAG: Final = 0xA0  # [0] EXPLICIT, the version of a v2 or v3 certificate
+
+
+def certificate_common_name(path: str) -> str | None:
+    """The common name (CN) of the subject of the first certificate in the PEM file at
+    ``path``; None if it has none, or the file holds no certificate that can be read.
+
+    The stdlib reads certificates only on connections, and this one is the client's
+    own, so its subject is read off the DER encoding (RFC 5280, 4.1): Certificate ::=
+    SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
+    signature, issuer, validity, subject, ... }, ... }, the subject a SEQUENCE of SETs
+    of SEQUENCE { type OID, value string }. Of several CNs, the last is the most
+    specific: the one Kafka's RFC 2253 names put first.
+    """
+    try:
+        with open(path, encoding="ascii", errors="replace") as file:
+            pem = _PEM_CERTIFICATE.search(file.read())
+        if pem is None:
+            return None
+        der = base64.b64decode(pem.group(1))
+        ((_, certificate),) = _der_elements(der)
+        (_, tbs), *_ = _der_elements(certificate)
+        fields = _der_elements(tbs)
+        if fields[0][0] == _VERSION_TAG:
+            del fields[0]
+        _, subject = fields[4]  # after serialNumber, signature, issuer and validity
+        common_names = []
+        for _, relative_name in _der_elements(subject):
+            for _, attribute in _der_elements(relative_name):
+                (_, oid), (_, value) = _der_elements(attribute)
+                if oid == _COMMON_NAME_OID:
+                    common_names.append(value.decode("utf-8", errors="replace"))
+    except (OSError, ValueError, IndexError):  # binascii.Error is a ValueError
+        return None
+    return common_names[-1] if common_names else None
+
+
+def _der_elements(data: bytes) -> list[tuple[int, bytes]]:
+    """The ``(tag, content)`` of each DER element in ``data``, in order; ValueError or
+    IndexError if ``data`` is not a run of whole elements."""
+    elements = []
+    offset = 0
+    while offset < len(data):
+        tag, length = data[offset], data[offset + 1]
+        offset += 2
+        if length & 0x80:  # the long form: the next (length & 0x7F) bytes hold it
+            size = length & 0x7F
+            length = int.from_bytes(data[offset : offset + size], "big")
+            offset += size
+        if offset + length > len(data):
+            raise ValueError("not DER: an element runs past its container")
+        elements.append((tag, data[offset : offset + length]))
+        offset += length
+    return elements
 
 
 def _check_bootstrap(servers: str) -> None:
@@ -202,10 +264,18 @@ class KafkaSettings:
     def principal(self) -> str | None:
         """Who Kafka's ACLs know this client as: ``User:<name>`` for a SASL login.
 
-        None otherwise: a TLS client is named after its certificate's subject, as the
-        broker's principal mapping rules say, and a PLAINTEXT one is anonymous.
+        For a TLS client with a certificate (and no SASL login), ``User:<CN>`` after the
+        common name of the certificate's subject, as the principal mapping rule
+        ``RULE:^CN=([^,]+).*$/$1/,DEFAULT`` the brokers should have names it
+        (docs/production.md, Security); brokers with other rules name it otherwise.
+        None for a certificate without a CN, and for a PLAINTEXT client (anonymous).
         """
-        return f"User:{self.sasl_username}" if self.uses_sasl else None
+        if self.uses_sasl:
+            return f"User:{self.sasl_username}"
+        if self.uses_ssl and self.ssl_certfile is not None:
+            common_name = certificate_common_name(self.ssl_certfile)
+            return None if common_name is None else f"User:{common_name}"
+        return None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides: Any) -> KafkaSettings:

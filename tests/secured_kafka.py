@@ -7,6 +7,12 @@ it (``projector``, ``lease-gc``, ...), reporters of two clusters (``reporter-eas
 ``reporter-west``), ``nobody`` (never granted anything) and the super user ``admin``.
 No user but ``admin`` may do anything until :meth:`SecuredKafka.grant` runs the ACL
 script for it, as an operator would.
+
+A second listener takes client certificates instead (mutual TLS): a client of
+``settings(user, ..., certificate=True)`` logs in there with a certificate for ``CN=user``
+the broker's CA signed, and is the principal ``User:<user>``, granted as a SCRAM user is.
+Certificate users are names of their own (``cert-projector``), so that what such a client
+may do comes from its certificate's ACLs alone.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ class SecuredKafka:
     """Settings, environments and ACLs for the users of a secured :class:`LocalKafka`."""
 
     def __init__(self) -> None:
-        self.broker = LocalKafka(security=Security.for_users(*USERS, super_user=ADMIN))
+        self.broker = LocalKafka(
+            security=Security.for_users(*USERS, super_user=ADMIN, mutual_tls=True)
+        )
 
     def start(self) -> SecuredKafka:
         self.broker.start()
@@ -59,36 +67,58 @@ class SecuredKafka:
         assert self.broker.security is not None
         return self.broker.security.password(user)
 
-    def settings(self, user: str, topic: str, **overrides: Any) -> KafkaSettings:
-        """How ``user`` reaches the broker: SASL_SSL, SCRAM-SHA-512, verifying it by the CA."""
+    def settings(
+        self, user: str, topic: str, *, certificate: bool = False, **overrides: Any
+    ) -> KafkaSettings:
+        """How ``user`` reaches the broker, verifying it by the CA: SASL_SSL with
+        SCRAM-SHA-512, or with ``certificate`` SSL with a client certificate."""
         values: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap,
             "topic": topic,
             "partitions": 2,
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_username": user,
-            "sasl_password": self.password(user),
             "ssl_cafile": str(self.ca_file),
+            **self._login(user, certificate),
         }
         values.update(overrides)
         return KafkaSettings(**values)
 
-    def environ(self, user: str, topic: str, **variables: str) -> dict[str, str]:
-        """This process's environment with ``SVLEDGER_*`` set for ``user`` (``variables`` win)."""
+    def environ(
+        self, user: str, topic: str, *, certificate: bool = False, **variables: str
+    ) -> dict[str, str]:
+        """This process's environment with ``SVLEDGER_*`` set for ``user``, as
+        :meth:`settings` has it (``variables`` win)."""
+        settings = self.settings(user, topic, certificate=certificate)
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SVLEDGER_")}
         environ |= {
-            "SVLEDGER_KAFKA_BOOTSTRAP": self.bootstrap,
+            "SVLEDGER_KAFKA_BOOTSTRAP": settings.bootstrap_servers,
             "SVLEDGER_TOPIC": topic,
-            "SVLEDGER_KAFKA_PARTITIONS": "2",
-            "SVLEDGER_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "SVLEDGER_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-            "SVLEDGER_KAFKA_SASL_USERNAME": user,
-            "SVLEDGER_KAFKA_SASL_PASSWORD": self.password(user),
-            "SVLEDGER_KAFKA_SSL_CAFILE": str(self.ca_file),
+            "SVLEDGER_KAFKA_PARTITIONS": str(settings.partitions),
+            "SVLEDGER_KAFKA_SECURITY_PROTOCOL": settings.security_protocol,
+            "SVLEDGER_KAFKA_SASL_MECHANISM": settings.sasl_mechanism if settings.uses_sasl else "",
+            "SVLEDGER_KAFKA_SASL_USERNAME": settings.sasl_username or "",
+            "SVLEDGER_KAFKA_SASL_PASSWORD": settings.sasl_password or "",
+            "SVLEDGER_KAFKA_SSL_CAFILE": settings.ssl_cafile or "",
+            "SVLEDGER_KAFKA_SSL_CERTFILE": settings.ssl_certfile or "",
+            "SVLEDGER_KAFKA_SSL_KEYFILE": settings.ssl_keyfile or "",
         }
         environ |= variables
         return {k: v for k, v in environ.items() if v}
+
+    def _login(self, user: str, certificate: bool) -> dict[str, Any]:
+        if certificate:
+            certfile, keyfile = self.broker.client_certificate(user)
+            return {
+                "bootstrap_servers": self.broker.mutual_tls_bootstrap,
+                "security_protocol": "SSL",
+                "ssl_certfile": str(certfile),
+                "ssl_keyfile": str(keyfile),
+            }
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": user,
+            "sasl_password": self.password(user),
+        }
 
     def grant(self, topic: str, grants: Mapping[str, tuple[str, str | None]]) -> None:
         """Run ``deploy/kafka/acls.py`` for each ``user: (role, cluster)``, side by side."""

@@ -20,6 +20,10 @@ connection settings are a Java client properties file (``--command-config``); th
 principal running it must be allowed to alter ACLs (a super user, or Alter on the
 cluster). Adding an ACL that exists changes nothing, so a second run is harmless.
 
+The principal is whoever the broker says the client is: ``User:<name>`` for a SASL
+user, and for a client certificate what the brokers' ``ssl.principal.mapping.rules``
+make of its subject (``User:<CN>`` under the rule docs/production.md gives).
+
 Stdlib only, like ``broker.py``::
 
     python deploy/kafka/acls.py --bootstrap-server kafka:9093 \\

@@ -25,6 +25,13 @@ stays PLAINTEXT on 127.0.0.1: its unauthenticated principal ``User:ANONYMOUS`` m
 be a super user for the broker to register with its own controller, which is
 acceptable for a broker on the loopback address and nowhere else.
 
+``Security(..., mutual_tls=True)`` adds a second client listener, ``SSL`` with
+``ssl.client.auth=required`` (:attr:`LocalKafka.mutual_tls_bootstrap`): a client logs
+in with a certificate the same CA signed (:meth:`LocalKafka.client_certificate`), and
+the principal mapping rule :data:`PRINCIPAL_MAPPING_RULES` names it ``User:<CN>`` after
+its subject's common name, so ACLs are granted to certificate principals as to SCRAM
+users.
+
 ``kafka_bootstrap()`` is what tests and benchmarks use: the broker named by
 ``SVLEDGER_KAFKA_BOOTSTRAP`` if set, else a ``LocalKafka`` for the duration of the block.
 
@@ -81,6 +88,10 @@ class BrokerError(RuntimeError):
 
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+# A client certificate's principal is User:<its subject's CN> (Kafka's default would be
+# the whole distinguished name, User:CN=...); a subject that does not start with a CN
+# keeps the default. Kafka reads the subject in RFC 2253 order, the most specific first.
+PRINCIPAL_MAPPING_RULES = "RULE:^CN=([^,]+).*$/$1/,DEFAULT"
 # The principal of every connection to the PLAINTEXT controller listener.
 _CONTROLLER_PRINCIPAL = "User:ANONYMOUS"
 
@@ -92,24 +103,29 @@ class Security:
     ``users`` maps each SCRAM user to its password; every user can log in with either
     mechanism of :data:`SCRAM_MECHANISMS`. ``super_user`` (one of them) is allowed
     everything, grants the ACLs, and is the broker's own identity on its listener.
+    ``mutual_tls`` adds a listener where clients log in with a certificate instead.
     """
 
     users: Mapping[str, str]
     super_user: str = "admin"
+    mutual_tls: bool = False
 
     def __post_init__(self) -> None:
         if self.super_user not in self.users:
             raise BrokerError(f"the super user {self.super_user!r} is not among the users")
         for name in self.users:
             # StorageTool's --add-scram syntax ends a value at ',' or ']'.
-            if not name or not all(c.isalnum() or c in "._-" for c in name):
-                raise BrokerError(f"SCRAM user {name!r}: use letters, digits and '._-' only")
+            _check_name("SCRAM user", name)
 
     @classmethod
-    def for_users(cls, *names: str, super_user: str = "admin") -> Security:
+    def for_users(
+        cls, *names: str, super_user: str = "admin", mutual_tls: bool = False
+    ) -> Security:
         """The super user and ``names``, each with a fresh random password."""
         return cls(
-            {name: secrets.token_hex(16) for name in (super_user, *names)}, super_user=super_user
+            {name: secrets.token_hex(16) for name in (super_user, *names)},
+            super_user=super_user,
+            mutual_tls=mutual_tls,
         )
 
     def password(self, user: str) -> str:
@@ -119,6 +135,11 @@ class Security:
             raise BrokerError(
                 f"no SCRAM user {user!r}; the users are {sorted(self.users)}"
             ) from None
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or not all(c.isalnum() or c in "._-" for c in name):
+        raise BrokerError(f"{what} {name!r}: use letters, digits and '._-' only")
 
 
 def fetch_jars() -> Path:
@@ -146,6 +167,7 @@ class _Node:
     directory: Path
     port: int
     controller_port: int
+    mutual_tls_port: int | None = None  # the SSL listener of Security(mutual_tls=True)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -232,6 +254,28 @@ class LocalKafka:
         """The PEM certificate of the CA that signed the broker's, for clients to verify it."""
         return self._tls_dir / "ca.pem"
 
+    @property
+    def mutual_tls_bootstrap(self) -> str:
+        """The bootstrap address of the listener where clients log in with a certificate
+        (``SSL``, ``ssl.client.auth=required``): ``127.0.0.1:PORT`` of every node."""
+        if not self._require_security().mutual_tls:
+            raise BrokerError("no mutual TLS listener: give Security(..., mutual_tls=True)")
+        self._require_running()
+        return ",".join(f"127.0.0.1:{node.mutual_tls_port}" for node in self._nodes)
+
+    def client_certificate(self, user: str) -> tuple[Path, Path]:
+        """A client certificate for ``user`` (subject ``CN=<user>``) signed by the CA,
+        and its unencrypted key: PEM files ``(certfile, keyfile)``, made on first use.
+
+        On the :attr:`mutual_tls_bootstrap` listener its principal is ``User:<user>``.
+        """
+        _check_name("certificate user", user)
+        name = f"client-{user}"
+        certfile, keyfile = self._tls_dir / f"{name}.crt", self._tls_dir / f"{name}.key"
+        if not certfile.is_file():
+            _issue(self._tls_dir, name, f"/CN={user}", "extendedKeyUsage=clientAuth\n")
+        return certfile, keyfile
+
     def client_properties(self, user: str) -> Path:
         """A Java client configuration file logging in as ``user`` (``--command-config``).
 
@@ -289,8 +333,15 @@ class LocalKafka:
             raise BrokerError(f"the broker is already running at {self.bootstrap}")
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
+            mutual_tls = self.security is not None and self.security.mutual_tls
             self._nodes = [
-                _Node(index + 1, self._workdir / f"node-{index + 1}", free_port(), free_port())
+                _Node(
+                    index + 1,
+                    self._workdir / f"node-{index + 1}",
+                    free_port(),
+                    free_port(),
+                    free_port() if mutual_tls else None,
+                )
                 for index in range(self.brokers)
             ]
             if self.security is not None:
@@ -431,15 +482,18 @@ class LocalKafka:
         replicas = min(3, self.brokers)
         in_sync = max(1, replicas - 1)
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes)
+        clients = {listener: node.address}  # client listeners, named by their protocol
+        if node.mutual_tls_port is not None:
+            clients["SSL"] = f"127.0.0.1:{node.mutual_tls_port}"
+        advertised = [f"{name}://{address}" for name, address in clients.items()]
+        protocols = [f"{name}:{name}" for name in clients]
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": (
-                f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
-            ),
-            "advertised.listeners": f"{listener}://{node.address}",
-            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+            "listeners": ",".join([*advertised, f"CONTROLLER://127.0.0.1:{node.controller_port}"]),
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join([*protocols, "CONTROLLER:PLAINTEXT"]),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
             **self._security_config(),
@@ -462,7 +516,8 @@ class LocalKafka:
         node.config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
     def _security_config(self) -> dict[str, str]:
-        """SASL_SSL with SCRAM on the client listener, and the authorizer; none by default."""
+        """SASL_SSL with SCRAM on the client listener (and, with ``mutual_tls``, SSL with
+        client certificates on a second one), and the authorizer; none by default."""
         if self.security is None:
             return {}
         tls, admin = self._tls_dir, self.security.super_user
@@ -484,6 +539,10 @@ class LocalKafka:
             # credentials in it are the ones the broker presents as a client.
             key = f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config"
             config[key] = _scram_login(admin, self.security.password(admin))
+        if self.security.mutual_tls:
+            # The SSL listener's clients are who their certificates (the CA signed) say.
+            config["listener.name.ssl.ssl.client.auth"] = "required"
+            config["ssl.principal.mapping.rules"] = PRINCIPAL_MAPPING_RULES
         return config
 
     @staticmethod
@@ -576,15 +635,13 @@ def _make_certificates(tls: Path) -> None:
     keystore as Kafka reads it. The certificate names ``localhost`` and ``127.0.0.1``,
     so clients verify the host as well as the signature.
     """
-    openssl = _require_tool("openssl", "the openssl command (`apt-get install openssl`)")
     tls.mkdir(parents=True)
-    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     _run(
         [
-            openssl,
+            _openssl(),
             "req",
             "-x509",
-            *key,
+            *_NEW_KEY,
             "-keyout",
             str(tls / "ca.key"),
             "-out",
@@ -600,31 +657,46 @@ def _make_certificates(tls: Path) -> None:
         ],
         "openssl could not make the test CA",
     )
+    _issue(
+        tls,
+        "broker",
+        "/CN=localhost",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    (tls / "broker.pem").write_text(
+        (tls / "broker.key").read_text() + (tls / "broker.crt").read_text()
+    )
+
+
+_NEW_KEY: Final = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def _issue(tls: Path, name: str, subject: str, extensions: str) -> None:
+    """``<name>.key`` and ``<name>.crt`` in ``tls``: a new key and its certificate for
+    ``subject``, with the X.509 ``extensions`` (openssl's syntax), signed by the CA."""
+    openssl = _openssl()
     _run(
         [
             openssl,
             "req",
-            *key,
+            *_NEW_KEY,
             "-keyout",
-            str(tls / "broker.key"),
+            str(tls / f"{name}.key"),
             "-out",
-            str(tls / "broker.csr"),
+            str(tls / f"{name}.csr"),
             "-subj",
-            "/CN=localhost",
+            subject,
         ],
-        "openssl could not make the broker's key",
+        f"openssl could not make the key of {subject}",
     )
-    extensions = tls / "broker.ext"
-    extensions.write_text(
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
-    )
+    (tls / f"{name}.ext").write_text(extensions)
     _run(
         [
             openssl,
             "x509",
             "-req",
             "-in",
-            str(tls / "broker.csr"),
+            str(tls / f"{name}.csr"),
             "-CA",
             str(tls / "ca.pem"),
             "-CAkey",
@@ -633,15 +705,16 @@ def _make_certificates(tls: Path) -> None:
             "-days",
             _CERTIFICATE_DAYS,
             "-extfile",
-            str(extensions),
+            str(tls / f"{name}.ext"),
             "-out",
-            str(tls / "broker.crt"),
+            str(tls / f"{name}.crt"),
         ],
-        "openssl could not sign the broker's certificate",
+        f"openssl could not sign the certificate of {subject}",
     )
-    (tls / "broker.pem").write_text(
-        (tls / "broker.key").read_text() + (tls / "broker.crt").read_text()
-    )
+
+
+def _openssl() -> str:
+    return _require_tool("openssl", "the openssl command (`apt-get install openssl`)")
 
 
 def _run(command: list[str], failure: str, hint: str = "") -> None:

@@ -50,8 +50,10 @@ class NotAuthorized(AccessDenied):
 
     ``refused`` says who may not do what (``principal User:bob may not Write topic
     'svledger.events' (Kafka: TopicAuthorizationFailed)``); the message adds how to
-    grant it. ``principal`` is None where Kafka names the client from its certificate;
-    ``topic`` is the events topic the client was set up for.
+    grant it. A TLS client's principal is named after its certificate's CN
+    (:attr:`~ledger.settings.KafkaSettings.principal`), and the certificate file with
+    it, since the broker's mapping rules decide; ``principal`` is None where the
+    client has no name to give. ``topic`` is the events topic the client was set up for.
     """
 
     def __init__(self, settings: KafkaSettings, operation: str, resource: str, kafka: str) -> None:
@@ -59,7 +61,15 @@ class NotAuthorized(AccessDenied):
         self.topic = settings.topic
         self.operation = operation
         self.resource = resource
-        who = f"principal {self.principal}" if self.principal else "this client's principal"
+        certificate = (
+            settings.ssl_certfile if settings.uses_ssl and not settings.uses_sasl else None
+        )
+        if certificate is None:
+            who = f"principal {self.principal}" if self.principal else "this client's principal"
+        elif self.principal:
+            who = f"principal {self.principal} (the CN of certificate {certificate})"
+        else:
+            who = f"the principal of certificate {certificate}"
         self.refused = f"{who} may not {operation} {resource} (Kafka: {kafka})"
         super().__init__(f"{self.refused}; {GRANT_HINT}")
 

@@ -10,6 +10,8 @@ created by the ``setup`` role and every role is granted its ACLs by the shipped
 * a role missing an ACL fails at once with the principal, the operation and the
   resource, from the library and, with the role to grant and exit code 69, from the
   command line;
+* a role's client certificate, on the broker's mutual TLS listener, is the principal
+  ``User:<CN>`` and may do what its ACLs allow and nothing else, refused as by name;
 * the pipeline runs with each role under its own principal and nothing more: the
   projector, the lease GC and the migrator as ``svledger`` commands, the worker (whose
   Kubernetes target is a stand-in) as a process of this module, all configured by
@@ -120,12 +122,13 @@ def kafka(secured_kafka: SecuredKafka) -> SecuredKafka:
 
 
 def svledger(
-    kafka: SecuredKafka, user: str, *argv: str, **variables: str
+    kafka: SecuredKafka, user: str, *argv: str, certificate: bool = False, **variables: str
 ) -> subprocess.CompletedProcess[str]:
-    """``svledger ARGV`` as ``user`` (``variables`` override its ``SVLEDGER_*``), to the end."""
+    """``svledger ARGV`` as ``user`` (``variables`` override its ``SVLEDGER_*``), to the end;
+    with ``certificate``, logged in by the user's client certificate."""
     return subprocess.run(
         [sys.executable, "-m", "svledger", *argv],
-        env=kafka.environ(user, TOPIC, **variables),
+        env=kafka.environ(user, TOPIC, certificate=certificate, **variables),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -331,6 +334,120 @@ async def test_an_operator_command_run_by_a_reader_names_the_operator_role(
         f" with python deploy/kafka/acls.py --role operator --principal User:reader --topic"
         f" {TOPIC} (see docs/production.md, Security)"
     )
+
+
+# --------------------------------------------------------------------------- client certificates
+
+# Users who log in with a client certificate alone (subject CN=<user>), and their roles.
+CERTIFIED = {
+    "cert-reporter-east": ("reporter", "east"),
+    "cert-projector": ("projector", None),
+    "cert-reader": ("reader", None),
+}
+
+
+@pytest.fixture(scope="module")
+def certified(kafka: SecuredKafka) -> SecuredKafka:
+    """The module's broker, each user of :data:`CERTIFIED` granted its role's ACLs as
+    the principal ``User:<CN>`` by ``deploy/kafka/acls.py``, as any other principal."""
+    kafka.grant(TOPIC, CERTIFIED)
+    return kafka
+
+
+async def test_a_reporters_certificate_writes_its_inbox_and_may_not_write_the_events_topic(
+    certified: SecuredKafka,
+) -> None:
+    inbox = f"{TOPIC}.inbox.east"
+    await create_topics(certified.settings("admin", inbox))
+    await append(
+        certified.settings("cert-reporter-east", inbox, certificate=True),
+        [heartbeat("east", "r1", _now(), 60)],
+    )
+
+    settings = certified.settings("cert-reporter-east", TOPIC, certificate=True)
+    started = time.monotonic()
+    with pytest.raises(NotAuthorized) as refused:
+        await append(settings, [heartbeat("east", "r1", _now(), 60)])
+    assert time.monotonic() - started < AT_ONCE
+    assert (refused.value.principal, refused.value.operation, refused.value.resource) == (
+        "User:cert-reporter-east",
+        "Write",
+        f"topic '{TOPIC}'",
+    )
+    assert str(refused.value) == (
+        f"principal User:cert-reporter-east (the CN of certificate {settings.ssl_certfile}) may"
+        f" not Write topic '{TOPIC}' (Kafka: TopicAuthorizationFailed); grant its role's ACLs"
+        " with deploy/kafka/acls.py (docs/production.md)"
+    )
+
+
+async def test_a_readers_certificate_reads_the_topic_and_may_not_write_it(
+    certified: SecuredKafka,
+) -> None:
+    written = heartbeat("cert", "c1", _now(), 60)
+    await append(certified.settings("operator", TOPIC), [written])
+    reader = certified.settings("cert-reader", TOPIC, certificate=True)
+    assert written.meta.event_id in {event.meta.event_id for event, _ in await read_records(reader)}
+
+    started = time.monotonic()
+    with pytest.raises(NotAuthorized, match=r"principal User:cert-reader \(the CN of certificate"):
+        await append(reader, [heartbeat("cert", "c1", _now(), 60)])
+    assert time.monotonic() - started < AT_ONCE
+
+
+def test_certificates_run_the_commands_of_their_roles_and_are_refused_the_others(
+    certified: SecuredKafka, tmp_path: Path
+) -> None:
+    replayed = f"sqlite:///{tmp_path / 'replayed.db'}"
+    done = svledger(certified, "cert-projector", "replay", "--db", replayed, certificate=True)
+    assert done.returncode == 0, done.stderr
+
+    certfile, _ = certified.broker.client_certificate("cert-reader")
+    views = f"sqlite:///{tmp_path / 'views.db'}"
+    started = time.monotonic()
+    done = svledger(certified, "cert-reader", "project", "--db", views, certificate=True)
+    assert time.monotonic() - started < AT_ONCE + 5  # and the interpreter's start
+    assert done.returncode == 69, done.stderr
+    assert last_line(done) == (
+        f"svledger: error: principal User:cert-reader (the CN of certificate {certfile}) may not"
+        f" Describe topic '{TOPIC}.dlq' (Kafka: TopicAuthorizationFailed); `svledger project`"
+        " runs as role projector: grant it with python deploy/kafka/acls.py --role projector"
+        f" --principal User:cert-reader --topic {TOPIC} (see docs/production.md, Security)"
+    )
+    assert "Traceback" not in done.stderr
+
+    certfile, _ = certified.broker.client_certificate("cert-reporter-east")
+    page = str(tmp_path / "pods.html")
+    done = svledger(
+        certified,
+        "cert-reporter-east",
+        "timeline",
+        "core.pods",
+        "--cluster",
+        "east",
+        "--html",
+        page,
+        certificate=True,
+    )
+    assert done.returncode == 69, done.stderr
+    assert last_line(done) == (
+        f"svledger: error: principal User:cert-reporter-east (the CN of certificate {certfile})"
+        f" may not Describe topic '{TOPIC}' (Kafka: TopicAuthorizationFailed); `svledger"
+        " timeline` runs as role reader: grant it with python deploy/kafka/acls.py --role"
+        f" reader --principal User:cert-reporter-east --topic {TOPIC} (see docs/production.md,"
+        " Security)"
+    )
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_client_without_a_certificate_is_refused_at_once(certified: SecuredKafka) -> None:
+    anonymous = certified.settings(
+        "cert-reader", TOPIC, certificate=True, ssl_certfile=None, ssl_keyfile=None
+    )
+    started = time.monotonic()
+    with pytest.raises(NotAuthenticated):
+        await topic_partitions(anonymous)
+    assert time.monotonic() - started < AT_ONCE
 
 
 # --------------------------------------------------------------------------- the pipeline
