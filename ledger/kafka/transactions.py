@@ -161,6 +161,20 @@ class TransactionalProducer:
         # transaction can no longer complete. The next producer of the ID fences this
         # one, and the broker aborts what it has open.
         await stop_within(producer, f"transactional producer {self.transactional_id}")
+        # A producer that fails in a transaction (fenced as it adds a partition or the
+        # group's offsets) fails the transaction's end too, which aiokafka awaits only to
+        # commit or abort: not when the failure surfaced inside the transaction, from a
+        # send of the offsets. The caller was told (TransactionFailed); left unread, the
+        # failure is logged again as "Future exception was never retrieved" whenever a
+        # garbage collection finds it, in any later code of the process. After an
+        # abandoned stop the sender may still fail it: then it is read as it fails.
+        ended = producer._txn_manager.wait_for_transaction_end()
+        if ended is None:  # no transaction was begun
+            return
+        if ended.done():
+            retrieved(ended)
+        else:
+            ended.add_done_callback(retrieved)
 
     async def commit(
         self,
