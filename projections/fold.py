@@ -12,6 +12,13 @@ event that leaves a row as it was does not touch it: an apiserver re-reporting t
 identical entry after every restart must not move the StorageVersion's revision,
 because a migration is valid only for the revision it was requested at.
 
+A row the read API serves as an object (a lease, StorageVersion, StorageState or
+migration) records its creation: ``created_revision`` and ``created_at`` are the
+position and time of the event that made it, carried over as the row changes
+(:func:`_created`), so a row deleted and made again is created again. Every event, even
+one rejected, moves its cluster's :class:`~projections.state.Cluster` to the latest time
+one occurred at (:func:`occurred`).
+
 Events are never dropped silently. One the fold cannot apply (a report from an
 apiserver without a lease, an expiry of a lease renewed since, a step of an unknown
 migration, ...) leaves the views as they were and adds a
@@ -143,6 +150,7 @@ from projections.crds import dropped, verdict
 from projections.state import (
     UNKNOWN_HASH,
     Changes,
+    Cluster,
     CustomResourceDefinition,
     Lease,
     LeaseKey,
@@ -210,6 +218,8 @@ def apply(
     """
     if changes is None:
         changes = Changes()
+    meta = event.meta
+    occurred(state, meta.cluster, position.partition, meta.occurred_at, changes)
     revision = str(position)
     if type(event) is not ApiserverHeartbeat and (earlier := _seen(state, event, revision)):
         _reject(
@@ -287,6 +297,25 @@ def active_migrations(state: State, resource_key: ResourceKey) -> list[Migration
     return sorted(migrations, key=lambda m: (m.requested_at, m.migration_id))
 
 
+def occurred(state: State, cluster: str, partition: int, time: datetime, changes: Changes) -> None:
+    """An event of ``cluster`` (in ``partition``) occurred at ``time``: its
+    :class:`~projections.state.Cluster` moves to it if it is the latest."""
+    known = state.clusters.get(cluster)
+    if known is None or time > known.latest_occurred_at:
+        state.clusters[cluster] = Cluster(cluster, partition, time)
+        changes.clusters.add(cluster)
+
+
+def _created(
+    previous: Lease | StorageVersion | StorageState | None, revision: str, now: datetime
+) -> tuple[str, datetime]:
+    """The creation of a row replacing ``previous`` (None: it first appears now, at
+    ``revision``): the earlier row's, carried over."""
+    if previous is None:
+        return revision, now
+    return previous.created_revision, previous.created_at
+
+
 def _seen(state: State, event: Event, revision: str) -> SeenEvent | None:
     """The earlier occurrence of ``event``'s ID in its cluster, if one is remembered."""
     meta = event.meta
@@ -321,6 +350,8 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         _reject(changes, event, revision, f"{refusal}; the lease stays as it was")
         return
     cluster = event.meta.cluster
+    previous = state.leases.get((cluster, event.apiserver_id))
+    created_revision, created_at = _created(previous, revision, event.meta.occurred_at)
     lease = Lease(
         cluster=cluster,
         apiserver_id=event.apiserver_id,
@@ -330,9 +361,11 @@ def _heartbeat(state: State, event: ApiserverHeartbeat, revision: str, changes: 
         renew_time=event.renew_time,
         binary_version=event.binary_version,
         revision=revision,
+        created_revision=created_revision,
+        created_at=created_at,
         peer_advertise_address=event.peer_advertise_address,
     )
-    joins = lease.key not in state.leases
+    joins = previous is None
     _store(state.leases, lease.key, lease, changes.leases)
     if joins:
         # A new member: nothing it writes is known until it reports, resource by resource.
@@ -519,6 +552,7 @@ def _set_entries(
             now,
             unreported(state, key, entries),
         )
+        created_revision, created_at = _created(previous, revision, now)
         storage_version = StorageVersion(
             cluster=key[0],
             group=key[1],
@@ -528,6 +562,8 @@ def _set_entries(
             common_encoding_version=common,
             condition=condition,
             revision=revision,
+            created_revision=created_revision,
+            created_at=created_at,
         )
         _store(state.storage_versions, key, storage_version, changes.storage_versions)
         state.resources_by_cluster.setdefault(key[0], set()).add(key)
@@ -546,6 +582,7 @@ def _set_entries(
     current = None
     if storage_version is not None and storage_version.common_encoding_version is not None:
         current = hash_of_stored(storage_version.common_encoding_version, storage_version.kind)
+    created_revision, created_at = _created(storage_state, revision, now)
     _store(
         state.storage_states,
         key,
@@ -556,6 +593,8 @@ def _set_entries(
             persisted_storage_version_hashes=persisted,
             current_storage_version_hash=current,
             revision=revision,
+            created_revision=created_revision,
+            created_at=created_at,
         ),
         changes.storage_states,
     )
@@ -629,6 +668,8 @@ def _migration_requested(
         requested_at=event.meta.occurred_at,
         updated_at=event.meta.occurred_at,
         revision=revision,
+        created_revision=revision,
+        created_at=event.meta.occurred_at,
     )
     _store_migration(state, migration, changes)
     _drop_inactive(state, migration.resource_key, changes, keep=migration.retries)

@@ -15,7 +15,9 @@ Portability decisions, made once:
 * Column names avoid SQL reserved words so example queries need no quoting: an API
   group is ``api_group``, a log position is ``log_partition`` / ``log_offset``.
 * A view row's ``revision`` is the ``"partition:offset"`` string of the last event
-  that changed it, as in the state.
+  that changed it, as in the state; ``created_revision`` and ``created_at`` (leases,
+  StorageVersions, StorageStates, migrations) the position and time of the event that
+  created it.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ apiserver_leases: Final = Table(
     Column("binary_version", String),
     Column("revision", String, nullable=False),
     Column("peer_advertise_address", String),
+    Column("created_revision", String, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("cluster", "apiserver_id"),
 )
 
@@ -136,6 +140,8 @@ storage_versions: Final = Table(
     Column("condition_message", Text, nullable=False),
     Column("condition_last_transition_time", UTCDateTime, nullable=False),
     Column("revision", String, nullable=False),
+    Column("created_revision", String, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("cluster", "api_group", "resource"),
     _one_of("condition_status", ("True", "False", "Unknown"), "condition_status"),
     Index(None, "cluster", "name", unique=True),
@@ -174,6 +180,8 @@ storage_states: Final = Table(
     Column("persisted_storage_version_hashes", JSONDocument, nullable=False),
     Column("current_storage_version_hash", String),
     Column("revision", String, nullable=False),
+    Column("created_revision", String, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("cluster", "api_group", "resource"),
     Index(None, "cluster", "name", unique=True),
 )
@@ -196,10 +204,23 @@ storage_version_migrations: Final = Table(
     Column("requested_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Column("revision", String, nullable=False),
+    Column("created_revision", String, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
     PrimaryKeyConstraint("cluster", "migration_id"),
     _one_of("phase", PHASES, "phase"),
     Index(None, "cluster", "api_group", "resource"),
     Index(None, "phase"),
+)
+
+# Every cluster the fold met an event of: its partition and the latest time one of its
+# events occurred at (projections.state.Cluster).
+clusters: Final = Table(
+    "clusters",
+    metadata,
+    Column("cluster", String, nullable=False),
+    Column("log_partition", Integer, nullable=False),
+    Column("latest_occurred_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("cluster"),
 )
 
 # A CustomResourceDefinition's versions as last observed, and what the ledger makes of its

@@ -5,7 +5,9 @@ The projector writes one (:func:`take`) for a partition each time the partition'
 checkpoint passes a multiple of ``every`` offsets (:data:`SNAPSHOT_EVERY` by default),
 in the transaction of the batch that passes it. A snapshot holds the view rows of the
 partition's clusters and the event IDs the fold remembers of them (a row belongs to the
-partition of its ``revision``: every event of a cluster is in its cluster's partition),
+partition of its ``revision``: every event of a cluster is in its cluster's partition;
+a :class:`~projections.state.Cluster` names its partition), with each row's creation and
+each cluster's latest event time, which the read API serves from (``serve``),
 the offset the fold goes on from, and the partition's **log time** there: the latest
 ``occurred_at`` of its events before that offset, or None where the projector cannot
 know it (a checkpoint written before log times were kept). Rows are immutable, so a
@@ -21,7 +23,9 @@ with none left the partition is read from the beginning: snapshots make a replay
 faster, never different. The consumers that keep a fold per partition (the lease GC,
 the migrator, the worker, the collector; ``--snapshots-from URL``) rebuild it the same
 way, from the latest sound snapshot at or before the partition's end
-(:class:`SnapshotSource`).
+(:class:`SnapshotSource`), and so does the read API (``serve --snapshots-from URL``),
+which also builds a view of a point older than its own copies of the fold from the
+latest snapshot at or before that point (:meth:`SnapshotSource.find`).
 
 The payload is the rows pickled (protocol 5) and compressed with zlib, under a
 BLAKE2b digest of it and of where it belongs (projection, topic, partition, offset, log
@@ -48,6 +52,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from projections.database import DatabaseNotReady, engine, parse_url, shown
 from projections.schema import fold_snapshots
 from projections.state import (
+    Cluster,
     Condition,
     CustomResourceDefinition,
     Lease,
@@ -73,12 +78,13 @@ NO_EVENTS: Final = datetime.min.replace(tzinfo=UTC)
 # in upstream's order (1 held them sorted by apiserver ID). 3: the event IDs seen. 4: no
 # Failed migration that a fresh success or another request has dropped since, and a
 # digest that covers where the snapshot belongs too. 5: CustomResourceDefinitions.
-# 6: storage audits.
-FORMAT: Final = 6
+# 6: storage audits. 7: rows' creations, and the clusters with their latest event times.
+FORMAT: Final = 7
 
 # The rows of a snapshot: leases, StorageVersions, StorageStates, migrations (the
 # views), the event IDs a repeated event would be found by (State.seen), and
-# CustomResourceDefinitions and storage audits (views too, last as they came last).
+# CustomResourceDefinitions, storage audits and the clusters (views too, last as they
+# came last).
 Rows: TypeAlias = tuple[
     tuple[Lease, ...],
     tuple[StorageVersion, ...],
@@ -87,6 +93,7 @@ Rows: TypeAlias = tuple[
     tuple[SeenEvent, ...],
     tuple[CustomResourceDefinition, ...],
     tuple[StorageAudit, ...],
+    tuple[Cluster, ...],
 ]
 
 _ALLOWED: Final = {
@@ -102,6 +109,7 @@ _ALLOWED: Final = {
             SeenEvent,
             CustomResourceDefinition,
             StorageAudit,
+            Cluster,
         )
     },
     "datetime": {"datetime", "timezone", "timedelta"},
@@ -137,7 +145,7 @@ class Snapshot:
         except Exception as error:  # whatever the bytes make the unpickler raise
             raise CorruptSnapshot(f"its payload does not unpickle: {error}") from None
         if not _well_formed(rows):
-            raise CorruptSnapshot("its payload is not seven tuples of fold rows")
+            raise CorruptSnapshot("its payload is not eight tuples of fold rows")
         return rows  # type: ignore[no-any-return]
 
     def describe(self) -> str:
@@ -171,6 +179,7 @@ def take(
         _of((row for seen in state.seen.values() for row in seen.rows()), prefix),
         _of(state.custom_resources.values(), prefix),
         _of(state.audits.values(), prefix),
+        tuple(row for row in state.clusters.values() if row.partition == partition),
     )
     payload = zlib.compress(pickle.dumps(rows, protocol=5), 1)
     unsigned = Snapshot(
@@ -195,6 +204,7 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
     seen: list[SeenEvent] = []
     custom_resources: dict[ResourceKey, CustomResourceDefinition] = {}
     audits: dict[ResourceKey, StorageAudit] = {}
+    clusters: dict[str, Cluster] = {}
     for (
         lease_rows,
         version_rows,
@@ -203,6 +213,7 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
         seen_rows,
         crd_rows,
         audit_rows,
+        cluster_rows,
     ) in rows:
         leases.update(_keyed(lease_rows, cluster))
         storage_versions.update(_keyed(version_rows, cluster))
@@ -211,6 +222,7 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
         seen.extend(row for row in seen_rows if cluster is None or row.cluster == cluster)
         custom_resources.update(_keyed(crd_rows, cluster))
         audits.update(_keyed(audit_rows, cluster))
+        clusters.update(_keyed(cluster_rows, cluster))
     return State(
         leases,
         storage_versions,
@@ -219,6 +231,7 @@ def state_of(rows: Iterable[Rows], cluster: str | None = None) -> State:
         seen_by_cluster(seen),
         custom_resources,
         audits,
+        clusters,
     )
 
 
@@ -286,12 +299,30 @@ class SnapshotSource:
     def start(self, topic: str, partition: int, limit: int) -> tuple[int, State] | None:
         """The offset and fold state of the latest sound snapshot of ``partition`` of
         ``topic`` at or before offset ``limit``; None to read it from the beginning."""
+        found = self.find(topic, partition, limit)
+        if found is None:
+            return None
+        snapshot, rows = found
+        return snapshot.next_offset, state_of([rows])
+
+    def find(
+        self, topic: str, partition: int, limit: int, until_time: datetime | None = None
+    ) -> tuple[Snapshot, Rows] | None:
+        """The latest sound snapshot of ``partition`` of ``topic`` a fold up to ``limit``
+        (and ``until_time``) may start from (:func:`latest`), and its rows; None to read
+        the partition from its beginning."""
         try:
             if self._db is None:
                 self._db = engine(self.url)
             with self._db.connect() as connection:
-                found = latest(
-                    connection, self.projection, topic, partition, limit=limit, source=self.shown
+                return latest(
+                    connection,
+                    self.projection,
+                    topic,
+                    partition,
+                    limit=limit,
+                    until_time=until_time,
+                    source=self.shown,
                 )
         except (DatabaseNotReady, SQLAlchemyError) as error:
             log.warning(
@@ -302,10 +333,6 @@ class SnapshotSource:
                 str(error).strip().splitlines()[0],
             )
             return None
-        if found is None:
-            return None
-        snapshot, rows = found
-        return snapshot.next_offset, state_of([rows])
 
     def close(self) -> None:
         if self._db is not None:
@@ -374,6 +401,7 @@ def _well_formed(rows: object) -> bool:
         SeenEvent,
         CustomResourceDefinition,
         StorageAudit,
+        Cluster,
     )
     return (
         isinstance(rows, tuple)

@@ -7,7 +7,13 @@ and the consumers which keys an event touched (a key missing from the state afte
 the event means the row was deleted).
 
 Every row carries ``revision``: the log position (``"partition:offset"``) of the
-last event that changed it, the ledger's resourceVersion.
+last event that changed it, the ledger's resourceVersion. The rows the read API serves
+as objects (leases, StorageVersions, StorageStates, migrations) carry their creation
+too: ``created_revision`` and ``created_at``, the position and time of the event that
+made the row (set when it first appears, carried over as it changes; a row deleted and
+made again is created again), from which ``metadata.uid`` and ``creationTimestamp``
+follow. :class:`Cluster` is each cluster the fold met an event of, with the latest time
+one occurred at: what the views of a cluster measure ages to.
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ class Lease:
     renew_time: datetime
     binary_version: str | None
     revision: str
+    created_revision: str
+    created_at: datetime
     # Last, with a default: rows pickled before it existed (fold snapshots) load as None.
     peer_advertise_address: str | None = None
 
@@ -153,6 +161,8 @@ class StorageVersion:
     common_encoding_version: str | None
     condition: Condition
     revision: str
+    created_revision: str
+    created_at: datetime
 
     @property
     def key(self) -> ResourceKey:
@@ -172,6 +182,8 @@ class StorageState:
     persisted_storage_version_hashes: tuple[str, ...]
     current_storage_version_hash: str | None
     revision: str
+    created_revision: str
+    created_at: datetime
 
     @property
     def key(self) -> ResourceKey:
@@ -200,6 +212,8 @@ class Migration:
     requested_at: datetime
     updated_at: datetime
     revision: str
+    created_revision: str
+    created_at: datetime
 
     @property
     def key(self) -> MigrationKey:
@@ -297,6 +311,23 @@ class StorageAudit:
     @property
     def key(self) -> ResourceKey:
         return (self.cluster, self.group, self.resource)
+
+
+@_pickled_as_fields
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cluster:
+    """A cluster the fold has met an event of: its partition (every event of a cluster
+    is in one) and the latest time one of its events occurred at, whatever the fold made
+    of it (applied, rejected, a repeat; a plain lease renewal too). It is what the read
+    API measures a view's ages to, and a cluster with no other row is still listed."""
+
+    cluster: str
+    partition: int
+    latest_occurred_at: datetime
+
+    @property
+    def key(self) -> str:
+        return self.cluster
 
 
 @_pickled_as_fields
@@ -434,6 +465,7 @@ class State:
         default_factory=dict
     )
     audits: dict[ResourceKey, StorageAudit] = dataclasses.field(default_factory=dict)
+    clusters: dict[str, Cluster] = dataclasses.field(default_factory=dict)
     resources_by_apiserver: dict[LeaseKey, set[ResourceKey]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
@@ -483,6 +515,7 @@ class Changes:
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
     custom_resources: set[ResourceKey] = dataclasses.field(default_factory=set)
     audits: set[ResourceKey] = dataclasses.field(default_factory=set)
+    clusters: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def everything(cls, state: State) -> Changes:
@@ -494,6 +527,7 @@ class Changes:
             migrations=set(state.migrations),
             custom_resources=set(state.custom_resources),
             audits=set(state.audits),
+            clusters=set(state.clusters),
         )
 
     @property
@@ -510,3 +544,4 @@ class Changes:
         self.rejections += other.rejections
         self.custom_resources |= other.custom_resources
         self.audits |= other.audits
+        self.clusters |= other.clusters

@@ -59,6 +59,7 @@ from projections.database import writing
 from projections.fold import subject
 from projections.schema import (
     apiserver_leases,
+    clusters,
     custom_resource_definitions,
     database_identity,
     fold_snapshots,
@@ -77,6 +78,7 @@ from projections.snapshots import Rows, Snapshot, row_values
 from projections.snapshots import latest as latest_snapshot
 from projections.state import (
     Changes,
+    Cluster,
     Condition,
     CustomResourceDefinition,
     HolderKey,
@@ -105,6 +107,7 @@ VIEWS: Final = (
     storage_version_migrations,
     custom_resource_definitions,
     storage_audits,
+    clusters,
     ledger_events,
     rejected_events,
     lease_renewals,
@@ -122,6 +125,7 @@ STATE_VIEWS: Final = tuple(
         storage_version_migrations,
         custom_resource_definitions,
         storage_audits,
+        clusters,
     )
 )
 
@@ -177,6 +181,8 @@ class Batch:
     snapshots: Sequence[Snapshot] = ()
     custom_resources: Mapping[ResourceKey, CrdRow | None] = dataclasses.field(default_factory=dict)
     audits: Mapping[ResourceKey, StorageAudit | None] = dataclasses.field(default_factory=dict)
+    # The clusters whose latest event time the batch moved (never deleted).
+    clusters: Sequence[Cluster] = ()
 
     @classmethod
     def of(
@@ -220,6 +226,7 @@ class Batch:
             tuple(snapshots),
             _crd_rows(state, changes),
             _rows(changes.audits, state.audits),
+            tuple(state.clusters[cluster] for cluster in sorted(changes.clusters)),
         )
 
     @classmethod
@@ -345,6 +352,7 @@ def write(connection: Connection, batch: Batch) -> None:
     )
     _sync(connection, custom_resource_definitions, batch.custom_resources, _crd_values)
     _sync(connection, storage_audits, batch.audits, _values(storage_audits))
+    _upsert(connection, clusters, [_cluster_values(row) for row in batch.clusters])
     _upsert(
         connection,
         projection_checkpoints,
@@ -477,6 +485,8 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
                 last_transition_time=row["condition_last_transition_time"],
             ),
             revision=row["revision"],
+            created_revision=row["created_revision"],
+            created_at=row["created_at"],
         )
         versions[storage_version.key] = storage_version
 
@@ -491,6 +501,7 @@ def load_state(connection: Connection, resource: ResourceKey | None = None) -> S
             connection, custom_resource_definitions, CustomResourceDefinition, resource
         ),
         audits=_load(connection, storage_audits, StorageAudit, resource),
+        clusters=_load(connection, clusters, Cluster, resource),
     )
 
 
@@ -660,6 +671,8 @@ def _storage_version_values(storage_version: StorageVersion) -> dict[str, Any]:
         "condition_message": condition.message,
         "condition_last_transition_time": condition.last_transition_time,
         "revision": storage_version.revision,
+        "created_revision": storage_version.created_revision,
+        "created_at": storage_version.created_at,
     }
 
 
@@ -679,14 +692,17 @@ def _entry_row(
     )
 
 
-# Leases, StorageStates and Migrations are stored field for field: each column holds
-# the field (or, for ``name``, the property) of its name, except for the API group.
-_COLUMN_OF_FIELD: Final = {"group": "api_group"}
+# Leases, StorageStates, Migrations and clusters are stored field for field: each column
+# holds the field (or, for ``name``, the property) of its name, except for the API group
+# and a cluster's partition.
+_COLUMN_OF_FIELD: Final = {"group": "api_group", "partition": "log_partition"}
 _FIELD_OF_COLUMN: Final = {column: field for field, column in _COLUMN_OF_FIELD.items()}
 _NO_LIMIT: Final = 2**63 - 1  # past any offset
 _HEARTBEAT: Final = ApiserverHeartbeat.__name__  # the type whose IDs the fold does not keep
 
-_Stored = TypeVar("_Stored", Lease, StorageState, Migration, CustomResourceDefinition, StorageAudit)
+_Stored = TypeVar(
+    "_Stored", Lease, StorageState, Migration, CustomResourceDefinition, StorageAudit, Cluster
+)
 
 
 def _values(table: Table, computed: Collection[str] = ()) -> Callable[[Any], dict[str, Any]]:
@@ -745,6 +761,7 @@ def _crd_rows(state: State, changes: Changes) -> dict[ResourceKey, CrdRow | None
 
 
 _crd_columns: Final = _values(custom_resource_definitions, computed={"stored_version_verdicts"})
+_cluster_values: Final = _values(clusters)
 
 
 def _crd_values(row: CrdRow) -> dict[str, Any]:

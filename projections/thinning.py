@@ -53,11 +53,12 @@ from ledger.events import (
     ApiserverLeaseExpired,
     ApiserverLeaseReleased,
     Event,
+    from_micros,
     heartbeat_term,
     lease_term,
 )
 from ledger.kafka import LEASE_HEADER, TIME_HEADER, Message, Record, decode_message
-from projections.fold import apply, heartbeat_refusal
+from projections.fold import apply, heartbeat_refusal, occurred
 from projections.state import Changes, HolderKey, Lease, LeaseKey, RenewalCount, State
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ class Thinning:
     ``finish()``. A consumer that folds poll after poll may hand each poll's thinning
     the same ``pending`` and call ``finish()`` only now and then: renewals still
     pending then carry over to the next poll, and the state lags only in its leases'
-    renew times (and those rows' revisions) until it is called. ``counts`` then holds
+    renew times (and those rows' revisions) and its clusters' latest event times until
+    it is called. ``counts`` then holds
     the plain renewals per holder, ``dead`` the records that belong in the dead-letter
     topic (with the reason), and ``changes`` the keys the batch changed. With
     ``folded``, it is called with each record folded but plain renewals and the keys
@@ -262,6 +264,9 @@ class Thinning:
             holder = self.state.leases[key].holder_identity
         partition, first = pending[0].partition, pending[0].offset
         last = pending[-1].offset
+        # Their times, as folding each would have moved the cluster's latest time.
+        latest = from_micros(max(map(_moment, pending)))
+        occurred(self.state, key[0], partition, latest, self.changes)
         count = self.counts.get((key[0], key[1], holder))
         if count is None:
             self.counts[key[0], key[1], holder] = RenewalCount(partition, first, last, len(pending))
@@ -309,6 +314,14 @@ class Thinning:
                 yield record
             elif isinstance(decoded := self._decoded(record), Record):
                 yield decoded
+
+
+def _moment(pending: _Pending) -> int:
+    """When a pending renewal occurred (microseconds): its time header, read as the hot
+    path of :meth:`Thinning.fold` found it, or its event's."""
+    if isinstance(pending, Record):
+        return pending.time
+    return int.from_bytes(pending.headers[1][1], "big", signed=True)
 
 
 def _renewed(record: Record) -> object:

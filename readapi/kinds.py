@@ -20,7 +20,9 @@ handlers (:mod:`readapi.objects`, :mod:`readapi.watch`) move them over HTTP.
   or a migration its verdicts read, or its last audit). ``creationTimestamp`` is
   the time of the event that created the row, and ``uid`` is derived from the cluster,
   kind, name and that event's offset, so an object deleted and created again gets a new
-  uid, as in Kubernetes.
+  uid, as in Kubernetes: the fold records both in the row (``created_at``,
+  ``created_revision``; for a StorageState, its fold row's), so a view built from a fold
+  snapshot shows what one folded from the log's beginning shows.
 * A migration's phase maps onto upstream's conditions: ``Running`` and ``Succeeded``
   as such; ``Failed`` and ``Cancelled`` as ``Failed`` with the ledger's reason
   (``Cancelled`` for a cancellation) and message; ``Pending`` has no condition (an
@@ -108,6 +110,14 @@ class ServedStorageState:
         return self.storage_state.key
 
     @property
+    def created_revision(self) -> str:
+        return self.storage_state.created_revision
+
+    @property
+    def created_at(self) -> datetime:
+        return self.storage_state.created_at
+
+    @property
     def removable(self) -> tuple[str, ...]:
         """The versions of ``storedVersions`` the ledger proves no object is stored in."""
         return tuple(v.version for v in self.verdicts if v.removable)
@@ -145,26 +155,17 @@ _UID_NAMESPACE: Final = uuid.UUID("6c1f7c8e-5a0b-4f5e-9a43-3f0e2f1b7d21")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Created:
-    """When and where (the event's offset) a row first appeared."""
-
-    time: datetime
-    offset: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class View:
     """One cluster's rows as the log stood after ``offset`` in its partition.
 
     ``time`` is the time of the view: the last applied event's for a past view, now
-    for the live one; ages are measured to it. ``created`` is keyed by kind and row key.
+    for the live one; ages are measured to it.
     """
 
     cluster: str
     offset: int
     time: datetime
     state: State
-    created: Mapping[tuple[str, tuple[str, ...]], Created]
 
 
 # --------------------------------------------------------------------------- kinds
@@ -243,13 +244,12 @@ class Kind:
 
     def metadata(self, row: Any, view: View) -> JSON:
         name = self.name(row)
-        created = view.created.get((self.kind, row.key[1:]))
-        offset = created.offset if created else Position.parse(row.revision).offset
+        offset = Position.parse(row.created_revision).offset
         metadata: JSON = {
             "name": name,
             "uid": str(uuid.uuid5(_UID_NAMESPACE, f"{view.cluster}/{self.kind}/{name}/{offset}")),
             "resourceVersion": str(Position.parse(row.revision).offset),
-            "creationTimestamp": kube_time(created.time) if created else None,
+            "creationTimestamp": kube_time(row.created_at),
         }
         if self.namespaced:
             metadata["namespace"] = LEASE_NAMESPACE
@@ -298,9 +298,8 @@ def human_duration(seconds: float) -> str:
     return f"{hours // 24 // 365}y"
 
 
-def _age(kind: str, row: Any, view: View) -> str:
-    created = view.created.get((kind, row.key[1:]))
-    return human_duration((view.time - created.time).total_seconds()) if created else "<unknown>"
+def _age(row: Any, view: View) -> str:
+    return human_duration((view.time - row.created_at).total_seconds())
 
 
 def _none(value: str | None) -> str:
@@ -400,7 +399,7 @@ STORAGE_VERSIONS: Final = Kind(
         row.name,
         row.common_encoding_version or "<unset>",
         _first_entries(per_apiserver(row.entries)),
-        _age("StorageVersion", row, view),
+        _age(row, view),
         row.condition.status,
         len(per_apiserver(row.entries)),
     ],
@@ -448,7 +447,7 @@ LEASES: Final = Kind(
     cells=lambda row, view: [
         row.apiserver_id,
         row.holder_identity,
-        _age("Lease", row, view),
+        _age(row, view),
         row.hostname,
         human_duration((view.time - row.renew_time).total_seconds()),
     ],
@@ -617,7 +616,7 @@ def _storage_state_cells(served: ServedStorageState, view: View) -> list[Any]:
         row.name,
         _hash_with_version(_none(row.current_storage_version_hash), named),
         ", ".join(_hash_with_version(h, named) for h in row.persisted_storage_version_hashes),
-        _age("StorageState", row, view),
+        _age(row, view),
         ", ".join(served.removable),
         "" if served.audit is None else f"{served.audit.objects} at {served.audit.etcd_revision}",
     ]

@@ -8,7 +8,8 @@ folded as the projector folds it, plain lease renewals thinned
 (:mod:`projections.thinning`: most of the log, and most of them never decoded), into
 exactly the same views. For each cluster it keeps:
 
-* the live view (the state, plus when and at which offset each row was created);
+* the live view (the state: its rows record when and at which offset each was created,
+  and its cluster's latest event time, :mod:`projections.state`);
 * a window of the latest changes (offset, ADDED/MODIFIED/DELETED, the row before and
   after), from which watches are served; a watch from an offset older than the
   window (or than the records folded thinned at start-up) is answered 410 Gone, as
@@ -20,16 +21,32 @@ exactly the same views. For each cluster it keeps:
   keeps about ``recent_checkpoints * log2(taken / recent_checkpoints)`` of them and the
   server's memory grows with the logarithm of the log, not with the log.
 
+With a :class:`~projections.snapshots.SnapshotSource` (``serve --snapshots-from URL``,
+the projector's database) each partition starts instead from the projector's latest
+sound fold snapshot at or before the partition's end (with a known log time), as the
+consumers' folds do, and the log is read on from there: the start costs the snapshot's
+rows and at most ``--snapshot-every`` records of each partition, not the whole log. The
+records before the snapshot are passed over as records folded thinned are: a watch from
+before them is answered 410 Gone. The snapshot is the fold's state exactly, with each
+row's creation and each cluster the partition has events of (with the latest time one
+occurred at), so what is served from it is, bit for bit, what a fold from the log's
+beginning serves. No snapshot, a corrupt one, or a database that cannot be read or does
+not answer: the partition is read from its beginning, with a warning.
+
 A past view (:meth:`LedgerViews.view_at`) starts from the latest checkpoint at or
 before the point and folds the records of the cluster's partition after it, read
 again from Kafka: at most ``checkpoint_every`` for the recent past, and for an older
-point at most about its age in records divided by ``recent_checkpoints / 2``; built
-views are kept in a small LRU cache. A point is an offset in the cluster's partition (the
-resourceVersion the API shows) or a time: the view then holds every event of the
-cluster before its partition's first event (of any cluster) that occurred after that
-time, the cut ``replay --until`` makes (:mod:`projections.replay`), so the two agree. A
-view of a time no event of the partition is after yet is built again when asked again
-(a later record may still belong before the cut), not kept.
+point at most about its age in records divided by ``recent_checkpoints / 2``; with
+snapshots, a point before every checkpoint kept starts from the projector's latest
+snapshot at or before it (:func:`projections.snapshots.latest`, the cut ``replay
+--until`` makes). Built views are kept in a small LRU cache. A point is an offset in
+the cluster's partition (the resourceVersion the API shows) or a time: the view then
+holds every event of the cluster before its partition's first event (of any cluster)
+that occurred after that time, the cut ``replay --until`` makes
+(:mod:`projections.replay`), so the two agree, and its resourceVersion is the offset
+before that cut, wherever the fold started from. A view of a time no event of the
+partition is after yet is built again when asked again (a later record may still belong
+before the cut), not kept.
 """
 
 from __future__ import annotations
@@ -39,13 +56,15 @@ import bisect
 import collections
 import contextlib
 import dataclasses
+import functools
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, cast
 
 from ledger import metrics
 from ledger.errors import Unavailable, UsageError
-from ledger.events import Event, Position, from_micros, micros
+from ledger.events import Event, Position, micros
 from ledger.kafka import (
     EndOffsets,
     EventConsumer,
@@ -60,22 +79,30 @@ from ledger.kafka import (
 from ledger.names import resource_name
 from ledger.progress import CatchUp
 from ledger.settings import KafkaSettings
+from ledger.tasks import in_daemon_thread, retrieved
 from projections.fold import apply
 from projections.history import resolve
 from projections.replay import cluster_log
-from projections.snapshots import NO_EVENTS
+from projections.snapshots import Rows, Snapshot, SnapshotSource, state_of
 from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Thinning
 from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
-from readapi.kinds import Created, Row, ServedStorageState, View, served_storage_state
+from readapi.kinds import Row, ServedStorageState, View, served_storage_state
 
 Point: TypeAlias = int | datetime
 ChangeType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED"]
-CreatedKey: TypeAlias = tuple[str, tuple[str, ...]]
+RowKey: TypeAlias = tuple[str, tuple[str, ...]]  # kind, and the row's key but its cluster
+
+log = logging.getLogger(__name__)
 
 CACHED_VIEWS: Final = 64
-_NEVER: Final = micros(NO_EVENTS)
 READER: Final = "serve"  # its label in the Prometheus metrics (ledger.metrics)
+# How long a read of fold snapshots waits for their database before the partition is
+# read from the log's beginning instead (a frozen server: no error comes).
+SNAPSHOT_WAIT_SECONDS: Final = 60.0
+# The views start only from a snapshot whose log time is known (every one but those
+# taken before log times were kept): ``/at/TIME`` cuts by it.
+_KNOWN_LOG_TIME: Final = datetime.max.replace(tzinfo=UTC)
 
 
 class UnknownCluster(UsageError):
@@ -99,34 +126,29 @@ class Change:
     type: ChangeType
     row: Row  # the row after the change; for DELETED, the last one
     previous: Row | None
-    created: Created
 
 
 @dataclasses.dataclass
 class ClusterFold:
     """One cluster's fold and what the API needs beside it.
 
-    ``rows`` mirrors the state's rows by kind and name, with ``created`` telling when
-    each was created, so a deletion is sent with the row's last content and a row
-    created again gets a new uid.
+    ``rows`` mirrors the state's served rows by kind and name, so a deletion is sent
+    with the row's last content.
     """
 
     cluster: str
     partition: int
     state: State = dataclasses.field(default_factory=State)
-    created: dict[CreatedKey, Created] = dataclasses.field(default_factory=dict)
-    rows: dict[CreatedKey, Row] = dataclasses.field(default_factory=dict)
+    rows: dict[RowKey, Row] = dataclasses.field(default_factory=dict)
     offset: int = -1  # the last offset of the partition folded (or passed over)
-    time: datetime | None = None  # the latest time an event of the cluster occurred at
     changes: collections.deque[Change] = dataclasses.field(default_factory=collections.deque)
     horizon: int = -1  # every change at an offset above this is in ``changes``
 
     def apply(self, event: Event, position: Position, window: int) -> None:
         """Fold one event; keep its changes for watches if ``window`` is not 0."""
         changes = apply(self.state, event, position)
-        self._occurred(event.meta.occurred_at)
         self.offset = position.offset
-        found = self._track(changes, position.offset, event.meta.occurred_at)
+        found = self._track(changes, position.offset)
         if window:
             self.changes.extend(found)
             while len(self.changes) > window:
@@ -135,13 +157,15 @@ class ClusterFold:
     def track(self, record: Record, changes: Changes) -> None:
         """Take the ``changes`` of a record folded into the state by someone else (a
         :class:`~projections.thinning.Thinning`), right after it, keeping none for watches."""
-        self._track(changes, record.position.offset, record.event.meta.occurred_at)
+        self._track(changes, record.position.offset)
 
-    def _occurred(self, time: datetime) -> None:
-        if self.time is None or time > self.time:
-            self.time = time
+    @property
+    def time(self) -> datetime | None:
+        """The latest time an event of the cluster occurred at (None: no event yet)."""
+        known = self.state.clusters.get(self.cluster)
+        return None if known is None else known.latest_occurred_at
 
-    def _track(self, changes: Changes, offset: int, time: datetime) -> list[Change]:
+    def _track(self, changes: Changes, offset: int) -> list[Change]:
         state = self.state
         # A StorageState is served with its CustomResourceDefinition's verdicts, which its
         # migrations change too, and with its last audit
@@ -170,20 +194,18 @@ class ClusterFold:
         ]
         found: list[Change] = []
         for kind, name, row in sorted(touched, key=lambda item: (item[0], item[1])):
-            created_key = (kind, name)
-            previous = self.rows.get(created_key)
+            row_key = (kind, name)
+            previous = self.rows.get(row_key)
             if row is None:
                 if previous is not None:
-                    del self.rows[created_key]
-                    born = self.created.pop(created_key)
-                    found.append(Change(offset, "DELETED", previous, previous, born))
+                    del self.rows[row_key]
+                    found.append(Change(offset, "DELETED", previous, previous))
                 continue
-            self.rows[created_key] = row
+            self.rows[row_key] = row
             if previous is None:
-                born = self.created[created_key] = Created(time, offset)
-                found.append(Change(offset, "ADDED", row, None, born))
+                found.append(Change(offset, "ADDED", row, None))
             elif previous is not row and previous != row:
-                found.append(Change(offset, "MODIFIED", row, previous, self.created[created_key]))
+                found.append(Change(offset, "MODIFIED", row, previous))
         return found
 
     def _storage_state(self, key: ResourceKey) -> ServedStorageState | None:
@@ -204,11 +226,10 @@ class ClusterFold:
                 seen={cluster: seen.copy() for cluster, seen in state.seen.items()},
                 custom_resources=dict(state.custom_resources),
                 audits=dict(state.audits),
+                clusters=dict(state.clusters),
             ),
-            created=dict(self.created),
             rows=dict(self.rows),
             offset=self.offset,
-            time=self.time,
         )
 
     def view(self, time: datetime | None = None) -> View:
@@ -217,7 +238,6 @@ class ClusterFold:
             offset=self.offset,
             time=time or self.time or datetime.now(UTC),
             state=self.state,
-            created=self.created,
         )
 
 
@@ -263,8 +283,10 @@ class LedgerViews:
         recent_checkpoints: int = RECENT_CHECKPOINTS,
         watch_window: int = WATCH_WINDOW,
         cached_views: int = CACHED_VIEWS,
+        snapshots: SnapshotSource | None = None,
     ) -> None:
         self.settings = settings
+        self.snapshots = snapshots
         self.checkpoint_every = checkpoint_every
         self.recent_checkpoints = recent_checkpoints
         self.watch_window = watch_window
@@ -275,6 +297,10 @@ class LedgerViews:
         self._positions: dict[int, int] = {}  # next offset to read, per partition
         self._since_checkpoint: dict[int, int] = {}
         self._checkpoints: dict[int, list[Checkpoint]] = {}  # per partition, ascending
+        # Of a partition started from a fold snapshot: the offset before it (no change
+        # before it is kept for watches).
+        self._passed_over: dict[int, int] = {}
+        self._unanswered: asyncio.Future[Any] | None = None  # a snapshot read given up on
         self._changed = asyncio.Event()
         self._cache: collections.OrderedDict[tuple[str, Point], View] = collections.OrderedDict()
         self._cached_views = cached_views
@@ -289,6 +315,12 @@ class LedgerViews:
         if started is None:
             return
         consumer, targets = started
+        try:
+            if begins := await self._start_from_snapshots(targets, stop):
+                consumer.seek(begins)  # the others from the beginning
+        except BaseException:
+            await consumer.__aexit__(None, None, None)
+            raise
         # Below these offsets renewals are thinned; the rest is folded one by one, so
         # watches can start from the tail of the log as it was at start-up.
         thinned = {p: end - self.watch_window for p, end in targets.items()}
@@ -316,6 +348,8 @@ class LedgerViews:
             lag.clear()
             self._wake()  # watches look at the stop signal
             await consumer.__aexit__(None, None, None)
+            if self.snapshots is not None:
+                self.snapshots.close()
 
     async def _start(self) -> tuple[EventConsumer, dict[int, int]]:
         """A consumer of every partition, from the beginning, and the partitions' ends
@@ -337,7 +371,7 @@ class LedgerViews:
             cluster = record.event.meta.cluster
             fold = self.clusters.get(cluster)
             if fold is None:
-                fold = self.clusters[cluster] = ClusterFold(cluster, position.partition)
+                fold = self.clusters[cluster] = self._new_fold(cluster, position.partition)
             fold.apply(record.event, position, self.watch_window)
             self.events_folded += 1
             partition = position.partition
@@ -353,8 +387,8 @@ class LedgerViews:
     ) -> list[tuple[Message, str]]:
         """Fold ``messages`` (``partition``'s, undecoded, in log order) with plain lease
         renewals thinned (:mod:`projections.thinning`): most are not decoded, and of a
-        run of them only what one-by-one folding ends with is folded. The state, rows
-        and creations are then exactly those of :meth:`_fold`, and so are the checkpoints
+        run of them only what one-by-one folding ends with is folded. The state and rows
+        are then exactly those of :meth:`_fold`, and so are the checkpoints
         (all renewals are folded before each); the watch window keeps nothing of them, so
         a watch can start only after them. Returns the records that do not decode."""
         dead: list[tuple[Message, str]] = []
@@ -381,18 +415,16 @@ class LedgerViews:
         for key, records in by_cluster.items():
             # A record folds only if its key is its event's cluster (else it is dead).
             name = (key or b"").decode(errors="replace")
-            fold = self.clusters.get(name) or ClusterFold(name, partition)
+            fold = self.clusters.get(name) or self._new_fold(name, partition)
             changes = Changes()
             thinning = Thinning(fold.state, LeaseTerms(fold.state), changes, fold.track)
-            latest = thinning.fold(records, [], _NEVER)
+            thinning.fold(records, [], None)
             thinning.finish()
             dead += thinning.dead
             if len(thinning.dead) == len(records):
                 continue
             self.clusters[name] = fold
             self.events_folded += len(records) - len(thinning.dead)
-            if latest is not None:
-                fold._occurred(from_micros(latest))
             fold.offset = max(fold.offset, records[-1].offset)
             fold.horizon = max(fold.horizon, records[-1].offset)
             for lease_key in changes.leases:  # renewed, as the renewals left them
@@ -400,21 +432,124 @@ class LedgerViews:
                     fold.rows["Lease", lease_key[1:]] = lease
         return dead
 
+    def _new_fold(self, cluster: str, partition: int) -> ClusterFold:
+        """The fold of a cluster first met at this point of ``partition``: a partition
+        started from a snapshot may have held its changes before, which are not kept."""
+        return ClusterFold(cluster, partition, horizon=self._passed_over.get(partition, -1))
+
     def _checkpoint(self, partition: int, next_offset: int) -> None:
         folds = {
             name: fold.copy() for name, fold in self.clusters.items() if fold.partition == partition
         }
+        times = [f.time for f in folds.values() if f.time is not None]
         checkpoints = self._checkpoints.get(partition, [])
         taken = checkpoints[-1].number + 1 if checkpoints else 1  # the newest is always kept
         self._checkpoints[partition] = [
             *(c for c in checkpoints if kept(c.number, taken, self.recent_checkpoints)),
-            Checkpoint(
-                taken,
-                next_offset,
-                folds,
-                max((f.time for f in folds.values() if f.time is not None), default=None),
-            ),
+            Checkpoint(taken, next_offset, folds, max(times, default=None)),
         ]
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def _start_from_snapshots(
+        self, targets: Mapping[int, int], stop: asyncio.Event
+    ) -> dict[int, int]:
+        """Start each partition's folds from its latest sound fold snapshot at or before
+        its end in ``targets`` (with ``--snapshots-from``); the offset each such partition
+        is read on from. A partition with none is read from its beginning, with a warning."""
+        begins: dict[int, int] = {}
+        if self.snapshots is None:
+            return begins
+        for partition, end in sorted(targets.items()):
+            if end == 0:
+                continue
+            found = await self._snapshot(partition, end, _KNOWN_LOG_TIME, stop)
+            if found is None:
+                log.warning(
+                    "%s: partition %d is folded from the log's beginning (%d records): no"
+                    " sound fold snapshot of it was found in %s",
+                    READER,
+                    partition,
+                    end,
+                    self.snapshots.shown,
+                )
+                continue
+            snapshot, rows = found
+            self._start_from(snapshot, rows)
+            begins[partition] = snapshot.next_offset
+            log.info(
+                "%s: partition %d starts from its fold snapshot at offset %d (the log ends at %d)",
+                READER,
+                partition,
+                snapshot.next_offset,
+                end,
+            )
+        return begins
+
+    def _start_from(self, snapshot: Snapshot, rows: Rows) -> None:
+        """The folds of ``snapshot``'s partition: its clusters' states, as the fold of every
+        record before it left them. Its records are passed over as records folded thinned
+        are: no change of them is kept for watches."""
+        partition, offset = snapshot.partition, snapshot.next_offset
+        for cluster, cluster_rows in _by_cluster(rows).items():
+            self.clusters[cluster] = _fold_of(cluster, partition, cluster_rows, offset)
+        self._passed_over[partition] = offset - 1
+        self._positions[partition] = offset
+        self._checkpoint(partition, offset)
+
+    async def _snapshot(
+        self,
+        partition: int,
+        limit: int,
+        until_time: datetime | None,
+        stop: asyncio.Event | None = None,
+    ) -> tuple[Snapshot, Rows] | None:
+        """The latest sound fold snapshot of ``partition`` a fold up to ``limit`` (and
+        ``until_time``) may start from, read in a thread of its own
+        (:func:`~ledger.tasks.in_daemon_thread`); None (the log's beginning) without
+        snapshots, for none, for a database that cannot be read (logged by
+        :class:`~projections.snapshots.SnapshotSource`), or that does not answer within
+        :data:`SNAPSHOT_WAIT_SECONDS`, or once ``stop`` is set. While a read given up on is
+        still unanswered, the database is not asked again."""
+        snapshots = self.snapshots
+        if snapshots is None or (stop is not None and stop.is_set()):
+            return None
+        if self._unanswered is not None and not self._unanswered.done():
+            log.warning(
+                "%s: %s has still not answered, so partition %d is read from the log's beginning",
+                READER,
+                snapshots.shown,
+                partition,
+            )
+            return None
+        reading = in_daemon_thread(
+            functools.partial(snapshots.find, self.settings.topic, partition, limit, until_time),
+            name=f"svledger-serve-snapshot-{partition}",
+        )
+        reading.add_done_callback(retrieved)  # its answer may come when no one waits
+        stopped = asyncio.ensure_future((stop or asyncio.Event()).wait())
+        try:
+            await asyncio.wait(
+                (reading, stopped),
+                timeout=SNAPSHOT_WAIT_SECONDS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stopped.cancel()
+        if reading.done():
+            return reading.result()
+        self._unanswered = reading
+        if stopped.done():
+            return None
+        log.warning(
+            "%s: no answer from %s within %.0f s for the fold snapshots of partition %d, so"
+            " it is read from the log's beginning",
+            READER,
+            snapshots.shown,
+            SNAPSHOT_WAIT_SECONDS,
+            partition,
+        )
+        return None
 
     async def _passed(
         self, positions: Mapping[int, int], targets: Mapping[int, int], folded: bool
@@ -496,11 +631,19 @@ class LedgerViews:
             begin = checkpoint.next_offset
             if (start := checkpoint.folds.get(live.cluster)) is not None:
                 fold = start.copy()
-        cut = begin < stop and await self._refold(fold, point, begin, stop)
+        elif (found := await self._snapshot(live.partition, stop, _cut_time(point))) is not None:
+            # Older than any fold kept here: from the projector's snapshot before it.
+            snapshot, rows = found
+            begin = snapshot.next_offset
+            fold = _fold_of(live.cluster, live.partition, rows, begin)
+        cut = await self._refold(fold, point, begin, stop) if begin < stop else None
         if isinstance(point, int):
             fold.offset = point
             return fold.view(), True
-        return fold.view(time=point), cut
+        # The view holds the partition up to its cut (or up to ``stop``), wherever the
+        # fold started from (a checkpoint, a snapshot): its resourceVersion says so.
+        fold.offset = (stop if cut is None else cut) - 1
+        return fold.view(time=point), cut is not None
 
     def _checkpoint_around(self, live: ClusterFold, point: Point) -> tuple[Checkpoint | None, int]:
         """The latest checkpoint at or before ``point``, and the offset to read up to.
@@ -521,10 +664,10 @@ class LedgerViews:
             found = checkpoint
         return found, self._positions.get(live.partition, live.offset + 1)
 
-    async def _refold(self, fold: ClusterFold, point: Point, begin: int, stop: int) -> bool:
+    async def _refold(self, fold: ClusterFold, point: Point, begin: int, stop: int) -> int | None:
         """Fold the cluster's records from ``begin`` to ``stop`` (or, for a time, to the
         partition's first event after it, the other clusters' records passed over
-        undecoded); True if that cut was found."""
+        undecoded); the offset of that cut, if it was found."""
         partition = fold.partition
         key = fold.cluster.encode()
         limit = micros(point) if isinstance(point, datetime) else None
@@ -543,12 +686,52 @@ class LedgerViews:
                     if limit is not None:
                         moment = message_time(message)
                         if moment is not None and moment > limit:
-                            return True
+                            cut: int = message.offset
+                            return cut
                     if message.key == key:
                         record = decode_message(message)
                         if isinstance(record, Record):
                             fold.apply(record.event, record.position, window=0)
-        return False
+        return None
+
+
+def _cut_time(point: Point) -> datetime | None:
+    return point if isinstance(point, datetime) else None
+
+
+def _by_cluster(rows: Rows) -> dict[str, Rows]:
+    """A snapshot's rows (of its partition's clusters) by cluster."""
+    groups: tuple[tuple[Any, ...], ...] = rows
+    split: dict[str, tuple[list[Any], ...]] = {}
+    for index, group in enumerate(groups):
+        for row in group:
+            split.setdefault(row.cluster, tuple([] for _ in groups))[index].append(row)
+    return {cluster: cast(Rows, tuple(map(tuple, lists))) for cluster, lists in split.items()}
+
+
+def _fold_of(cluster: str, partition: int, rows: Rows, next_offset: int) -> ClusterFold:
+    """``cluster``'s fold from a snapshot's ``rows``, up to (not including) ``next_offset``:
+    the state is exactly the one the fold of every record before ``next_offset`` leaves
+    (with each row's creation and the cluster's latest event time), and the served rows
+    follow from it."""
+    state = state_of([rows], cluster)
+    served: dict[RowKey, Row] = {
+        **{("Lease", key[1:]): row for key, row in state.leases.items()},
+        **{("StorageVersion", key[1:]): row for key, row in state.storage_versions.items()},
+        **{
+            ("StorageState", key[1:]): served_storage_state(state, row)
+            for key, row in state.storage_states.items()
+        },
+        **{("StorageVersionMigration", key[1:]): row for key, row in state.migrations.items()},
+    }
+    return ClusterFold(
+        cluster,
+        partition,
+        state,
+        rows=served,
+        offset=next_offset - 1,
+        horizon=next_offset - 1,
+    )
 
 
 async def timeline_page(settings: KafkaSettings, cluster: str, name: str) -> str:

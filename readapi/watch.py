@@ -175,7 +175,6 @@ class _WatchStream:
                 offset=change.offset,
                 time=clusters.now(),
                 state=fold.state,
-                created={(self.kind.kind, tuple(change.row.key[1:])): change.created},
             )
             sent |= await self._change(change, view)
         return sent, reached

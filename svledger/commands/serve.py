@@ -12,9 +12,11 @@ from svledger.options import (
     add_command,
     add_kafka_options,
     add_metrics_option,
+    add_snapshots_option,
     kafka_settings,
     positive,
     run_until_signalled,
+    snapshot_source,
 )
 
 
@@ -38,11 +40,15 @@ def add_serve(subparsers: Subparsers) -> None:
             "  kubectl --server $S/at/2026-11-02T10:00:00Z get storageversions -o yaml\n"
             "\n"
             "/healthz answers while the process runs, /readyz once the log is folded up to\n"
-            "the end it had at start."
+            "the end it had at start. That reads every record of the log; with\n"
+            "--snapshots-from, each partition is read on from the projector's latest fold\n"
+            "snapshot before its end instead, and /at/ a point older than any fold kept in\n"
+            "memory from the projector's latest snapshot before that point."
         ),
     )
     add_kafka_options(parser, "reader")
     add_metrics_option(parser)
+    add_snapshots_option(parser)
     parser.add_argument(
         "--address",
         default="127.0.0.1:8080",
@@ -121,5 +127,6 @@ def _serve(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         recent_checkpoints=args.recent_checkpoints,
         watch_window=args.watch_window,
+        snapshots=snapshot_source(args),
     )
     return run_until_signalled(lambda stop: serve(views, options, stop), args.metrics_address)

@@ -102,6 +102,60 @@ def test_entries_of_an_older_database_keep_their_order(database_url: str) -> Non
     assert sorted(ordinals) == [("a", 0), ("b", 1), ("c", 2)]
 
 
+def test_rows_of_an_older_database_are_created_by_their_last_change(database_url: str) -> None:
+    # Before 0009 rows had no creation and there was no clusters table: the upgrade
+    # gives a row its last change's position and logged time (a lease renewed by a plain
+    # renewal, not logged: its renew time), and lists the clusters ledger_events has.
+    logged = datetime(2024, 1, 1, 0, 0, 3, tzinfo=UTC)
+    renewed = datetime(2024, 1, 1, 0, 0, 9, tzinfo=UTC)
+    db = create_engine(database_url)
+    try:
+        with db.begin() as connection:
+            config = database._alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0008")
+            connection.execute(
+                text(
+                    "INSERT INTO storage_states (cluster, api_group, resource, name,"
+                    " persisted_storage_version_hashes, current_storage_version_hash, revision)"
+                    " VALUES ('c', 'apps', 'deployments', 'deployments.apps', '[\"Unknown\"]',"
+                    " NULL, '0:3')"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO apiserver_leases (cluster, apiserver_id, holder_identity,"
+                    " hostname, lease_duration_seconds, renew_time, revision) VALUES ('c',"
+                    " 'apiserver-a', 'apiserver-a_1', 'host-a', 3600, :renewed, '0:9')"
+                ),
+                {"renewed": renewed},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO ledger_events (topic, log_partition, log_offset, cluster,"
+                    " event_id, event_type, subject, occurred_at, source, payload, outcome)"
+                    " VALUES ('t', 0, 3, 'c', 'e-3', 'StorageVersionReported',"
+                    " 'apps.deployments', :logged, 'apiserver-a', '{}', 'applied')"
+                ),
+                {"logged": logged},
+            )
+    finally:
+        db.dispose()
+    database.upgrade(database_url)
+    db = database.engine(database_url)
+    try:
+        with db.connect() as connection:
+            state = load_state(connection)
+    finally:
+        db.dispose()
+    [storage_state] = state.storage_states.values()
+    [lease] = state.leases.values()
+    assert (storage_state.created_revision, storage_state.created_at) == ("0:3", logged)
+    assert (lease.created_revision, lease.created_at) == ("0:9", renewed)
+    [cluster] = state.clusters.values()
+    assert (cluster.cluster, cluster.partition, cluster.latest_occurred_at) == ("c", 0, logged)
+
+
 def test_plain_postgresql_urls_are_driven_by_psycopg(postgres_url: str) -> None:
     plain = make_url(postgres_url).set(drivername="postgresql")
     database.upgrade(plain.render_as_string(hide_password=False))

@@ -40,7 +40,7 @@ def _requested(events: list[Event]) -> MigrationRequested:
 def _folded(state: State, request: MigrationRequested, phase: Phase) -> None:
     state.migrations["east", request.migration_id] = Migration(
         "east", request.migration_id, request.group, request.resource, request.target_version,
-        request.target_hash, "0:1", phase, 0, None, None, None, NOW, NOW, "0:2",
+        request.target_hash, "0:1", phase, 0, None, None, None, NOW, NOW, "0:2", "0:2", NOW,
     )  # fmt: skip
 
 

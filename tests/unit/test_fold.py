@@ -362,12 +362,15 @@ def test_expiry_for_an_apiserver_without_entries_completes_the_membership() -> N
     assert log.storage_version().condition == condition(SET, log.now)
     assert log.storage_state().current_storage_version_hash == pods_hash("v1")
     key = ("east", "", "pods")
-    assert changes == Changes(leases={("east", "2")}, storage_versions={key}, storage_states={key})
+    assert changes == Changes(
+        leases={("east", "2")}, storage_versions={key}, storage_states={key}, clusters={"east"}
+    )
 
 
 def test_last_entry_removed_deletes_the_storage_version_but_not_its_storage_state() -> None:
     log = joined("1", "2")
     log.report("1", "v1")
+    created = (log.revision, log.now)  # the StorageState's creation, kept as it changes
     log.report("2", "v1")
     log.withdraw("1")  # 1 holds a lease and no entry: agreement is unknown from here
     unknown_since = log.revision
@@ -377,7 +380,7 @@ def test_last_entry_removed_deletes_the_storage_version_but_not_its_storage_stat
     assert not log.has_storage_version()
     assert ("east", "", "pods") in changes.storage_versions
     assert log.storage_state() == StorageState(
-        "east", "", "pods", ("Unknown", pods_hash("v1")), None, unknown_since
+        "east", "", "pods", ("Unknown", pods_hash("v1")), None, unknown_since, *created
     )
     assert log.state.resources_by_apiserver == {}
 
@@ -452,7 +455,7 @@ def test_renewal_moves_only_the_lease_revision() -> None:
     assert log.state.leases[("east", "1")].renew_time == log.now
     assert log.state.leases[("east", "1")].revision == log.revision
     assert log.storage_version() == storage_version
-    assert changes == Changes(leases={("east", "1")})
+    assert changes == Changes(leases={("east", "1")}, clusters={"east"})
 
 
 @pytest.mark.parametrize("apiserver_id", ["Bad_ID", "-fea", "", "a..b", "x" * 254])
@@ -551,7 +554,7 @@ def test_identical_report_changes_nothing() -> None:
 
     changes = log.report("1", "v1")
 
-    assert changes == Changes()
+    assert changes == Changes(clusters={"east"})  # only its latest event time moved
     assert (log.storage_version(), log.storage_state()) == (storage_version, storage_state)
 
 
@@ -782,6 +785,7 @@ def test_entries_keep_upstreams_order() -> None:
 def test_persisted_hashes_accumulate_every_reported_version_until_reset() -> None:
     log = joined("1", "2")
     log.report("1", "v1")
+    created = (log.revision, log.now)
     assert log.storage_state().persisted_storage_version_hashes == ("Unknown", pods_hash("v1"))
 
     log.report("2", "v2")
@@ -799,7 +803,7 @@ def test_persisted_hashes_accumulate_every_reported_version_until_reset() -> Non
 
     log.reset()
     assert log.storage_state() == StorageState(
-        "east", "", "pods", ("Unknown",), pods_hash("v2"), log.revision
+        "east", "", "pods", ("Unknown",), pods_hash("v2"), log.revision, *created
     )
     log.report("1", "v2")
     assert log.storage_state().persisted_storage_version_hashes == ("Unknown", pods_hash("v2"))

@@ -30,11 +30,15 @@ TABLES = (
     "custom_resources",
     "audits",
 )
+# The views: the tables of rows with a revision, and each cluster's latest event time.
+VIEWS = (*TABLES, "clusters")
+# The tables of the rows the read API serves, which record their creation.
+SERVED = ("leases", "storage_versions", "storage_states", "migrations")
 
 
 def rows(state: State) -> dict[str, dict[Any, Any]]:
     """A copy of every view's rows (the rows themselves are immutable)."""
-    return {table: dict(getattr(state, table)) for table in TABLES}
+    return {table: dict(getattr(state, table)) for table in VIEWS}
 
 
 def reloaded(state: State) -> State:
@@ -55,7 +59,7 @@ def assert_changes_are_the_differences(
     before: dict[str, dict[Any, Any]], after: State, changes: Changes
 ) -> None:
     """Changed keys are exactly the rows that differ, or rows created and deleted since."""
-    for table in TABLES:
+    for table in VIEWS:
         old, new = before[table], getattr(after, table)
         differ = {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
         touched = getattr(changes, table)
@@ -119,8 +123,23 @@ def test_invariants_hold_after_every_event(history: list[tuple[Event, Position]]
         for table in TABLES:
             for key in getattr(changes, table) & getattr(state, table).keys():
                 assert getattr(state, table)[key].revision == str(position)
+        for table in SERVED:
+            for key, row in getattr(state, table).items():
+                was = before[table].get(key)
+                created = (
+                    (str(position), event.meta.occurred_at)
+                    if was is None
+                    else (was.created_revision, was.created_at)
+                )
+                assert (row.created_revision, row.created_at) == created, table
+        earlier = before["clusters"].get(event.meta.cluster)
+        assert state.clusters[event.meta.cluster].latest_occurred_at == max(
+            event.meta.occurred_at,
+            event.meta.occurred_at if earlier is None else earlier.latest_occurred_at,
+        )
         if changes.rejections and not isinstance(event, MigrationSucceeded):
-            assert rows(state) == before, "a rejected event changed a view"
+            views = rows(state)
+            assert all(views[t] == before[t] for t in TABLES), "a rejected event changed a view"
         rebuilt = reloaded(state)
         assert state.resources_by_apiserver == rebuilt.resources_by_apiserver
         assert state.active_migrations_by_resource == rebuilt.active_migrations_by_resource

@@ -82,6 +82,7 @@ def merged(logs: dict[int, PartitionLog]) -> State:
             "seen",
             "custom_resources",
             "audits",
+            "clusters",
         ):
             getattr(state, name).update(getattr(log.state, name))
     return state

@@ -188,7 +188,7 @@ def test_every_object_of_any_history_is_as_its_schema_says(
     state = State()
     for event, position in history:
         apply(state, event, position)
-    view = View("east", len(history), datetime(2030, 1, 1, tzinfo=UTC), state, {})
+    view = View("east", len(history), datetime(2030, 1, 1, tzinfo=UTC), state)
     for kind in KINDS:
         document = _document_of(kind)
         schema = _schema_of(kind, document)

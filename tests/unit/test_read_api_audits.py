@@ -46,7 +46,7 @@ def audit_conditions(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 def wide_cells(widgets: Recorded) -> list[Any]:
     row = served_storage_state(widgets.state, widgets.storage_state)
-    view = View("prod", 0, NOW, widgets.state, {})
+    view = View("prod", 0, NOW, widgets.state)
     table = conversions.table(STORAGE_STATES, [(row, {"metadata": {}})], view)
     assert [c["name"] for c in table["columnDefinitions"]][-2:] == ["Removable", "Audited"]
     cells: list[Any] = table["rows"][0]["cells"]

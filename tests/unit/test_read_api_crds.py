@@ -45,7 +45,7 @@ class Recorded(Widgets):
 
     def served(self) -> dict[str, Any]:
         """The widgets' StorageState as the read API serves it now."""
-        view = View("prod", len(self.records), NOW, self.state, {})
+        view = View("prod", len(self.records), NOW, self.state)
         return STORAGE_STATES.object(served_storage_state(self.state, self.storage_state), view)
 
     @property
@@ -112,7 +112,7 @@ def test_after_a_migration_under_agreement_v1_can_go(widgets: Recorded) -> None:
     }
     assert f"migration m1 rewrote every object to {GROUP}/v2 (succeeded at {at['end']})" in message
     served = served_storage_state(widgets.state, widgets.storage_state)
-    view = View("prod", 0, NOW, widgets.state, {})
+    view = View("prod", 0, NOW, widgets.state)
     table = conversions.table(STORAGE_STATES, [(served, {"metadata": {}})], view)
     names = [column["name"] for column in table["columnDefinitions"]]
     assert table["rows"][0]["cells"][names.index("Removable")] == "v1"
@@ -154,9 +154,9 @@ def test_both_conditions_are_as_the_schema_says(widgets: Recorded) -> None:
 
 
 def test_a_resource_of_no_crd_shows_none_of_it() -> None:
-    row = StorageState("prod", "apps", "deployments", (UNKNOWN_HASH,), None, "0:3")
+    row = StorageState("prod", "apps", "deployments", (UNKNOWN_HASH,), None, "0:3", "0:3", NOW)
     served = served_storage_state(State(storage_states={row.key: row}), row)
-    view = View("prod", 3, NOW, State(), {})
+    view = View("prod", 3, NOW, State())
     assert STORAGE_STATES.object(served, view)["status"] == {
         "persistedStorageVersionHashes": [UNKNOWN_HASH]
     }

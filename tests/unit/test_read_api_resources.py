@@ -27,7 +27,6 @@ from readapi.kinds import (
     STORAGE_STATES,
     STORAGE_VERSION_MIGRATIONS,
     STORAGE_VERSIONS,
-    Created,
     View,
 )
 from readapi.selectors import Selection
@@ -55,15 +54,13 @@ def storage_version(common: str | None = "apps/v2") -> StorageVersion:
             T0,
         ),
         revision="0:7",
+        created_revision="0:3",
+        created_at=T0,
     )
 
 
 def view(state: State, *, at: datetime = T0 + timedelta(minutes=5)) -> View:
-    created = {}
-    for kind in kinds.KINDS:
-        for row in kind.rows(state).values():
-            created[(kind.kind, tuple(row.key[1:]))] = Created(T0, 3)
-    return View(cluster="c", offset=42, time=at, state=state, created=created)
+    return View(cluster="c", offset=42, time=at, state=state)
 
 
 def test_a_storage_version_has_upstreams_shape() -> None:
@@ -94,7 +91,7 @@ def test_empty_fields_are_left_out_and_the_status_is_in_upstreams_order() -> Non
             for entry in storage_version("v1").entries
         ),
     )
-    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1")
+    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1", "0:1", T0)
     pending = dataclasses.replace(migration("Pending"), group="", resource="pods")
     state = State(
         storage_versions={("c", "apps", "deployments"): agreed},
@@ -115,12 +112,15 @@ def test_a_uid_is_stable_and_new_for_a_row_created_again() -> None:
     state = State(storage_versions={("c", "apps", "deployments"): storage_version()})
     first = STORAGE_VERSIONS.selected(view(state))[0][1]["metadata"]["uid"]
     again = STORAGE_VERSIONS.selected(view(state))[0][1]["metadata"]["uid"]
-    reborn = View("c", 42, T0, state, {("StorageVersion", ("apps", "deployments")): Created(T0, 9)})
+    row = dataclasses.replace(storage_version(), created_revision="0:9")
+    reborn = view(State(storage_versions={row.key: row}))
     assert first == again != STORAGE_VERSIONS.selected(reborn)[0][1]["metadata"]["uid"]
 
 
 def test_a_lease_is_in_kube_system_with_upstreams_labels() -> None:
-    lease = Lease("c", "apiserver-x", "apiserver-x_1", "host-1", 3600, T0, "v1.37.2", "0:1")
+    lease = Lease(
+        "c", "apiserver-x", "apiserver-x_1", "host-1", 3600, T0, "v1.37.2", "0:1", "0:1", T0
+    )
     ((_, obj),) = LEASES.selected(view(State(leases={lease.key: lease})))
     assert obj["metadata"]["namespace"] == "kube-system"
     assert obj["metadata"]["labels"] == {
@@ -160,7 +160,7 @@ def test_discovery_gives_each_kind_upstreams_storage_version_hash() -> None:
 def migration(phase: str, reason: str | None = None) -> Migration:
     return Migration(
         "c", "m-1", "apps", "deployments", "apps/v2", "h", "0:3", phase,  # type: ignore[arg-type]
-        12, None, reason, None, T0, T0, "0:9",
+        12, None, reason, None, T0, T0, "0:9", "0:3", T0,
     )  # fmt: skip
 
 
@@ -187,7 +187,7 @@ def test_a_migration_phase_is_one_of_upstreams_conditions(
 
 def test_a_storage_state_table_names_the_version_of_each_hash() -> None:
     v1, v2 = hash_of_stored("apps/v1", "Deployment"), hash_of_stored("apps/v2", "Deployment")
-    row = StorageState("c", "apps", "deployments", (v1, v2, "Unknown"), v2, "0:5")
+    row = StorageState("c", "apps", "deployments", (v1, v2, "Unknown"), v2, "0:5", "0:3", T0)
     state = State(
         storage_versions={("c", "apps", "deployments"): storage_version()},
         storage_states={row.key: row},
@@ -425,7 +425,7 @@ def test_the_legacy_core_discovery_reads_as_upstreams() -> None:
 def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -> None:
     # Upstream encodes a built-in kind's list with bare items (the list names their
     # kind once); a CRD's objects are unstructured and keep their kind and apiVersion.
-    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1")
+    core_state = StorageState("c", "", "pods", (UNKNOWN_HASH,), None, "0:1", "0:1", T0)
     state = State(
         storage_versions={("c", "apps", "deployments"): storage_version("v1")},
         storage_states={core_state.key: core_state},
@@ -441,7 +441,7 @@ def test_a_built_in_kinds_list_items_carry_no_type_and_a_custom_resources_do() -
 
 
 def test_a_lease_shows_its_peer_advertise_address_as_upstream_annotates_it() -> None:
-    lease = Lease("c", "apiserver-a", "apiserver-a_1", "cp-0", 15, T0, None, "0:4")
+    lease = Lease("c", "apiserver-a", "apiserver-a_1", "cp-0", 15, T0, None, "0:4", "0:3", T0)
     addressed = dataclasses.replace(lease, peer_advertise_address="10.0.0.1:6443")
     for row, shown in [
         (lease, None),

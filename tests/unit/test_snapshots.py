@@ -47,13 +47,20 @@ def test_a_partitions_snapshot_holds_its_own_rows_and_one_cluster_can_be_taken(
     snapshot = data.draw(st.sampled_from(snapshots_of(state, history) or [None]))
     if snapshot is None:
         return
-    leases, versions, states, migrations, seen, crds, audits = snapshot.state_rows()
+    leases, versions, states, migrations, seen, crds, audits, known = snapshot.state_rows()
     rows = [*leases, *versions, *states, *migrations, *crds, *audits]
     assert all(row.revision.startswith(f"{snapshot.partition}:") for row in [*rows, *seen])
-    assert snapshot.rows == len(rows)
+    assert all(row.partition == snapshot.partition for row in known)
+    assert snapshot.rows == len(rows) + len(known)
     clusters = {row.cluster for row in [*rows, *seen]}
+    # Every cluster with a row is listed, with its latest event time; and one with none.
+    assert clusters <= {row.cluster for row in known}
+    assert {row.cluster: row for row in known} == {
+        name: row for name, row in state.clusters.items() if row.partition == snapshot.partition
+    }
     cluster = data.draw(st.sampled_from(sorted(clusters) or ["none"]))
     alone = state_of([snapshot.state_rows()], cluster)
+    assert set(alone.clusters) == {row.cluster for row in known} & {cluster}
     assert set(alone.leases) == {lease.key for lease in leases if lease.cluster == cluster}
     assert set(alone.migrations) == {m.key for m in migrations if m.cluster == cluster}
     assert set(alone.custom_resources) == {c.key for c in crds if c.cluster == cluster}
@@ -101,7 +108,7 @@ def test_a_snapshot_of_another_format_or_shape_is_refused() -> None:
         dataclasses.replace(snapshot, format=99).state_rows()
     payload = zlib.compress(pickle.dumps(("not", "rows")))
     shapeless = dataclasses.replace(snapshot, payload=payload)
-    with pytest.raises(CorruptSnapshot, match="seven tuples"):
+    with pytest.raises(CorruptSnapshot, match="eight tuples"):
         dataclasses.replace(shapeless, digest=shapeless.computed_digest()).state_rows()
 
 

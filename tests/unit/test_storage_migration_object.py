@@ -15,7 +15,7 @@ from projections.state import Migration
 START = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 MIGRATION = Migration(
     "east", "0b7c", "apps", "deployments", "apps/v2", "h2", "0:7", "Pending", 0, None, None,
-    None, START, START, "0:8",
+    None, START, START, "0:8", "0:8", START,
 )  # fmt: skip
 
 

@@ -37,6 +37,8 @@ def migration(phase: Phase = "Succeeded", target: str = f"{GROUP}/v2") -> Migrat
         requested_at=AT,
         updated_at=AT,
         revision="0:40",
+        created_revision="0:8",
+        created_at=AT,
     )
 
 

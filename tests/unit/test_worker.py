@@ -101,6 +101,8 @@ def migration(phase: Phase = "Pending", done: int = 0, token: str | None = None)
         requested_at=START,
         updated_at=START,
         revision="0:2",
+        created_revision="0:2",
+        created_at=START,
     )
 
 
