@@ -160,7 +160,7 @@ def _peak_rss_mib() -> float:
 
 
 async def fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, Any]:
-    await create_topics(settings)
+    topics = await create_topics(settings)
     started = time.perf_counter()
     async with EventProducer(settings, linger_ms=20, max_batch_size=1024 * 1024) as producer:
         chunk: list[Event] = []
@@ -175,6 +175,7 @@ async def fill(settings: KafkaSettings, count: int, clusters: int) -> dict[str, 
         "events": count,
         "seconds": round(seconds, 2),
         "events_per_second": round(count / seconds),
+        "topic": str(topics.layout),  # its replication: every append waits for the replicas
     }
 
 
@@ -457,12 +458,8 @@ def _fresh_postgres(server: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    with (
-        kafka_bootstrap() as bootstrap,
-        _postgres_server() as server,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
+async def _bench(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+    with _postgres_server() as server, tempfile.TemporaryDirectory() as tmp:
         settings = KafkaSettings(
             bootstrap_servers=bootstrap,
             topic=f"svledger-bench.{uuid.uuid4().hex[:8]}",
@@ -584,16 +581,18 @@ def _stages(text: str) -> list[str]:
     return names
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """This bench's options (also :mod:`bench.replication_bench`'s)."""
+    parser.add_argument(
+        "--events", type=int, default=1_000_000, help="events in the log (default %(default)s)"
+    )
     parser.add_argument("--clusters", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument(
         "--stages",
         type=_stages,
-        default=list(STAGES),
-        help=f"comma-separated, in order (default: all): {','.join(STAGES)}",
+        default=",".join(STAGES),  # argparse parses a default given as text
+        help="the stages to run, comma-separated, in order (default: %(default)s)",
     )
     parser.add_argument(
         "--rounds",
@@ -605,8 +604,21 @@ def main() -> None:
             " rounds' (default: 1; 3 or more on a machine whose speed wanders)"
         ),
     )
+
+
+def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The report of one run on a fresh topic of the cluster at ``bootstrap``, with the
+    options of :func:`arguments`."""
     with fewer_collections():  # as every reader of the log runs, fetch_only included
-        report = asyncio.run(_main(parser.parse_args()))
+        return asyncio.run(_bench(bootstrap, args))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments(parser)
+    args = parser.parse_args()
+    with kafka_bootstrap() as bootstrap:
+        report = run(bootstrap, args)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

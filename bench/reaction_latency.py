@@ -147,7 +147,7 @@ async def bench(
 ) -> dict[str, object]:
     records = encoded_load(rate * load_seconds)
     settings = KafkaSettings(bootstrap_servers=bootstrap, topic=f"bench.{uuid.uuid4().hex[:8]}")
-    await create_topics(settings)
+    topics = await create_topics(settings)
     migrator = subprocess.Popen(
         [
             sys.executable, "-m", "svledger", "migrator",
@@ -182,6 +182,7 @@ async def bench(
         migrator.terminate()
         migrator.wait(60)
     return {
+        "topic": str(topics.layout),  # its replication: every commit waits for the replicas
         "probes": probes,
         **percentiles(latencies),
         "background_events_per_s": round(sent / elapsed),
@@ -235,30 +236,50 @@ async def probe(
     return seen[resource] - acked
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """This bench's options (also :mod:`bench.replication_bench`'s)."""
     parser.add_argument(
-        "--probes", type=int, default=200, help="probes measured after the warm-up (default 200)"
+        "--probes",
+        type=int,
+        default=200,
+        help="probes measured after the warm-up (default %(default)s)",
     )
     parser.add_argument(
-        "--load", type=int, default=1000, help="background events per second (default 1000)"
+        "--load",
+        type=int,
+        default=1000,
+        help="background events per second (default %(default)s)",
     )
     parser.add_argument(
         "--warmup-seconds",
         type=float,
         default=30.0,
-        help="seconds of probes under the load before measuring, reported apart (default 30)",
+        help="seconds of probes under the load before measuring, reported apart"
+        " (default %(default)s)",
     )
     parser.add_argument(
         "--load-seconds",
         type=int,
         default=90,
-        help="seconds of load encoded before measuring, each heartbeat its own event (default 90)",
+        help="seconds of load encoded before measuring, each heartbeat its own event"
+        " (default %(default)s)",
     )
+
+
+def run(bootstrap: str, args: argparse.Namespace) -> dict[str, object]:
+    """The report of one run on a fresh topic of the cluster at ``bootstrap``, with the
+    options of :func:`arguments`."""
+    return asyncio.run(
+        bench(bootstrap, args.probes, args.load, args.warmup_seconds, args.load_seconds)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments(parser)
     args = parser.parse_args()
     with kafka_bootstrap() as bootstrap:
-        result = bench(bootstrap, args.probes, args.load, args.warmup_seconds, args.load_seconds)
-        print(json.dumps(asyncio.run(result)))
+        print(json.dumps(run(bootstrap, args)))
 
 
 if __name__ == "__main__":
