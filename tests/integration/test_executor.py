@@ -59,7 +59,7 @@ def started(
 def migration(phase: Phase) -> Migration:
     return Migration(
         "east", "m-1", "apps", "deployments", "apps/v1", "h", "0:1", phase, 0, None, None,
-        None, START, START, "0:2",
+        None, START, START, "0:2", "0:2", START,
     )  # fmt: skip
 
 
