@@ -78,6 +78,7 @@ _INTEGRATION_FIXTURES = frozenset(
 #: a parallel run deals them out before the rest (``--no-loadscope-reorder`` keeps this
 #: order), so the short modules fill the gaps at the end.
 LONGEST_FIRST = (
+    "tests/integration/test_replicated_kafka.py",
     "tests/integration/test_broker_faults.py",
     "tests/integration/test_simulation_random.py",
     "tests/integration/test_rolling_upgrade.py",

@@ -1,18 +1,25 @@
-"""A real single-node Apache Kafka broker (KRaft) on 127.0.0.1, for development, tests and CI.
+"""A real Apache Kafka cluster (KRaft) on 127.0.0.1, for development, tests and CI: one
+node by default, or three, replicated, as production runs it.
 
 The broker's jars come from Maven Central: ``pom.xml`` beside this file names the Kafka
 release, and ``fetch_jars()`` runs Maven to copy the broker and its runtime dependencies
 into ``lib/``. A stamp file holding the hash of ``pom.xml`` marks ``lib/`` as complete, so
 later fetches cost nothing until the pom changes.
 
-``LocalKafka`` runs one broker that is also its own KRaft controller. Each instance picks
-free ports, writes its configuration and data into a fresh temporary directory, formats
-the storage, starts the JVM and returns only once the broker accepts connections on its
-bootstrap address. ``stop()`` shuts it down (SIGTERM, then SIGKILL if it hangs) and
-removes the directory, so nothing outlives the instance. The configuration suits one
-node: internal topics (consumer offsets, transaction state) have one replica and need one
-in-sync replica, so consumer groups and transactions work, and topics are never created
-implicitly, so code under test must create the topics it uses.
+``LocalKafka`` runs one node, a broker and its own KRaft controller in one JVM, or
+``brokers`` brokers beside a KRaft controller of their own, as production separates
+them (brokers down then never take the metadata quorum with them). Each instance
+picks free ports, writes each node's configuration, partition data (``log.dirs``) and
+metadata log (``metadata.log.dir``) into a fresh temporary directory, formats the
+storage, starts the JVMs together (a controller waits for a quorum) and returns only
+once every node accepts connections. ``stop()`` shuts them down (SIGTERM, then SIGKILL
+if one hangs) and removes the directory, so nothing outlives the instance. One node at a
+time can be killed (SIGKILL), shut down cleanly (a rolling restart), wiped (its
+partition data lost, as with a replaced disk) and restarted. Internal topics (consumer
+offsets, transaction state) have ``min(3, brokers)`` replicas and need all but one in
+sync (at least one), so consumer groups and transactions work on one node and survive a
+node down on three; topics are never created implicitly, so code under test must create
+the topics it uses.
 
 By default the broker has one PLAINTEXT listener and no authorizer: anyone may do
 anything. ``LocalKafka(security=Security.for_users(...))`` runs it as a production
@@ -39,6 +46,7 @@ Stdlib only, so it runs before any virtualenv exists::
 
     python deploy/kafka/broker.py fetch   # resolve the jars into lib/ only
     python deploy/kafka/broker.py run     # print the bootstrap address, serve until SIGINT/SIGTERM
+    python deploy/kafka/broker.py run --brokers 3  # three replicated nodes
     python deploy/kafka/broker.py run --user projector  # the same, secured, with a user
 """
 
@@ -161,13 +169,14 @@ def fetch_jars() -> Path:
 
 @dataclasses.dataclass
 class _Node:
-    """One KRaft node of a :class:`LocalKafka`: broker and controller in one JVM."""
+    """One KRaft node of a :class:`LocalKafka`: a broker, a controller, or both in one JVM."""
 
     node_id: int
     directory: Path
-    port: int
+    port: int  # the client listener's; the controller listener's on a controller alone
     controller_port: int
     mutual_tls_port: int | None = None  # the SSL listener of Security(mutual_tls=True)
+    roles: str = "broker,controller"
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -196,10 +205,11 @@ class _Node:
 
 
 class LocalKafka:
-    """KRaft nodes (broker and controller each) on free 127.0.0.1 ports, alive between
-    start() and stop(): one by default, ``brokers=3`` for a replicated cluster.
+    """Kafka brokers on free 127.0.0.1 ports, alive between start() and stop(): one (its
+    own KRaft controller) by default, ``brokers=3`` for a replicated cluster (with a
+    KRaft controller apart, which no fault of a broker touches).
 
-    Nodes are numbered from 0 in the methods that act on one (:meth:`kill`,
+    Brokers are numbered from 0 in the methods that act on one (:meth:`kill`,
     :meth:`terminate`, :meth:`restart`, :meth:`wipe`, :meth:`hang`); their Kafka node
     IDs are that number plus one. With several, the internal topics (consumer offsets,
     transaction state) have ``min(3, brokers)`` replicas and need all but one in sync,
@@ -224,7 +234,8 @@ class LocalKafka:
         self.security = security
         self._overrides = dict(overrides or {})
         self._workdir: Path | None = None
-        self._nodes: list[_Node] = []
+        self._nodes: list[_Node] = []  # the brokers
+        self._controller: _Node | None = None  # a controller of its own, with several brokers
         self._cluster_id = _cluster_id()
 
     @property
@@ -334,6 +345,7 @@ class LocalKafka:
         self._workdir = Path(tempfile.mkdtemp(prefix="svledger-kafka-"))
         try:
             mutual_tls = self.security is not None and self.security.mutual_tls
+            alone = self.brokers == 1
             self._nodes = [
                 _Node(
                     index + 1,
@@ -341,24 +353,33 @@ class LocalKafka:
                     free_port(),
                     free_port(),
                     free_port() if mutual_tls else None,
+                    roles="broker,controller" if alone else "broker",
                 )
                 for index in range(self.brokers)
             ]
+            if not alone:
+                port = free_port()
+                self._controller = _Node(
+                    self.brokers + 1, self._workdir / "controller", port, port, roles="controller"
+                )
             if self.security is not None:
                 _make_certificates(self._tls_dir)
             java = self._java_command()
-            for node in self._nodes:
+            for node in self._every_node():
                 node.directory.mkdir()
                 self._write_config(node)
                 self._format_storage(java, node)
-            for node in self._nodes:  # a node waits for a quorum of controllers: all at once
+            for node in self._every_node():  # a node waits for its controllers: all at once
                 self._spawn(node)
-            for node in self._nodes:
+            for node in self._every_node():
                 self._wait_until_ready(node)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _every_node(self) -> list[_Node]:
+        return [*self._nodes, *([self._controller] if self._controller else [])]
 
     def kill(self, node: int = 0) -> None:
         """Kill a node hard (SIGKILL), as a crash would; its data stays for :meth:`restart`."""
@@ -389,9 +410,9 @@ class LocalKafka:
     def wipe(self, node: int) -> None:
         """Delete a stopped node's partition data (``log.dirs``), as a replaced disk loses
         it, and format the empty directory as an operator must (``kafka-storage format
-        --ignore-formatted`` with the cluster's ID). Its metadata log stays, so it rejoins
-        the quorum as the same node; restarted, it fetches every replica it holds again
-        from the leaders."""
+        --ignore-formatted`` with the cluster's ID). Its metadata log stays, so it comes back
+        as the same broker; restarted, it fetches every replica it holds again from the
+        leaders."""
         target = self._node(node)
         if target.process is not None:
             raise BrokerError(f"node {node} is running: kill() or terminate() it first")
@@ -447,7 +468,7 @@ class LocalKafka:
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after 30 s) and delete the data; safe to repeat."""
         stopping = []
-        for node in self._nodes:
+        for node in self._every_node():
             process, node.process = node.process, None
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGCONT)  # a hung node could not stop
@@ -460,7 +481,7 @@ class LocalKafka:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        self._nodes = []
+        self._nodes, self._controller = [], None
         workdir, self._workdir = self._workdir, None
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -468,30 +489,41 @@ class LocalKafka:
     def check_alive(self) -> None:
         """Raise BrokerError, with the end of its log, if a node's process has exited."""
         self._require_running()
-        for index, node in enumerate(self._nodes):
+        for node in self._every_node():
             if node.process is None:
                 continue
             code = node.process.poll()
             if code is not None:
                 raise BrokerError(
-                    f"the Kafka broker (node {index}) exited with code {code}.\n{node.log_tail()}"
+                    f"the Kafka {node.roles} (node ID {node.node_id}) exited with code {code}."
+                    f"\n{node.log_tail()}"
                 )
 
     def _write_config(self, node: _Node) -> None:
         listener = "PLAINTEXT" if self.security is None else "SASL_SSL"
         replicas = min(3, self.brokers)
         in_sync = max(1, replicas - 1)
-        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes)
+        voters = ",".join(
+            f"{n.node_id}@127.0.0.1:{n.controller_port}"
+            for n in self._every_node()
+            if "controller" in n.roles
+        )
+        if node.roles == "controller":
+            self._write_controller_config(node, voters)
+            return
         clients = {listener: node.address}  # client listeners, named by their protocol
         if node.mutual_tls_port is not None:
             clients["SSL"] = f"127.0.0.1:{node.mutual_tls_port}"
         advertised = [f"{name}://{address}" for name, address in clients.items()]
         protocols = [f"{name}:{name}" for name in clients]
+        listeners = list(advertised)
+        if "controller" in node.roles:
+            listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
         settings = {
-            "process.roles": "broker,controller",
+            "process.roles": node.roles,
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": ",".join([*advertised, f"CONTROLLER://127.0.0.1:{node.controller_port}"]),
+            "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": ",".join([*protocols, "CONTROLLER:PLAINTEXT"]),
             "controller.listener.names": "CONTROLLER",
@@ -511,6 +543,23 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": str(in_sync),
             "group.initial.rebalance.delay.ms": "0",
             "transaction.partition.verification.enable": "false",
+            **self._overrides,
+        }
+        node.config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def _write_controller_config(self, node: _Node, voters: str) -> None:
+        """A controller alone: the quorum's listener only, and the authorizer if secured."""
+        secured = self._security_config()
+        settings = {
+            "process.roles": "controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"CONTROLLER://127.0.0.1:{node.controller_port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            **{k: v for k, v in secured.items() if k in ("authorizer.class.name", "super.users")},
+            "log.dirs": str(node.data_dir),
+            "metadata.log.dir": str(node.metadata_dir),
             **self._overrides,
         }
         node.config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
@@ -803,6 +852,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "super user; repeat for more. Prints the CA file, the admin's client properties "
         "and every user's password after the address",
     )
+    run.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N nodes (brokers and controllers), replicated as production runs them "
+        "(default 1); the bootstrap address lists them all",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "fetch":
@@ -812,7 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda _signum, _frame: stop_requested.set())
         security = Security.for_users(*args.user) if args.user else None
-        with LocalKafka(security=security) as kafka:
+        with LocalKafka(brokers=args.brokers, security=security) as kafka:
             print(kafka.bootstrap, flush=True)
             if security is not None:
                 print(f"ca-file {kafka.ca_file}")

@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Self
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError
 
 from ledger.events import Event, Position
 from ledger.kafka.connection import connect, stop_within
-from ledger.kafka.errors import NotAuthorized, refusals
+from ledger.kafka.errors import BrokerUnavailable, NotAuthorized, refusals
 from ledger.kafka.records import to_record
-from ledger.kafka.topics import topic_partitions
+from ledger.kafka.topics import topic_partitions, why_unacknowledged
 from ledger.settings import KafkaSettings
+from ledger.tasks import retrieved
+
+log = logging.getLogger(__name__)
 
 
 class EventProducer:
@@ -42,9 +47,13 @@ class EventProducer:
         linger_ms: int = 10,
         max_batch_size: int = 512 * 1024,
         connect_timeout: float = 30.0,
+        request_timeout: float = 40.0,
     ) -> None:
+        """``request_timeout``: how long a request to a broker may take, and how often an
+        append still waiting for its acknowledgement is logged, saying why."""
         self.settings = settings
         self._linger_ms = linger_ms
+        self._request_timeout = request_timeout
         self._max_batch_size = max_batch_size
         self._connect_timeout = connect_timeout
         self._producer: AIOKafkaProducer | None = None
@@ -57,6 +66,7 @@ class EventProducer:
             acks="all",
             linger_ms=self._linger_ms,
             max_batch_size=self._max_batch_size,
+            request_timeout_ms=int(self._request_timeout * 1000),
         )
 
     async def __aenter__(self) -> Self:
@@ -116,15 +126,48 @@ class EventProducer:
 
     async def send(self, event: Event) -> Position:
         """Append one event and wait until the broker has it on every in-sync replica."""
-        topic, future = await self._enqueue(event)
-        with self._refusals(topic):
-            metadata = await future
-        return Position(metadata.partition, metadata.offset)
+        (position,) = await self.send_many([event])
+        return position
 
     async def send_many(self, events: Iterable[Event]) -> list[Position]:
-        """Append events (order kept per cluster) and wait for all acknowledgements."""
+        """Append events (order kept per cluster) and wait for all acknowledgements.
+
+        Kafka's client retries an append the brokers refuse for a while (a partition
+        with fewer in-sync replicas than its ``min.insync.replicas``, or without a
+        leader) until they take it, without a word of its own but a line per retry.
+        Every ``request_timeout`` s an append is still waiting, this logs a warning that
+        says which partitions and why (:func:`~ledger.kafka.topics.why_unacknowledged`),
+        and goes on waiting: giving up would leave the record in the client, to land
+        later beside the caller's retry, twice. Nothing is half-written meanwhile
+        (``acks=all``). An append the client itself gives up (its batch expired before
+        any broker could be asked) raises :class:`~ledger.kafka.errors.BrokerUnavailable`
+        with the same reasons; the caller retries, as through an outage.
+        """
         enqueued = [await self._enqueue(event) for event in events]
-        topics = ", ".join(sorted({topic for topic, _ in enqueued}))
-        with self._refusals(topics):
-            acknowledged = await asyncio.gather(*(future for _, future in enqueued))
+        topics = sorted({topic for topic, _ in enqueued})
+        pending = asyncio.gather(*(future for _, future in enqueued))
+        pending.add_done_callback(retrieved)  # a caller cancelled leaves nothing to log
+        waited = 0.0
+        try:
+            with self._refusals(", ".join(topics)):
+                while not (await asyncio.wait({pending}, timeout=self._request_timeout))[0]:
+                    waited += self._request_timeout
+                    log.warning(
+                        "the brokers at %r have not acknowledged an append to %s for %g s: %s;"
+                        " Kafka's client retries it until they do, and nothing is half-written",
+                        self.settings.bootstrap_servers,
+                        ", ".join(map(repr, topics)),
+                        waited,
+                        await why_unacknowledged(self.settings, topics),
+                    )
+                acknowledged = pending.result()
+        except KafkaTimeoutError as error:
+            why = await why_unacknowledged(self.settings, topics)
+            raise BrokerUnavailable(
+                f"the brokers at {self.settings.bootstrap_servers!r} did not acknowledge the"
+                f" append to {', '.join(map(repr, topics))}: {why}. Check that they are"
+                " running; services try again"
+            ) from error
+        finally:
+            pending.cancel()  # when the caller is cancelled; done already otherwise
         return [Position(m.partition, m.offset) for m in acknowledged]

@@ -182,7 +182,9 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
     return CreatedTopics(chosen, created, tuple(existing))
 
 
-async def _check_kept(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> None:
+async def _check_kept(
+    admin: AIOKafkaAdminClient, settings: KafkaSettings, timeout: float = 30.0
+) -> None:
     """Raise :class:`TopicForgets` if the events topic would delete records.
 
     A topic found, not created here, may have been made otherwise: by a producer on a
@@ -191,7 +193,15 @@ async def _check_kept(admin: AIOKafkaAdminClient, settings: KafkaSettings) -> No
     """
     topic = settings.topic
     resource = ConfigResource(ConfigResourceType.TOPIC, topic, dict.fromkeys(TOPIC_CONFIG))
-    (response,) = await admin.describe_configs([resource])
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        (response,) = await admin.describe_configs([resource])
+        # A broker learns of a new topic a moment after the one that led its partitions:
+        # the request may reach one that does not know it yet.
+        unknown = any(code == _UNKNOWN_TOPIC for code, *_ in response.resources)
+        if not unknown or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
     for code, message, _, _, entries in response.resources:
         if code == _TOPIC_AUTHORIZATION_FAILED:
             raise NotAuthorized(
@@ -248,6 +258,68 @@ async def _await_leaders(
                 "check the broker's log"
             )
         await asyncio.sleep(0.1)
+
+
+async def _describe_in_sync(
+    settings: KafkaSettings, topics: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """``topics``' partitions and their ``min.insync.replicas``, from one admin client."""
+    admin = await connect(
+        lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings, timeout=5
+    )
+    try:
+        described = list(await admin.describe_topics(list(topics)))
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, t, {"min.insync.replicas": None})
+            for t in topics
+        ]
+        return described, list(await admin.describe_configs(resources))
+    finally:
+        await admin.close()
+
+
+async def why_unacknowledged(settings: KafkaSettings, topics: Sequence[str]) -> str:
+    """Why appends to ``topics`` are not acknowledged, as far as the brokers can say: the
+    partitions with fewer in-sync replicas than their ``min.insync.replicas`` (Kafka
+    refuses ``acks=all`` writes there), or without a leader. Asked within a few seconds;
+    says so where the brokers cannot be asked."""
+    asked: object = "no answer"
+    try:
+        async with asyncio.timeout(10):
+            while True:  # the admin client asks a broker at random: maybe one that is down
+                try:
+                    described, configs = await _describe_in_sync(settings, topics)
+                    break
+                except (KafkaError, Unavailable, OSError) as error:
+                    asked = error
+                    await asyncio.sleep(0.2)
+    except TimeoutError:
+        return f"the brokers could not be asked why ({asked})"
+    needed = max(
+        (
+            int(value)
+            for response in configs
+            for _, _, _, _, entries in response.resources
+            for name, value, *_ in entries
+            if name == "min.insync.replicas"
+        ),
+        default=1,
+    )
+    reasons = []
+    for topic in described:
+        for partition in topic["partitions"]:
+            where = f"partition {partition['partition']} of {topic['topic']!r}"
+            isr, replicas = partition["isr"], partition["replicas"]
+            if partition["leader"] < 0:
+                reasons.append(f"{where} has no leader (replicas on brokers {replicas})")
+            elif len(isr) < needed:
+                away = sorted(set(replicas) - set(isr))
+                reasons.append(
+                    f"{where} has {len(isr)} in-sync replica(s) (broker {', '.join(map(str, isr))})"
+                    f" and min.insync.replicas is {needed}: no write is accepted until one of"
+                    f" brokers {', '.join(map(str, away))} is back in sync"
+                )
+    return "; ".join(reasons) or "every partition has a leader and enough in-sync replicas now"
 
 
 async def topic_partitions(

@@ -251,13 +251,13 @@ async def test_the_pipeline_rides_out_hard_broker_kills(
 
 
 async def settle(
-    settings: KafkaSettings, db_url: str, *, migrated: bool
+    settings: KafkaSettings, db_url: str, *, migrated: bool, timeout: float = 240.0
 ) -> list[tuple[Event, Position]]:
     """Wait until no migration is active, every cluster is migrated to v2 (if
     ``migrated``, else every lease has ended) and the projector has read every record."""
     seen = "nothing yet"
     try:
-        async with asyncio.timeout(240):
+        async with asyncio.timeout(timeout):
             while True:
                 records = await read_records(settings)
                 state, _ = _fold(records)
@@ -284,7 +284,7 @@ async def settle(
                     return await read_records(settings)
                 await asyncio.sleep(0.5)
     except TimeoutError:
-        raise AssertionError(f"the pipeline did not settle in 240 s: {seen}") from None
+        raise AssertionError(f"the pipeline did not settle in {timeout:g} s: {seen}") from None
 
 
 @pytest.mark.parametrize("connected", [True, False], ids=["producer-connected", "left-to-start"])
