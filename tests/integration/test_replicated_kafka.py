@@ -7,7 +7,7 @@ The module starts one cluster of three brokers and a KRaft controller of their o
 
 The fault test runs what the single-broker test (``test_broker_faults``) runs: reporters
 of three clusters rolling between v1 and v2, the projector, lease GC, the migrator, the
-worker and the collector of a real cluster (etcd and three kube-apiservers), as
+worker and the collector of a real cluster (etcd and a kube-apiserver), as
 processes that nobody restarts. Through it the brokers fail, one kind of failure after
 another:
 
@@ -82,6 +82,7 @@ from tests.integration.test_collector import (
     start_collector,
 )
 from tests.integration.test_consumer_crash import _fold, _spawn
+from tests.kube import KUBE_LEASE_GC_SECONDS, KUBE_LEASE_SECONDS, KUBE_RENEW_SECONDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.replicated]
 
@@ -94,9 +95,18 @@ RECOVERY_BOUND = 120.0
 
 
 @pytest.fixture(scope="module")
-def storage_version_api() -> bool:
-    """``agree`` holds the ledger against the real cluster's StorageVersion objects."""
-    return True
+def kube_cluster() -> Iterator[LocalCluster]:
+    """etcd and one kube-apiserver, serving StorageVersion objects for ``agree`` to hold
+    the ledger against: the collector's cluster, lighter on the cores than the usual
+    three (the brokers' faults are under test here, not the apiservers')."""
+    with LocalCluster(
+        1,
+        identity_lease_duration_seconds=KUBE_LEASE_SECONDS,
+        identity_lease_renew_interval=KUBE_RENEW_SECONDS,
+        identity_lease_gc_period=KUBE_LEASE_GC_SECONDS,
+        storage_version_api=True,
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
