@@ -290,6 +290,18 @@ async def created(pipeline: Pipeline, group: str, objects: int = 20) -> list[str
         return None if ok else f"conditions {conditions}"
 
     await eventually(established, f"CRD of {group} established", 30)
+
+    async def served() -> str | None:
+        # Established is the CRD's status; each apiserver serves the group once its own
+        # informer saw it, so a write through one that has not yet answers 404.
+        for index, server in enumerate(pipeline.servers):
+            try:
+                await server.get(f"/apis/{group}/v1/namespaces/default/{RESOURCE}")
+            except Exception as error:  # not served by this apiserver yet
+                return f"apiserver {index}: {error}"
+        return None
+
+    await eventually(served, f"{RESOURCE} of {group} served by every apiserver", 60)
     names: list[str] = []
     for index in range(objects):
         names.append(f"seed-{index}")
