@@ -1,17 +1,33 @@
 """What the worker writes to a CustomResourceDefinition's ``status.storedVersions`` after a
-migration, and why it refuses (:func:`kube.stored_versions.prune_decision`)."""
+migration, and why it refuses (:func:`kube.stored_versions.prune_decision`); how it writes
+(:class:`kube.stored_versions.StoredVersionsPruner`, against a stub of the Kube client)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from kube.stored_versions import Refusal, ended_condition, prune_decision, with_condition
+from kube import stored_versions
+from kube.client import ApiError, Kube
+from kube.stored_versions import (
+    CONFLICT_RETRIES,
+    CRDS,
+    RULE,
+    Refusal,
+    StoredVersionsPruner,
+    ended_condition,
+    prune_decision,
+    with_condition,
+)
+from ledger.clock import SystemClock
+from ledger.events import Event, StoredVersionsPruneRefused
 from projections.crds import VersionVerdict
-from projections.state import Migration, Phase
+from projections.state import Migration, Phase, ResourceKey, State
 
 GROUP = "stable.example.com"
 NAME = f"crontabs.{GROUP}"
@@ -184,3 +200,91 @@ def test_the_end_of_a_migration_is_said_in_the_condition(
     got_reason, message = ended_condition(ended, decision, ("v1", "v2"))
     assert got_reason == reason
     assert said in message
+
+
+class StubKube:
+    """The CRD ``crd()`` read by GET, its resourceVersion one more at each read (someone
+    keeps changing it); every PUT is recorded and refused with ``refusal``."""
+
+    host = "https://stub"
+
+    def __init__(self, refusal: ApiError) -> None:
+        self.refusal = refusal
+        self.read: list[str] = []  # the resourceVersion of each GET's answer
+        self.written: list[tuple[str, dict[str, Any], Mapping[str, Any] | None]] = []
+
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        assert path == f"{CRDS}/{NAME}"
+        answer = crd()
+        answer["metadata"]["resourceVersion"] = str(812 + len(self.read))
+        self.read.append(answer["metadata"]["resourceVersion"])
+        return answer
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        assert method == "PUT" and body is not None
+        self.written.append((path, copy.deepcopy(dict(body)), query))
+        raise self.refusal
+
+
+async def ended_against(kube: StubKube, monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    """What the pruner appends after migration m-1 succeeded, the ledger proving v1 empty."""
+
+    def verdicts(state: State, key: ResourceKey) -> tuple[VersionVerdict, ...]:
+        return (PROVEN, STORAGE)
+
+    monkeypatch.setattr(stored_versions, "stored_version_verdicts", verdicts)
+    appended: list[Event] = []
+
+    async def append(events: Sequence[Event]) -> None:
+        appended.extend(events)
+
+    pruner = StoredVersionsPruner(cast(Kube, kube), SystemClock())
+    await pruner.ended(State(), migration(), append)
+    return appended
+
+
+async def test_a_crd_changing_under_every_write_is_read_again_each_time_then_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = StubKube(ApiError(409, f"Operation cannot be fulfilled on {NAME}: conflict"))
+    (refused,) = await ended_against(kube, monkeypatch)
+    # One write, then CONFLICT_RETRIES re-reads, each followed by its write.
+    assert len(kube.read) == len(kube.written) == CONFLICT_RETRIES + 1
+    for version, (path, body, query) in zip(kube.read, kube.written, strict=True):
+        assert path == f"{CRDS}/{NAME}/status"
+        assert query == {"fieldManager": stored_versions.FIELD_MANAGER}
+        # The precondition is the CRD as just read: the new resourceVersion each time.
+        assert body["metadata"]["resourceVersion"] == version
+        assert body["status"]["storedVersions"] == ["v2"]  # the condition and the prune
+        assert body["status"]["conditions"][1]["reason"] == "MigrationSucceeded"
+    assert len(set(kube.read)) == CONFLICT_RETRIES + 1
+    assert isinstance(refused, StoredVersionsPruneRefused)
+    assert (refused.migration_id, refused.name, refused.reason) == ("m-1", NAME, "Conflict")
+    assert refused.stored_versions == ("v1", "v2")
+    assert f"{CONFLICT_RETRIES + 1} writes (409 Conflict" in refused.message
+
+
+async def test_a_write_refused_with_403_is_a_forbidden_refusal_naming_the_permission(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    denied = (
+        f'customresourcedefinitions.apiextensions.k8s.io "{NAME}" is forbidden: User'
+        ' "worker" cannot update resource "customresourcedefinitions/status"'
+    )
+    kube = StubKube(ApiError(403, denied))
+    (refused,) = await ended_against(kube, monkeypatch)
+    assert len(kube.read) == len(kube.written) == 1  # no retry
+    assert kube.written[0][1]["metadata"]["resourceVersion"] == "812"
+    assert isinstance(refused, StoredVersionsPruneRefused)
+    assert (refused.migration_id, refused.name, refused.reason) == ("m-1", NAME, "Forbidden")
+    assert refused.stored_versions == ("v1", "v2")
+    assert denied in refused.message
+    assert f"add to the worker's ClusterRole the rule {RULE}" in refused.message
+    assert '"customresourcedefinitions/status"' in RULE and '"update"' in RULE
