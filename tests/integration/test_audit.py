@@ -313,6 +313,7 @@ async def test_a_rotated_encryption_key_can_go_once_a_migration_rewrote_every_se
     counts = dict(zip(rotated.encryption_keys, rotated.encryption_counts, strict=True))
     assert rotated.encryption_keys == ("aescbc:v1:key2", "aescbc:v1:key1", "identity")
     assert counts["aescbc:v1:key1"] >= 30 and counts["identity"] == 0
+    assert rotated.polluted_versions == () and rotated.pollution is None
 
     await eventually(lambda: settled(pipeline, ("", "secrets")), "agreement on secrets again", 120)
     requested = await request_migration(settings, CLUSTER, "", "secrets", None, "test")
@@ -332,6 +333,7 @@ async def test_a_rotated_encryption_key_can_go_once_a_migration_rewrote_every_se
     after = of(audit, "", "secrets")
     counts = dict(zip(after.encryption_keys, after.encryption_counts, strict=True))
     assert counts["aescbc:v1:key1"] == 0 and counts["aescbc:v1:key2"] == after.objects
+    assert after.polluted_versions == () and after.pollution is None
     await logged(pipeline, audit)
     database = f"sqlite:///{pipeline.workdir / 'rotated.db'}"
     await replay(settings, database, progress=False)
