@@ -27,6 +27,8 @@ import contextlib
 import dataclasses
 import itertools
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from sqlalchemy import create_engine
 
 from consumers.migrator import run_migrator
@@ -44,10 +47,11 @@ from deploy.kube.rolling_upgrade import NEW, addressed, stored_as
 from kube.client import Kube, connect
 from kube.collector import run_collector
 from kube.executor import StorageMigrationExecutor
-from kube.stored_versions import StoredVersionsPruner
+from kube.stored_versions import GROUP, RULE, StoredVersionsPruner
 from kube.target import KubernetesTarget
 from ledger import metrics
 from ledger.clock import SystemClock
+from ledger.errors import AccessDenied
 from ledger.events import (
     Event,
     MigrationCancelled,
@@ -61,6 +65,8 @@ from ledger.settings import KafkaSettings
 from projections.history import explain
 from projections.replay import cluster_log, replay
 from projections.state import Migration, State
+from svledger.cli import UNAVAILABLE
+from tests.integration.test_worker_real import ROLE, worker_identity
 from tests.kube import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.kubernetes, pytest.mark.asyncio(loop_scope="module")]
@@ -580,6 +586,64 @@ async def test_the_in_tree_migrator_prunes_and_the_ledger_backs_it_or_raises_the
         assert unsafe_prunes(f"{flagged}.{RESOURCE}") == 0
     finally:
         cluster.stop_controller_manager()
+
+
+async def test_prune_stored_versions_refuses_to_start_without_update_on_crd_status(
+    two_apiservers: LocalCluster, tmp_path: Path
+) -> None:
+    """A worker whose ClusterRole may read CRDs but not update their status is turned
+    away at its start, by check_access and by ``svledger worker --prune-stored-versions``,
+    with the missing permission and the rule to grant; that rule granted, it passes."""
+    read_only: dict[str, Any] = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "svledger-worker"},
+        "rules": [
+            {"apiGroups": [GROUP], "resources": ["customresourcedefinitions"],
+             "verbs": ["get", "list", "watch"]},
+        ],
+    }  # fmt: skip
+    kubeconfig = tmp_path / "worker.kubeconfig"
+    admin = await connect(str(two_apiservers.write_kubeconfig(tmp_path / "kubeconfig")))
+    worker = await worker_identity(two_apiservers, admin, kubeconfig, read_only)
+    pruner = StoredVersionsPruner(worker, SystemClock())
+    missing = f"may not update customresourcedefinitions/status (group {GROUP})"
+    remedy = f"add to its ClusterRole the rule {RULE}"
+    try:
+        assert "items" in await worker.get(CRDS, limit=1)  # it may read CRDs
+        with pytest.raises(AccessDenied) as refused:
+            await pruner.check_access()
+        assert missing in str(refused.value) and str(refused.value).endswith(remedy)
+
+        command = [sys.executable, "-m", "svledger", "worker", "--cluster", CLUSTER,
+                   "--kubeconfig", str(kubeconfig), "--prune-stored-versions"]  # fmt: skip
+        ran = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, timeout=120
+        )
+        assert ran.returncode == UNAVAILABLE, ran.stderr
+        assert "svledger: error: --prune-stored-versions: " in ran.stderr
+        assert missing in ran.stderr and remedy in ran.stderr, ran.stderr
+
+        # Granted the rule the message names, word for word, it passes.
+        current = await admin.get(ROLE)
+        granted = {
+            **read_only,
+            "metadata": current["metadata"],
+            "rules": [*current["rules"], yaml.safe_load(RULE)],
+        }
+        await admin.request("PUT", ROLE, granted)
+
+        async def allowed() -> str | None:
+            try:
+                await pruner.check_access()
+            except AccessDenied as error:
+                return str(error)
+            return None
+
+        await eventually(allowed, "check_access passes once the rule is granted", 30)
+    finally:
+        await worker.close()
+        await admin.close()
 
 
 def unsafe_prunes(resource: str) -> float:

@@ -63,8 +63,11 @@ def worker_role(updatable: list[str]) -> dict[str, object]:
     }  # fmt: skip
 
 
-async def worker_identity(cluster: LocalCluster, admin: Kube, path: Path) -> Kube:
-    """A service account allowed to update every policy but FROZEN; a client as it."""
+async def worker_identity(
+    cluster: LocalCluster, admin: Kube, path: Path, role: dict[str, object] | None = None
+) -> Kube:
+    """A service account bound to the ClusterRole ``svledger-worker``, ``role`` (by
+    default, allowed to update every policy but FROZEN); a client as it."""
     await admin.request(
         "POST",
         "/api/v1/namespaces/default/serviceaccounts",
@@ -73,7 +76,7 @@ async def worker_identity(cluster: LocalCluster, admin: Kube, path: Path) -> Kub
     await admin.request(
         "POST",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        worker_role([n for n in NAMES if n != FROZEN]),
+        role or worker_role([n for n in NAMES if n != FROZEN]),
     )
     await admin.request(
         "POST",
