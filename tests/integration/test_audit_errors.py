@@ -13,6 +13,9 @@ then :func:`run_audit`, appending).
 * Values that are not what kube-apiserver writes do not stop the audit: a key under no
   resource is counted as unplaced, a truncated value as undecodable under its key, the
   others are counted, and every resource's ``StorageAudited`` is appended once.
+* ``svledger audit`` itself, run as a process with ``--resource``, ``--page-size`` and
+  ``--dry-run``: it prints that resource alone, its objects per version and the revision
+  read, and appends nothing; a page size of 0 is refused (exit 2) naming the value.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import base64
 import json
 import logging
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -292,3 +296,41 @@ async def test_a_truncated_value_is_counted_as_undecodable_under_its_key(
     assert (event.objects, event.versions, event.version_counts) == (6, ("v1",), (5,))
     assert event.total_bytes == 5 * len(CONFIGMAP) + len(CONFIGMAP) // 2
     assert (event.undecodable, event.undecodable_keys) == (1, (f"{broken}: CorruptProtobuf",))
+
+
+def svledger(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``svledger`` run as a user runs it, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "svledger", "--log-format", "text", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+async def test_the_audit_command_prints_one_resource_at_the_revision_read_and_appends_nothing(
+    settings: KafkaSettings, etcd: str
+) -> None:
+    meta = Meta.new(CLUSTER, APISERVER, datetime.now(UTC))
+    events = StorageVersionReported(meta, APISERVER, "", "events", "Event", "v1", ("v1",), ("v1",))
+    async with EventProducer(settings) as producer:
+        await producer.send(events)  # the ledger knows configmaps and events
+    event = next(e["value"] for e in CAPTURED if e["key"] == "/registry/events/default/event")
+    put_all(etcd, [(f"/registry/configmaps/default/cm-{i}", CONFIGMAP) for i in range(25)])
+    put_all(etcd, [(f"/registry/events/default/e-{i}", base64.b64decode(event)) for i in range(3)])
+    revision = int(gateway(etcd, "maintenance/status", {})["header"]["revision"])
+    kafka = ("--bootstrap", settings.bootstrap_servers, "--topic", settings.topic)
+    flags = ("audit", "--cluster", CLUSTER, "--etcd-servers", etcd, *kafka)
+
+    ran = svledger(*flags, "--resource", "configmaps", "--page-size", "10", "--dry-run")
+    assert ran.returncode == 0, ran.stderr
+    first, *resources = ran.stdout.splitlines()
+    # The 25 configmaps in pages of 10 (3 range requests); the events not read.
+    assert first.startswith(f"etcd revision {revision}: 25 keys in 3 requests, "), ran.stdout
+    assert resources == ["core.configmaps: 25 objects (25 v1)"]
+    assert await audited(settings) == []
+
+    refused = svledger(*flags, "--page-size", "0")
+    assert refused.returncode == 2
+    assert "--page-size: '0' is not a positive number of keys" in refused.stderr
