@@ -1,14 +1,17 @@
 """A cluster's etcd, read only, for ``svledger audit``: the only module that talks to etcd.
 
 Through etcd's gRPC-JSON gateway (``/v3/``, on by default on every etcd, kubeadm's
-included) with ``etcd3gw``, OpenStack's maintained client, rather than through gRPC:
-measured on 100,000 keys of ~500 bytes at one revision in pages of 1,000, it reads
-44,000 keys/s over mutual TLS (the gRPC clients 70,000 to 90,000), which no audit
-notices, while it needs neither grpcio nor generated protobuf code (the gRPC clients'
-pin protobuf versions, and the asyncio ones are unmaintained or lack TLS or paging), has
-no 4 MiB answer limit, and its TLS failures carry Python's own reasons
+included) with ``etcd3gw``, OpenStack's maintained client, rather than through gRPC: it
+needs neither grpcio nor generated protobuf code (the gRPC clients pin protobuf
+versions, and the asyncio ones are unmaintained or lack TLS or paging), has no 4 MiB
+answer limit, and its TLS failures carry Python's own reasons
 (``TLSV1_ALERT_UNKNOWN_CA``, ``CERTIFICATE_VERIFY_FAILED``) where gRPC's say
-``TSI_DATA_CORRUPTED``. It is synchronous: each request runs in a thread.
+``TSI_DATA_CORRUPTED``. What it costs is measured by ``bench/audit_bench.py`` alone
+(``docs/development.md``): 100,000 keys of ~500 bytes at one revision from a local etcd
+over plain HTTP, unpaced, in pages of 1,000 about 28,000 to 29,000 keys/s, in pages of
+500 about 18,700; the audit's default pace (20 pages a second) allows 10,000 keys/s. No
+gRPC client was measured here, so whether one would read faster is not known. It is
+synchronous: each request runs in a thread.
 
 Only reads are made: the current revision (``Maintenance.Status``), and ranges at a
 given revision, counted (``count_only``) or paged (``limit``), never sorted (a sorted
