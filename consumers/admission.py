@@ -86,6 +86,7 @@ from ledger.kafka import (
     BrokerUnavailable,
     OutgoingRecord,
     PatternMember,
+    Placements,
     TopicPartition,
     TransactionalProducer,
     TransactionFailed,
@@ -187,13 +188,13 @@ class Admission:
     def __init__(self, settings: KafkaSettings, group_id: str = GROUP_ID) -> None:
         self.settings = settings
         self.group_id = group_id
-        self._partitions: list[int] = []
+        self._placements = Placements(settings)
         self._dlq_partitions: list[int] = []
         self._member = PatternMember(settings, group_id, inbox_pattern(settings))
         self._inboxes: dict[TopicPartition, _Inbox] = {}
 
     async def __aenter__(self) -> Admission:
-        self._partitions = await topic_partitions(self.settings)
+        await topic_partitions(self.settings)  # the ledger's topic exists
         self._dlq_partitions = await topic_partitions(self.settings, self.settings.dlq_topic)
         await self._member.__aenter__()
         return self
@@ -227,10 +228,13 @@ class Admission:
         cluster: str = tp.topic[len(self.settings.inbox_prefix) :]
         return cluster
 
-    def _writes(self, cluster: str) -> tuple[TopicPartition, TopicPartition]:
-        """Where an inbox's records go: its cluster's ledger and dead-letter partitions."""
+    async def _writes(self, cluster: str) -> tuple[TopicPartition, TopicPartition]:
+        """Where an inbox's records go: its cluster's ledger partition (placed, as the
+        writer of its first event: :mod:`ledger.kafka.placement`) and its dead-letter
+        partition."""
+        (placed,) = (await self._placements.where([cluster], place=True)).values()
         return (
-            TopicPartition(self.settings.topic, partition_of(cluster, self._partitions)),
+            TopicPartition(self.settings.topic, placed),
             TopicPartition(self.settings.dlq_topic, partition_of(cluster, self._dlq_partitions)),
         )
 
@@ -266,10 +270,15 @@ class Admission:
         for tp in [tp for tp in self._inboxes if tp not in assigned]:
             await self._inboxes.pop(tp).close()
         for tp in sorted(assigned - self._inboxes.keys()):
+            try:
+                writes = await self._writes(self._cluster(tp))
+            except BrokerUnavailable as error:  # an outage: tried again at the next step
+                log.warning("cannot move %s yet: %s", tp.topic, error)
+                continue
             producer = TransactionalProducer(
                 self.settings,
                 f"{self.group_id}-{tp.topic}-{tp.partition}",
-                writes=self._writes(self._cluster(tp)),
+                writes=writes,
                 group=(self.group_id, tp),
             )
             try:
@@ -288,7 +297,7 @@ class Admission:
 
     async def _move(self, tp: TopicPartition, inbox: _Inbox, messages: list[Any]) -> int:
         inbox_cluster = self._cluster(tp)
-        ledger, dead_letters = self._writes(inbox_cluster)
+        ledger, dead_letters = await self._writes(inbox_cluster)
         records: list[Addressed] = []
         admitted: collections.Counter[str] = collections.Counter()
         refused: collections.Counter[str] = collections.Counter()

@@ -86,7 +86,6 @@ from ledger.kafka import (
     TransactionFailed,
     decode_message,
     first_at,
-    partition_of,
     while_away,
 )
 from ledger.progress import CatchUp
@@ -384,10 +383,6 @@ class PartitionFollower:
     def member(self) -> GroupMember:
         assert self._member is not None, "the follower joins its group in batches()"
         return self._member
-
-    def partition_of(self, cluster: str) -> int:
-        """The partition ``cluster``'s events land in."""
-        return partition_of(cluster, self.member.partitions)
 
     async def _join(self, stop: asyncio.Event) -> GroupMember | None:
         """Join the group, trying again while the broker cannot be reached; None if stopped."""

@@ -82,7 +82,7 @@ from ledger.events import (
     MigrationStarted,
     MigrationSucceeded,
 )
-from ledger.kafka import BROKER_ERRORS, partition_of, topic_partitions
+from ledger.kafka import BROKER_ERRORS, Placements
 from ledger.names import group_resource_string
 from ledger.settings import KafkaSettings
 from projections.fold import stale_reason
@@ -422,7 +422,8 @@ async def run_worker(
             return
         if home is None:
             try:
-                home = partition_of(str(cluster), await topic_partitions(settings))
+                placed = await Placements(settings).where([str(cluster)], place=False)
+                home = placed[str(cluster)]
             except BROKER_ERRORS:
                 return  # told on the next move of the log
         if partition_log.partition != home:

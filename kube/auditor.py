@@ -41,10 +41,9 @@ from ledger.events import Meta, StorageAudited
 from ledger.hashing import hash_of_stored
 from ledger.kafka import (
     Addressed,
+    Placements,
     TransactionalProducer,
-    partition_of,
     to_record,
-    topic_partitions,
 )
 from ledger.names import resource_name
 from ledger.settings import KafkaSettings
@@ -279,7 +278,7 @@ def _event(
 
 async def _append(settings: KafkaSettings, cluster: str, events: Sequence[StorageAudited]) -> None:
     """Append every event of the audit in one transaction, or none."""
-    partition = partition_of(cluster, await topic_partitions(settings))
+    (partition,) = (await Placements(settings).where([cluster], place=True)).values()
     producer = TransactionalProducer(settings, f"{SOURCE}-{settings.topic}-{cluster}")
     await producer.start()
     try:

@@ -96,6 +96,7 @@ from kube.upstream import (
 from ledger.clock import Clock
 from ledger.events import SOURCE_DISCOVERY
 from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE, SHUTDOWN_WINDOW_SECONDS
+from ledger.kafka import BROKER_ERRORS, Placements
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
@@ -593,6 +594,8 @@ async def run_collector(
     told: set[str] = set()  # problems logged once each
     watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
     group = f"{group_id}.{cluster}"
+    placements = Placements(settings)
+    home: int | None = None  # the partition of the cluster's events
     follower = PartitionFollower(
         settings,
         group_id=group,
@@ -605,7 +608,13 @@ async def run_collector(
                 partition_log = folded.log
                 if not partition_log.caught_up:
                     continue
-                if partition_log.partition != follower.partition_of(cluster):
+                if home is None:  # placed here, as the writer of its first event
+                    try:
+                        (home,) = (await placements.where([cluster], place=True)).values()
+                    except BROKER_ERRORS as error:
+                        log.warning("cannot tell cluster %r's partition yet: %s", cluster, error)
+                        continue
+                if partition_log.partition != home:
                     continue
                 if not watcher.synced or not (watcher.changed.is_set() or folded.events):
                     continue

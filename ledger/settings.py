@@ -256,6 +256,11 @@ class KafkaSettings:
         _check_topic("cluster", cluster, topic)
         return topic
 
+    @property
+    def placement_topic(self) -> str:
+        """Where each cluster's partition is recorded (:mod:`ledger.kafka.placement`)."""
+        return f"{self.topic}.placement"
+
     def write_topic(self, cluster: str) -> str:
         """Where this process appends a cluster's events: its inbox or the ledger."""
         return self.inbox_topic(cluster) if self.inbox else self.topic

@@ -12,9 +12,9 @@ projector pointed at it afterwards carries on from where the replay stopped.
   a cut of the log, so the database is a projection at a checkpoint; the read API's
   ``/at/TIME`` cuts the same way); the views then show the ledger as it stood at that
   point.
-* ``cluster``: only that cluster's events, read from the one partition its key
-  hashes to. Its dead letters are logged, not sent: readers of whole partitions send
-  them (:class:`ledger.kafka.DeadLetters`).
+* ``cluster``: only that cluster's events, read from the one partition it is placed
+  in (:mod:`ledger.kafka.placement`). Its dead letters are logged, not sent: readers of
+  whole partitions send them (:class:`ledger.kafka.DeadLetters`).
 * ``from_snapshot``: the database already holds a projection (a copy of a live
   projection database, or an earlier replay): load it and continue from its
   checkpoint. Without it a database holding any event is refused, so a replay never
@@ -52,7 +52,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import IO, Any, Protocol, TypeAlias
 
@@ -64,11 +64,10 @@ from ledger.events import micros
 from ledger.kafka import (
     EventConsumer,
     Messages,
+    Placements,
     Record,
     end_offsets,
     message_time,
-    partition_of,
-    topic_partitions,
 )
 from ledger.memory import Sweeper, fewer_collections
 from ledger.progress import REDRAW_SECONDS, ProgressBar
@@ -115,9 +114,9 @@ class Span:
         ends: Mapping[int, int],
         next_offsets: Mapping[int, int],
         until: Until,
-        cluster: str | None,
+        wanted: Sequence[int],
     ) -> Span:
-        wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
+        """The span of the partitions ``wanted`` (all, or one cluster's)."""
         limits = {p: ends[p] for p in wanted}
         if isinstance(until, int):
             limits = {p: min(end, until + 1) for p, end in limits.items()}
@@ -152,6 +151,11 @@ class ReplayResult:
     next_offsets: dict[int, int]  # the checkpoint the database ends at
 
 
+async def home_of(settings: KafkaSettings, cluster: str) -> int:
+    """The partition of ``cluster``'s events (:mod:`ledger.kafka.placement`)."""
+    return (await Placements(settings).where([cluster], place=False))[cluster]
+
+
 async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, list[Record]]:
     """One cluster's records in the log up to its end now, and their fold, in memory.
 
@@ -162,7 +166,7 @@ async def cluster_log(settings: KafkaSettings, cluster: str) -> tuple[State, lis
     """
     state = State()
     records: list[Record] = []
-    partition = partition_of(cluster, await topic_partitions(settings))
+    partition = await home_of(settings, cluster)
     async with EventConsumer(
         settings, until="end", partitions=[partition], dead_letters=False
     ) as consumer:
@@ -230,13 +234,14 @@ async def replay(
                 async with BatchWriter(db_url) as writer:
                     ends = await end_offsets(settings)  # where the log ends as replay starts
                     projection.check_within(ends, shown(db.url))
+                    wanted = sorted(ends) if cluster is None else [await home_of(settings, cluster)]
                     if snapshots_from is not None:
                         start = _from_snapshots(
-                            settings.topic, ends, snapshots_from, projection, until, cluster
+                            settings.topic, ends, snapshots_from, projection, until, wanted, cluster
                         )
                         if start is not None:
                             await writer.commit(start)
-                    span = Span.of(ends, projection.next_offsets, until, cluster)
+                    span = Span.of(ends, projection.next_offsets, until, wanted)
                     _warn_past_the_end(until, ends, span)
                     bar = _ReplayBar(
                         "replay",
@@ -274,12 +279,12 @@ def _from_snapshots(
     source_url: str,
     projection: Projection,
     until: Until,
+    wanted: Sequence[int],
     cluster: str | None,
 ) -> store.Batch | None:
-    """Start ``projection`` from the latest usable snapshot of each partition in
-    ``source_url`` that is before ``ends``; the batch that writes that start, or None
-    if none is usable."""
-    wanted = sorted(ends) if cluster is None else [partition_of(cluster, sorted(ends))]
+    """Start ``projection`` from the latest usable snapshot of each partition ``wanted``
+    in ``source_url`` that is before ``ends`` (``cluster``: of that cluster only); the
+    batch that writes that start, or None if none is usable."""
     source = engine(source_url)
     source_shown = shown(source.url)
     chosen: dict[int, tuple[snapshots.Snapshot, snapshots.Rows]] = {}

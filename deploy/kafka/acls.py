@@ -3,7 +3,9 @@
 Every process of svledger logs in to Kafka as a principal of its own and runs as one
 *role*; :func:`grants` says, for a role, which operations on which topics, consumer
 groups and transactional IDs it needs. The names follow the code: the events topic
-``T`` (``svledger.events`` unless ``--topic``), its dead-letter topic ``T.dlq``, one
+``T`` (``svledger.events`` unless ``--topic``), its dead-letter topic ``T.dlq``, its
+placement topic ``T.placement`` (where each cluster's partition is recorded: the roles
+that write a cluster's first event record it, those that look a cluster up read it), one
 inbox topic ``T.inbox.<cluster>`` per cluster, and the groups and transactional IDs
 each command uses (docs/production.md has the table). Kafka lets any principal with
 Write on a topic produce idempotently (since 2.8), so no role needs IdempotentWrite
@@ -73,7 +75,8 @@ ROLES: Final = {
     "collector": "svledger collect (--cluster: that cluster's collector only)",
     "operator": "svledger migrations request, storagestate reset, audit",
     "reader": "svledger serve and timeline: read T",
-    "setup": "svledger topics create: creates T, T.dlq and (--inbox C) T.inbox.C",
+    "setup": "svledger topics create and grow: creates T, T.dlq, T.placement and (--inbox C)"
+    " T.inbox.C; adds partitions to T",
 }
 _PER_CLUSTER: Final = frozenset({"reporter", "worker", "collector"})
 
@@ -114,6 +117,7 @@ def grants(
     if role == "reporter" and cluster is None:
         raise AclError("role reporter writes one cluster's inbox: give --cluster")
     dlq = dlq_topic or f"{topic}.dlq"
+    placement = f"{topic}.placement"
     read = ("Read", "Describe")
     write = ("Write", "Describe")
     read_write = ("Read", "Write", "Describe")
@@ -127,15 +131,18 @@ def grants(
             Grant("transactional-id", transactional_prefix, PREFIXED, write),
         ]
 
-    def per_cluster(name: str) -> list[Grant]:
-        # Its group is "<name>.<cluster>", its transactional IDs "<group>-<topic>-<n>".
+    def per_cluster(name: str, places: tuple[str, ...]) -> list[Grant]:
+        # Its group is "<name>.<cluster>", its transactional IDs "<group>-<topic>-<n>";
+        # it looks its cluster's partition up (``places``: Write records it).
+        looks_up = Grant("topic", placement, LITERAL, places)
         if cluster is None:
             return [
                 Grant("topic", topic, LITERAL, read_write),
                 Grant("group", f"{name}.", PREFIXED, ("Read",)),
                 Grant("transactional-id", f"{name}.", PREFIXED, write),
+                looks_up,
             ]
-        return follower(f"{name}.{cluster}", f"{name}.{cluster}-{topic}-")
+        return [*follower(f"{name}.{cluster}", f"{name}.{cluster}-{topic}-"), looks_up]
 
     match role:
         case "reporter":
@@ -146,6 +153,7 @@ def grants(
                 Grant("group", ADMISSION, LITERAL, ("Read",)),
                 Grant("topic", topic, LITERAL, write),
                 Grant("topic", dlq, LITERAL, write),
+                Grant("topic", placement, LITERAL, read_write),
                 Grant("transactional-id", f"{ADMISSION}-", PREFIXED, write),
             ]
         case "projector":
@@ -155,6 +163,7 @@ def grants(
                 Grant("topic", topic, LITERAL, read),
                 Grant("group", PROJECTOR_GROUP.format(topic=topic), PREFIXED, ("Read",)),
                 Grant("topic", dlq, LITERAL, read_write),
+                Grant("topic", placement, LITERAL, read),  # replay --cluster
                 Grant("transactional-id", f"{DEAD_LETTERS}-{topic}-", PREFIXED, write),
             ]
         case "lease-gc":
@@ -162,24 +171,32 @@ def grants(
         case "migrator":
             return follower(MIGRATOR, f"{MIGRATOR}-{topic}-")
         case "worker":
-            return per_cluster(WORKER)
+            return per_cluster(WORKER, read)
         case "collector":
-            return per_cluster(COLLECTOR)
+            return per_cluster(COLLECTOR, read_write)
         case "operator":
             # svledger audit appends an audit's events in one transaction, its ID
             # "svledger-audit-<topic>-<cluster>" (kube.auditor).
             return [
                 Grant("topic", topic, LITERAL, read_write),
+                Grant("topic", placement, LITERAL, read_write),
                 Grant("transactional-id", f"{AUDIT}-{topic}-", PREFIXED, write),
             ]
         case "reader":
-            return [Grant("topic", topic, LITERAL, read)]
+            return [Grant("topic", topic, LITERAL, read), Grant("topic", placement, LITERAL, read)]
         case _:  # setup
             return [
                 # DescribeConfigs: ``topics create`` checks an events topic it finds keeps
                 # its records for ever
-                Grant("topic", topic, LITERAL, ("Create", "Describe", "DescribeConfigs")),
+                # topics grow: Read (the records' clusters) and Alter (add partitions)
+                Grant(
+                    "topic",
+                    topic,
+                    LITERAL,
+                    ("Create", "Describe", "DescribeConfigs", "Read", "Alter"),
+                ),
                 Grant("topic", dlq, LITERAL, ("Create", "Describe")),
+                Grant("topic", placement, LITERAL, ("Create", "Read", "Write", "Describe")),
                 Grant("topic", f"{topic}.inbox.", PREFIXED, ("Create", "Describe")),  # --inbox
             ]
 

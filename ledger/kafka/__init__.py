@@ -17,6 +17,8 @@ imports only modules listed before it here (``tests/unit/test_layers.py`` checks
   :func:`stop_within`).
 * :mod:`~ledger.kafka.topics`: creating the topics, their partitions
   (:func:`topic_partitions`, :func:`partition_of`) and end offsets (:class:`EndOffsets`).
+* :mod:`~ledger.kafka.placement`: the partition each cluster's events are in, recorded
+  once (:class:`Placements`), and growing the topic without moving any (:func:`grow`).
 * :mod:`~ledger.kafka.producers`: :class:`EventProducer`, which appends events.
 * :mod:`~ledger.kafka.transactions`: records and a group's offsets in one transaction
   (:class:`TransactionalProducer`, :class:`PartitionProducer`), and fencing.
@@ -68,6 +70,7 @@ from ledger.kafka.errors import (
     NotAuthorized,
 )
 from ledger.kafka.members import GroupMember, PatternMember
+from ledger.kafka.placement import Grown, Placements, grow
 from ledger.kafka.producers import EventProducer
 from ledger.kafka.readers import (
     METADATA_MAX_AGE_MS,
@@ -139,6 +142,7 @@ __all__ = [
     "EventConsumer",
     "EventProducer",
     "GroupMember",
+    "Grown",
     "Headers",
     "Message",
     "Messages",
@@ -147,6 +151,7 @@ __all__ = [
     "OutgoingRecord",
     "PartitionProducer",
     "PatternMember",
+    "Placements",
     "Record",
     "StartOffsets",
     "StoppedConnecting",
@@ -163,6 +168,7 @@ __all__ = [
     "drop_fetch",
     "end_offsets",
     "first_at",
+    "grow",
     "lags",
     "ledger_consumer",
     "max_time",

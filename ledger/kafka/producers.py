@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaTimeoutError
 from ledger.events import Event, Position
 from ledger.kafka.connection import connect, stop_within
 from ledger.kafka.errors import BrokerUnavailable, NotAuthorized, refusals
+from ledger.kafka.placement import Placements
 from ledger.kafka.records import to_record
 from ledger.kafka.topics import topic_partitions, why_unacknowledged
 from ledger.settings import KafkaSettings
@@ -57,6 +58,7 @@ class EventProducer:
         self._max_batch_size = max_batch_size
         self._connect_timeout = connect_timeout
         self._producer: AIOKafkaProducer | None = None
+        self._placements: Placements | None = None
         self._found: set[str] = set()  # topics found to exist
 
     def _make(self) -> AIOKafkaProducer:
@@ -82,6 +84,7 @@ class EventProducer:
         writes = f"{self.settings.inbox_prefix}<cluster>" if self.settings.inbox else None
         with self._refusals(writes or self.settings.topic):
             self._producer = await connect(self._make, self.settings, timeout=self._connect_timeout)
+        self._placements = Placements(self.settings, self._producer)
 
     async def __aexit__(
         self,
@@ -90,6 +93,7 @@ class EventProducer:
         tb: TracebackType | None,
     ) -> None:
         producer, self._producer = self._producer, None
+        self._placements = None
         if producer is not None:
             # Bounded: aiokafka delivers what it holds before it stops, and waits for a
             # broker that is away as long as it stays away.
@@ -104,23 +108,45 @@ class EventProducer:
     def _refusals(self, topic: str) -> contextlib.AbstractContextManager[None]:
         return refusals(self.settings, topic=("Write", topic))
 
-    async def _enqueue(self, event: Event) -> tuple[str, asyncio.Future[Any]]:
+    async def _find(self, topic: str) -> None:
+        """Check once that ``topic`` exists. aiokafka asks for a topic's metadata in a
+        way that has a broker which creates topics on first use (Kafka's default) create
+        it, with the broker's defaults (one partition, seven days' retention): ask first,
+        without creating it."""
+        if topic in self._found:
+            return
+        try:
+            await topic_partitions(self.settings, topic, timeout=self._connect_timeout)
+        except NotAuthorized as refused:  # Describe, which Write would grant
+            raise NotAuthorized(
+                self.settings, "Write", f"topic {topic!r}", "TopicAuthorizationFailed"
+            ) from refused
+        self._found.add(topic)
+
+    async def _knows(self, topic: str, partitions: set[int]) -> None:
+        """Have the client's metadata list ``partitions`` of ``topic``: a cluster may be
+        placed in a partition added since the client last asked (``topics grow``), and
+        it refuses to send to a partition it does not know."""
+        producer = self.producer
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                while not partitions <= await producer.partitions_for(topic):
+                    await producer.client.force_metadata_update()
+        except TimeoutError:
+            raise BrokerUnavailable(
+                f"the brokers at {self.settings.bootstrap_servers!r} do not list partitions"
+                f" {sorted(partitions)} of topic {topic!r} after {self._connect_timeout:g} s;"
+                " check that they are running; services try again"
+            ) from None
+
+    async def _enqueue(
+        self, event: Event, partition: int | None
+    ) -> tuple[str, asyncio.Future[Any]]:
         key, value, headers = to_record(event)
         topic = self.settings.write_topic(event.meta.cluster)
-        if topic not in self._found:
-            # aiokafka asks for a topic's metadata in a way that has a broker which creates
-            # topics on first use (Kafka's default) create it, with the broker's defaults
-            # (one partition, seven days' retention): ask first, without creating it.
-            try:
-                await topic_partitions(self.settings, topic, timeout=self._connect_timeout)
-            except NotAuthorized as refused:  # Describe, which Write would grant
-                raise NotAuthorized(
-                    self.settings, "Write", f"topic {topic!r}", "TopicAuthorizationFailed"
-                ) from refused
-            self._found.add(topic)
         with self._refusals(topic):
             future: asyncio.Future[Any] = await self.producer.send(
-                topic, value=value, key=key, headers=headers
+                topic, value=value, key=key, headers=headers, partition=partition
             )
         return topic, future
 
@@ -143,7 +169,19 @@ class EventProducer:
         any broker could be asked) raises :class:`~ledger.kafka.errors.BrokerUnavailable`
         with the same reasons; the caller retries, as through an outage.
         """
-        enqueued = [await self._enqueue(event) for event in events]
+        batch = list(events)
+        for topic in sorted({self.settings.write_topic(e.meta.cluster) for e in batch}):
+            await self._find(topic)
+        placed: dict[str, int] = {}
+        if not self.settings.inbox:  # an inbox has one partition; admission places
+            self.producer  # noqa: B018 (raises unless started)
+            assert self._placements is not None  # started with the producer
+            with self._refusals(self.settings.placement_topic):
+                placed = await self._placements.where(
+                    {event.meta.cluster for event in batch}, place=True
+                )
+            await self._knows(self.settings.topic, set(placed.values()))
+        enqueued = [await self._enqueue(e, placed.get(e.meta.cluster)) for e in batch]
         topics = sorted({topic for topic, _ in enqueued})
         pending = asyncio.gather(*(future for _, future in enqueued))
         pending.add_done_callback(retrieved)  # a caller cancelled leaves nothing to log

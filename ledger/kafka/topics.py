@@ -128,13 +128,17 @@ class CreatedTopics:
 
 
 async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) -> CreatedTopics:
-    """Create the event and dead-letter topics if they do not exist (idempotent), with the
-    layout :func:`layout` chooses.
+    """Create the event, dead-letter and placement topics if they do not exist
+    (idempotent), with the layout :func:`layout` chooses.
 
     ``inboxes`` names clusters whose inbox topic (one partition: one order per
     cluster) is created too, for a ledger guarded by ``svledger admit``.
     """
-    wanted = {settings.topic: settings.partitions, settings.dlq_topic: settings.partitions}
+    wanted = {
+        settings.topic: settings.partitions,
+        settings.dlq_topic: settings.partitions,
+        settings.placement_topic: 1,
+    }
     wanted.update((settings.inbox_topic(cluster), 1) for cluster in inboxes)
     admin = await connect(lambda: AIOKafkaAdminClient(**settings.client_kwargs()), settings)
     try:
@@ -174,7 +178,7 @@ async def create_topics(settings: KafkaSettings, inboxes: Iterable[str] = ()) ->
                         " (a replication factor of at most its brokers)"
                     )
                 raise BrokerUnavailable(f"{refused}; check the broker's log")
-        await _await_leaders(admin, settings, list(wanted))
+        await await_leaders(admin, settings, list(wanted))
         await _check_kept(admin, settings)
     finally:
         await admin.close()
@@ -227,7 +231,7 @@ async def _check_kept(
             )
 
 
-async def _await_leaders(
+async def await_leaders(
     admin: AIOKafkaAdminClient, settings: KafkaSettings, topics: list[str], timeout: float = 30.0
 ) -> None:
     """Wait until every partition of ``topics`` has a leader.

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ledger.errors import UsageError
 from svledger.options import (
     Subparsers,
     add_cluster_option,
@@ -28,30 +29,60 @@ def add_topics(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "topics",
-        _topics_create,
-        help="create the events topic and its dead-letter topic",
+        _topics,
+        help="create the ledger's topics, or add partitions to the events topic",
         description=(
-            "svledger topics create: create the events topic and its dead-letter topic\n"
-            "(SVLEDGER_KAFKA_PARTITIONS partitions, kept for ever) unless they exist, and\n"
-            "wait for their leaders (idempotent). Replicas: SVLEDGER_KAFKA_REPLICATION_FACTOR,\n"
-            "by default min(3, brokers); min.insync.replicas: SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS,\n"
-            "by default one less (at least 1). It prints what it chose, warns about a layout\n"
-            "that cannot ride out a broker down, and refuses one that can never accept a\n"
-            "write. Run it once per deployment, with every broker up, before the other\n"
-            "roles, and with --inbox for each cluster whose reporters write through\n"
-            "'svledger admit'."
+            "svledger topics create: create the events topic, its dead-letter topic and\n"
+            "its placement topic (SVLEDGER_KAFKA_PARTITIONS partitions, kept for ever)\n"
+            "unless they exist, and wait for their leaders (idempotent). Replicas:\n"
+            "SVLEDGER_KAFKA_REPLICATION_FACTOR, by default min(3, brokers);\n"
+            "min.insync.replicas: SVLEDGER_KAFKA_MIN_INSYNC_REPLICAS, by default one less\n"
+            "(at least 1). It prints what it chose, warns about a layout that cannot ride\n"
+            "out a broker down, and refuses one that can never accept a write. Run it once\n"
+            "per deployment, with every broker up, before the other roles (and again on\n"
+            "upgrading from a version without the placement topic), and with --inbox for\n"
+            "each cluster whose reporters write through 'svledger admit'.\n\n"
+            "svledger topics grow --partitions N: raise the events topic to N partitions\n"
+            "while every cluster keeps its partition (and so its order): it records where\n"
+            "each cluster in the log is, in <topic>.placement, then adds the partitions; new\n"
+            "clusters spread over all of them. Safe under load. Every writer (reporters,\n"
+            "collectors, admit, audit) must record placements, as this version does."
         ),
     )
-    parser.add_argument("action", choices=["create"], help="create: create missing topics")
+    parser.add_argument(
+        "action",
+        choices=["create", "grow"],
+        help="create: create missing topics; grow: add partitions to the events topic",
+    )
     parser.add_argument(
         "--inbox",
         action="append",
         default=[],
         metavar="CLUSTER",
-        help="also create CLUSTER's inbox topic <topic>.inbox.CLUSTER (one partition);\n"
-        "repeat for more clusters (see docs/production.md, 'Who may say what')",
+        help="create: also create CLUSTER's inbox topic <topic>.inbox.CLUSTER (one\n"
+        "partition); repeat for more clusters (see docs/production.md, 'Who may say what')",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=positive(int, "partition count"),
+        metavar="N",
+        help="grow: the partition count the events topic grows to (more than it has)",
     )
     add_kafka_options(parser, "setup")
+
+
+def _topics(args: argparse.Namespace) -> int:
+    if args.action == "grow":
+        if args.partitions is None:
+            raise UsageError("topics grow needs --partitions N, the count to grow the topic to")
+        if args.inbox:
+            raise UsageError("--inbox is for topics create; drop it from topics grow")
+        return _topics_grow(args)
+    if args.partitions is not None:
+        raise UsageError(
+            "--partitions is for topics grow; topics create takes SVLEDGER_KAFKA_PARTITIONS"
+        )
+    return _topics_create(args)
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -67,6 +98,23 @@ def _topics_create(args: argparse.Namespace) -> int:
             print(f"warning: {done.layout.warning}", file=sys.stderr)
     if done.existing:
         print(f"{_listed(done.existing)} already existed: left as they are")
+    return 0
+
+
+def _topics_grow(args: argparse.Namespace) -> int:
+    from ledger.kafka import grow
+    from ledger.progress import ProgressBar
+
+    settings = kafka_settings(args)
+    bar = ProgressBar("topics grow: reading the log", "records", tty=sys.stderr.isatty(),
+                      stream=sys.stderr)  # fmt: skip
+    grown = asyncio.run(grow(settings, args.partitions, bar.update))
+    bar.finish()
+    print(
+        f"topic {settings.topic} grew from {grown.before} to {grown.after} partitions;"
+        f" its {grown.clusters} clusters keep their partitions ({grown.recorded} placements"
+        f" recorded now in {settings.placement_topic})"
+    )
     return 0
 
 

@@ -227,9 +227,10 @@ async def test_scram_sha_256_logs_in_as_well(kafka: SecuredKafka) -> None:
 async def test_a_reporter_writes_its_inbox_and_may_not_write_the_events_topic(
     kafka: SecuredKafka,
 ) -> None:
-    inbox = f"{TOPIC}.inbox.east"
-    await create_topics(kafka.settings("admin", inbox))
-    await append(kafka.settings("reporter-east", inbox), [heartbeat("east", "r1", _now(), 60)])
+    await create_topics(kafka.settings("admin", TOPIC), ["east"])
+    await append(
+        kafka.settings("reporter-east", TOPIC, inbox=True), [heartbeat("east", "r1", _now(), 60)]
+    )
 
     with pytest.raises(NotAuthorized) as refused:
         await append(kafka.settings("reporter-east", TOPIC), [heartbeat("east", "r1", _now(), 60)])
@@ -357,10 +358,9 @@ def certified(kafka: SecuredKafka) -> SecuredKafka:
 async def test_a_reporters_certificate_writes_its_inbox_and_may_not_write_the_events_topic(
     certified: SecuredKafka,
 ) -> None:
-    inbox = f"{TOPIC}.inbox.east"
-    await create_topics(certified.settings("admin", inbox))
+    await create_topics(certified.settings("admin", TOPIC), ["east"])
     await append(
-        certified.settings("cert-reporter-east", inbox, certificate=True),
+        certified.settings("cert-reporter-east", TOPIC, certificate=True, inbox=True),
         [heartbeat("east", "r1", _now(), 60)],
     )
 

@@ -688,13 +688,14 @@ def test_topics_create_makes_both_topics_once_and_replay_names_a_missing_one(
     assert main(["topics", "create", *kafka]) == 0
     printed = capsys.readouterr()
     assert printed.out == (
-        f"created topics {unique_topic} and {unique_topic}.dlq:"
+        f"created topics {unique_topic}, {unique_topic}.dlq and {unique_topic}.placement:"
         " replication factor 1, min.insync.replicas 1 (1 broker)\n"
     )
     assert "warning: replication factor 1: every record has one copy" in printed.err
     assert main(["topics", "create", *kafka]) == 0  # the second run finds them, changes nothing
     assert capsys.readouterr().out == (
-        f"topics {unique_topic} and {unique_topic}.dlq already existed: left as they are\n"
+        f"topics {unique_topic}, {unique_topic}.dlq and {unique_topic}.placement already existed:"
+        " left as they are\n"
     )
 
     async def partitions() -> dict[str, int]:

@@ -178,7 +178,7 @@ def test_topics_create_replicates_over_three_brokers_and_refuses_what_cannot_be_
     done = topics_create("svledger-layout")
     assert done.returncode == 0, done.stderr
     assert done.stdout == (
-        "created topics svledger-layout and svledger-layout.dlq:"
+        "created topics svledger-layout, svledger-layout.dlq and svledger-layout.placement:"
         " replication factor 3, min.insync.replicas 2 (3 brokers)\n"
     )
     assert "warning" not in done.stderr

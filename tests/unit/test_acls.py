@@ -52,11 +52,36 @@ def test_a_follower_may_read_its_group_and_write_its_transactions(
     role: str, cluster: str | None, group: str, transactional_id: str
 ) -> None:
     granted = grants(role, TOPIC, cluster=cluster)
-    topic_grants = [g for g in granted if g.kind == "topic"]
+    topic_grants = [g for g in granted if g.kind == "topic" and g.name == TOPIC]
     assert topic_grants == [Grant("topic", TOPIC, LITERAL, ("Read", "Write", "Describe"))]
     assert [g.operations for g in granted if g.kind == "group" and _covers(g, group)] == [("Read",)]
     txn = [g for g in granted if g.kind == "transactional-id"]
     assert [g.operations for g in txn if _covers(g, transactional_id)] == [("Write", "Describe")]
+
+
+@pytest.mark.parametrize(
+    ("role", "operations"),
+    [
+        # They write a cluster's first event: they record its partition.
+        ("admission", {"Read", "Write"}),
+        ("collector", {"Read", "Write"}),
+        ("operator", {"Read", "Write"}),
+        ("setup", {"Create", "Read", "Write"}),
+        # They look a cluster's partition up.
+        ("worker", {"Read"}),
+        ("projector", {"Read"}),
+        ("reader", {"Read"}),
+        # They write only to the partition they read, or to an inbox.
+        ("lease-gc", set()),
+        ("migrator", set()),
+        ("reporter", set()),
+    ],
+)
+def test_who_records_a_clusters_partition_and_who_reads_it(role: str, operations: set[str]) -> None:
+    cluster = "east" if role == "reporter" else None
+    placement = f"{TOPIC}.placement"
+    granted = [g for g in grants(role, TOPIC, cluster=cluster) if _covers(g, placement)]
+    assert {op for g in granted for op in g.operations} - {"Describe"} == operations
 
 
 def test_a_cluster_narrows_a_worker_to_its_own_group_and_transactions() -> None:
@@ -136,7 +161,7 @@ def test_one_kafka_acls_run_per_pattern_and_operations() -> None:
             *operands,
         ]
         for operands in (
-            ["literal", "--topic", "t", "--operation", "Read", "--operation", "Describe"],
+            ["literal", "--topic", "t", "--topic", "t.placement", *_operations("Read", "Describe")],
             ["literal", "--topic", "t.dlq", *_operations("Read", "Write", "Describe")],
             ["prefixed", "--group", "svledger-projector.t.views.", "--operation", "Read"],
             [
@@ -153,5 +178,6 @@ def test_dry_run_prints_the_commands(capsys: pytest.CaptureFixture[str]) -> None
     assert acls.main(["--role", "reader", "--topic", "t", "--dry-run"]) == 0
     assert capsys.readouterr().out == (
         "kafka-acls.sh --bootstrap-server HOST:PORT --add --allow-principal User:NAME"
-        " --resource-pattern-type literal --topic t --operation Read --operation Describe\n"
+        " --resource-pattern-type literal --topic t --topic t.placement --operation Read"
+        " --operation Describe\n"
     )

@@ -61,6 +61,7 @@ KAFKA = (  # ledger/kafka/'s modules, each importing only those before it
     "errors",
     "connection",
     "topics",
+    "placement",
     "producers",
     "transactions",
     "dead_letters",
