@@ -512,6 +512,62 @@ async def test_an_apiserver_stopped_mid_migration_keeps_v1_until_it_answers_agai
     assert set(in_etcd(pipeline.cluster, group)) == {f"{group}/v2"}
 
 
+@contextlib.asynccontextmanager
+async def discovery_held(server: Kube, group: str) -> AsyncIterator[None]:
+    """``server``'s discovery of ``group`` held at what it answers now, as a lagging
+    apiserver's (whose CRD informer is behind) stays after a change: its answers to
+    ``/apis/<group>/<version>`` are read now and served again, in transit, to whoever
+    asks through this client (the collector). The apiserver itself is real and up to date:
+    it serves and stores as the CRD says."""
+    get = server.get
+    held = {
+        f"/apis/{group}/{version}": await get(f"/apis/{group}/{version}")
+        for version in ("v1", "v2")
+    }
+
+    async def lagging(path: str, *args: Any, **kwargs: Any) -> Any:
+        return held[path] if path in held else await get(path, *args, **kwargs)
+
+    server.get = lagging  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del server.get  # the class's own again
+
+
+async def test_an_apiserver_whose_discovery_lags_keeps_v1_until_it_catches_up(
+    pipeline: Pipeline,
+) -> None:
+    """The storage switched to v2, one apiserver's discovery still shows v1's hash: the
+    apiservers disagree, so no migration to v2 runs and storedVersions keeps v1, and
+    explain says which apiserver still encodes v1, at which offset. Caught up, v1 goes."""
+    group = "lagging.svledger.test"
+    await created(pipeline, group)
+    async with discovery_held(pipeline.servers[1], group):
+        async with writing(pipeline, group):
+            await asyncio.sleep(1)
+            await change_crd(pipeline.kube, group, "v2")
+            await asyncio.sleep(3)
+
+        async def disagreeing() -> str | None:
+            text = await explained(pipeline, group)
+            return None if re.search(r"They disagree \(\S+/v1 by \S+; \S+/v2 by \S+\)", text) else text
+
+        await eventually(disagreeing, f"the apiservers disagreeing on {group}", 60)
+        await asyncio.sleep(5)  # the migration trigger polls: nothing may start meanwhile
+        assert await migration_to(pipeline, group, "v2") is None
+        assert stored_versions(await crd(pipeline.kube, group)) == ["v1", "v2"]
+        assert not any(
+            isinstance(e, StoredVersionsPruned) for _, e in await events(pipeline, group)
+        )
+        text = await explained(pipeline, group)
+        assert re.search(r"v1 stays: objects may still be stored in v1: .* at \d+:\d+", text), text
+
+    # Caught up: every apiserver writes v2, a migration runs under agreement, v1 goes.
+    await pruned_to(pipeline, group, "v2", 180)
+    assert set(in_etcd(pipeline.cluster, group)) == {f"{group}/v2"}
+
+
 async def test_the_in_tree_migrator_prunes_and_the_ledger_backs_it_or_raises_the_alarm(
     pipeline: Pipeline,
 ) -> None:

@@ -47,7 +47,7 @@ from tests.workloads import mixed_events
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 100_000
-KILLS = 20
+KILLS = 12
 GROUP_KILLS = 8
 GARBAGE = 5
 # Guards against a hung process, not measurements.

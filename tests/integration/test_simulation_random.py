@@ -32,7 +32,7 @@ from simulation.run import simulate
 
 pytestmark = pytest.mark.slow
 
-RUNS = 80
+RUNS = 48
 #: The runs are drawn in shards, each its own test: a parallel run deals them to several
 #: workers (each shard draws its own examples; together they make ``RUNS``).
 SHARDS = 4
