@@ -551,7 +551,8 @@ async def test_an_apiserver_whose_discovery_lags_keeps_v1_until_it_catches_up(
 
         async def disagreeing() -> str | None:
             text = await explained(pipeline, group)
-            return None if re.search(r"They disagree \(\S+/v1 by \S+; \S+/v2 by \S+\)", text) else text
+            split = re.search(r"They disagree \(\S+/v1 by \S+; \S+/v2 by \S+\)", text)
+            return None if split else text
 
         await eventually(disagreeing, f"the apiservers disagreeing on {group}", 60)
         await asyncio.sleep(5)  # the migration trigger polls: nothing may start meanwhile
