@@ -392,6 +392,28 @@ def test_a_bad_bootstrap_variable_is_named_before_anything_is_reached(
     assert "SVLEDGER_KAFKA_BOOTSTRAP='garbage:'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["topics", "grow"], "topics grow needs --partitions N"),
+        (["topics", "grow", "--partitions", "0"], "'0' is not a positive partition count"),
+        (
+            ["topics", "grow", "--partitions", "8", "--inbox", "east"],
+            "--inbox is for topics create",
+        ),
+        (
+            ["topics", "create", "--partitions", "8"],
+            "topics create takes SVLEDGER_KAFKA_PARTITIONS",
+        ),
+    ],
+)
+def test_topics_grow_and_create_refuse_the_others_arguments_before_anything_is_reached(
+    arguments: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*arguments, "--bootstrap", "127.0.0.1:1"]) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: pathlib.Path) -> None:
     """``svledger history ... | head``: the rest of the output is not wanted."""
     url = f"sqlite:///{tmp_path / 'views.db'}"
