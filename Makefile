@@ -38,9 +38,9 @@ kube: setup
 	@$(PY) deploy/kube/build.py fetch --kubernetes v1.36.3 --binary kube-apiserver --binary etcd >/dev/null
 
 # The suite runs in $(TEST_WORKERS) workers (pytest-xdist): most tests wait on a broker, a
-# database or an apiserver (three workers kept two cores 77% busy), so four. Modules are dealt whole, the
+# database or an apiserver, so three keep two cores busy (four were no faster). Modules are dealt whole, the
 # longest first (tests/conftest.py), and the slowest tests are listed at the end.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40
 
 test: setup kube

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalOperation, KafkaError
 
 from ledger.events import Event, Position
 from ledger.kafka.connection import connect, finish_within, stop_within
@@ -273,6 +273,13 @@ class TransactionalProducer:
             if refusal is not None:
                 raise refusal from error
             raise TransactionFailed(f"{self.transactional_id}: {error}") from error
+        except IllegalOperation as error:
+            # aiokafka's producer, once in error (fenced while the transaction began), says
+            # so as "Can't send messages while not in transaction": a failed transaction.
+            raise TransactionFailed(
+                f"{self.transactional_id}: {error} (the producer is in error: fenced by a"
+                " newer instance, or its transaction failed)"
+            ) from error
         finally:
             for future in futures:  # their error is the one raised here
                 if future.done() and not future.cancelled():
