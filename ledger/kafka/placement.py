@@ -79,6 +79,11 @@ class Placements:
         self._producer = producer
         self._placed: dict[str, int] = {}
         self._next = 0  # the next offset of the placement topic to read
+        # One round of reading and placing at a time, for every cluster asked meanwhile:
+        # a thousand clusters' first events (a fleet's reporters starting) take a few
+        # rounds, not a thousand.
+        self._round = asyncio.Lock()
+        self._to_place: set[str] = set()
 
     def known(self) -> Mapping[str, int]:
         """The placements read so far."""
@@ -89,17 +94,23 @@ class Placements:
         cluster that has none (a writer about to append its first event); else a
         cluster with none gets the partition it would be placed in now."""
         wanted = set(clusters)
-        if not wanted <= self._placed.keys():
-            # The events topic first: a principal that may not read it is told so.
-            partitions = await topic_partitions(self.settings)
-            await self.read(missing_ok=not place)
-            missing = sorted(wanted - self._placed.keys())
-            if missing:
-                chosen = {cluster: partition_of(cluster, partitions) for cluster in missing}
+        if place:
+            self._to_place |= wanted - self._placed.keys()
+        while not wanted <= self._placed.keys():
+            async with self._round:
+                if wanted <= self._placed.keys():  # placed by the round before
+                    break
+                # The events topic first: a principal that may not read it is told so.
+                partitions = await topic_partitions(self.settings)
+                await self.read(missing_ok=not place)
                 if not place:
+                    chosen = {c: partition_of(c, partitions) for c in wanted - self._placed.keys()}
                     return {**{c: self._placed[c] for c in wanted - chosen.keys()}, **chosen}
-                await self.append(chosen)
-                await self.read()
+                self._to_place -= self._placed.keys()
+                if self._to_place:
+                    await self.append({c: partition_of(c, partitions) for c in self._to_place})
+                    await self.read()
+                    self._to_place -= self._placed.keys()
         return {cluster: self._placed[cluster] for cluster in wanted}
 
     async def read(self, *, missing_ok: bool = False) -> None:
