@@ -34,8 +34,11 @@ PACKAGES = ("ledger", "projections", "bench")
 
 # Run in each round's fresh interpreter, with the tree to import from first on sys.path.
 ROUND = """
-import hashlib, json, sys, time
+import hashlib, json, random, sys, time, uuid
 sys.path.insert(0, sys.argv[1])
+# The log's random UUIDs (holder identities) from a seed: every round folds the same log.
+_seeded = random.Random(11)
+uuid.uuid4 = lambda: uuid.UUID(int=_seeded.getrandbits(128), version=4)
 import projections.fold as fold
 from bench.codec_bench import generate
 from ledger.events import Position
