@@ -221,8 +221,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         projector = _svledger("project", settings, "--db", live_url, "--snapshot-every", every)
         port = free_port()
         live_serve = _svledger(
-            "serve", settings, "--address", f"127.0.0.1:{port}", "--snapshots-from", live_url
-        )
+            "serve", settings, "--address", f"127.0.0.1:{port}", "--snapshots-from", live_url,
+            "--watch-window", str(args.watch_window),
+        )  # fmt: skip
         report: dict[str, Any] = {
             "clusters": args.clusters,
             "apiservers": args.clusters * args.apiservers,
@@ -230,6 +231,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             "heartbeat_seconds": args.heartbeat_seconds,
             "speedup": args.speedup,
             "partitions": args.partitions,
+            "watch_window": args.watch_window,
             "cpus": os.cpu_count(),
         }
         try:
@@ -307,6 +309,12 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=int, default=20_000)
     parser.add_argument("--points", type=int, default=20)
     parser.add_argument("--kubectl-sample", type=int, default=20)
+    parser.add_argument(
+        "--watch-window",
+        type=int,
+        default=2000,
+        help="the live serve's changes kept per cluster for watches (serve's default 2000)",
+    )
     report = asyncio.run(_main(parser.parse_args()))
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

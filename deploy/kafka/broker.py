@@ -9,7 +9,7 @@ later fetches cost nothing until the pom changes.
 A broker JVM starting cold spends most of its start loading and compiling classes, and
 the suite starts dozens. So the fetch also writes a class-data archive of a broker's
 classes (``lib/kafka.jsa``, JDK's dynamic CDS, by starting and stopping a broker once,
-6 s), which every later JVM maps instead of loading its classes again; and the JVMs run
+9 s), which every later JVM maps instead of loading its classes again; and the JVMs run
 with the client compiler alone (``-XX:TieredStopAtLevel=1``), whose code is slower at
 peak but costs far less CPU to make: a broker here starts in half the time on a third
 of the CPU, and a loaded 2-core machine gets the difference back. A JVM whose archive
