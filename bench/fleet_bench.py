@@ -52,10 +52,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.serve_start import LISTS, _get, _project, _rss_mib, _summary, _timed
+from bench.serve_start import LISTS, _get, _project, _rss_mib, _summary, _timed, caught_up
 from deploy.kafka.broker import free_port, kafka_bootstrap
 from ledger.events import Event, Position
-from ledger.kafka import EndOffsets, EventProducer, create_topics
+from ledger.kafka import EventProducer, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
 
@@ -112,28 +112,6 @@ def _svledger(command: str, settings: KafkaSettings, *arguments: str) -> subproc
 def _stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     process.wait(timeout=120)
-
-
-async def _ends(settings: KafkaSettings) -> dict[int, int]:
-    async with EndOffsets(settings) as ends_of:
-        return await ends_of()
-
-
-async def _caught_up(settings: KafkaSettings, url: str) -> None:
-    """Wait until the projector's checkpoints reach the log's end."""
-    from projections import database, store
-
-    ends = await _ends(settings)
-    engine = database.engine(url)
-    try:
-        while True:
-            with engine.connect() as connection:
-                done = store.load_checkpoints(connection, settings.topic, "views")
-            if all(done.get(p, 0) >= end for p, end in ends.items()):
-                return
-            await asyncio.sleep(0.5)
-    finally:
-        engine.dispose()
 
 
 def _wait_ready(base: str, cluster: str, started: float) -> dict[str, float]:
@@ -242,7 +220,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             }
             report.update(await _week(args, settings, processes))
             appended_at = time.perf_counter()
-            await _caught_up(settings, live_url)
+            await caught_up(settings, live_url)
             live = {
                 "caught_up_after_last_append_seconds": round(time.perf_counter() - appended_at, 1)
             }

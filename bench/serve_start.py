@@ -84,26 +84,34 @@ def _summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
-async def _project(settings: KafkaSettings, url: str, every: int) -> dict[str, Any]:
+async def caught_up(settings: KafkaSettings, url: str) -> dict[int, int]:
+    """Wait until the projector's checkpoints in ``url`` reach the log's end as it is
+    now; return that end per partition."""
     async with EndOffsets(settings) as ends_of:
         ends = await ends_of()
-    database.upgrade(url)
     engine = database.engine(url)
-    projector = Projector(settings, url, group=False, log_interval=3600, snapshot_every=every)
-    stop = asyncio.Event()
-    started = time.perf_counter()
-    task = asyncio.create_task(projector.run(stop))
     try:
         while True:
             with engine.connect() as connection:
                 done = store.load_checkpoints(connection, settings.topic, "views")
             if all(done.get(p, 0) >= end for p, end in ends.items()):
-                break
+                return ends
             await asyncio.sleep(0.5)
+    finally:
+        engine.dispose()
+
+
+async def _project(settings: KafkaSettings, url: str, every: int) -> dict[str, Any]:
+    database.upgrade(url)
+    projector = Projector(settings, url, group=False, log_interval=3600, snapshot_every=every)
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(projector.run(stop))
+    try:
+        ends = await caught_up(settings, url)
     finally:
         stop.set()
         await task
-        engine.dispose()
     return {"seconds": round(time.perf_counter() - started, 1), "ends": ends}
 
 
