@@ -47,12 +47,20 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.serve_start import LISTS, _get, _project, _rss_mib, _summary, _timed, caught_up
+from bench.serve_start import (
+    LISTS,
+    _project,
+    _rss_mib,
+    _summary,
+    _timed,
+    caught_up,
+    wait_ready,
+)
 from deploy.kafka.broker import free_port, kafka_bootstrap
 from ledger.events import Event, Position
 from ledger.kafka import EventProducer, create_topics
@@ -90,10 +98,10 @@ class CountingProducer(EventProducer):
 
     acknowledged = 0
 
-    async def send(self, event: Event) -> Position:
-        position = await super().send(event)
-        self.acknowledged += 1
-        return position
+    async def send_many(self, events: Iterable[Event]) -> list[Position]:
+        positions = await super().send_many(events)  # send() too comes here
+        self.acknowledged += len(positions)
+        return positions
 
 
 def _svledger(command: str, settings: KafkaSettings, *arguments: str) -> subprocess.Popen[bytes]:
@@ -112,22 +120,6 @@ def _svledger(command: str, settings: KafkaSettings, *arguments: str) -> subproc
 def _stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     process.wait(timeout=120)
-
-
-def _wait_ready(base: str, cluster: str, started: float) -> dict[str, float]:
-    first = None
-    while True:
-        try:
-            if first is None:
-                _get(f"{base}/clusters/{cluster}/{LISTS[0]}")
-                first = time.perf_counter() - started
-            _get(f"{base}/readyz")
-            return {
-                "first_answer_seconds": round(first, 2),
-                "ready_seconds": round(time.perf_counter() - started, 2),
-            }
-        except OSError:
-            time.sleep(0.1)
 
 
 def _kubectl_get(server: str) -> float:
@@ -247,7 +239,7 @@ def _serve(settings: KafkaSettings, url: str, args: argparse.Namespace) -> dict[
     rng = random.Random(9)
     clusters = [f"cluster-{c:04d}" for c in range(args.clusters)]
     try:
-        report: dict[str, Any] = _wait_ready(base, clusters[0], started)
+        report: dict[str, Any] = wait_ready(base, clusters[0], started)
         report["rss_mib"] = round(_rss_mib(server.pid), 1)
         span = timedelta(days=args.days).total_seconds()
         points = [

@@ -135,6 +135,24 @@ async def _late_times(settings: KafkaSettings, cluster: str, count: int) -> list
     return [t.isoformat().replace("+00:00", "Z") for t in sorted(rng.sample(times, count))]
 
 
+def wait_ready(base: str, cluster: str, started: float) -> dict[str, float]:
+    """Wait until the server at ``base`` answers ``cluster``'s first list and then
+    ``/readyz``; seconds from ``started`` (``time.perf_counter()``) to each."""
+    first = None
+    while True:
+        try:  # refused (not listening yet) or 503 (not folded yet): both OSErrors
+            if first is None:
+                _get(f"{base}/clusters/{cluster}/{LISTS[0]}")
+                first = time.perf_counter() - started
+            _get(f"{base}/readyz")
+            return {
+                "first_answer_seconds": round(first, 2),
+                "ready_seconds": round(time.perf_counter() - started, 2),
+            }
+        except OSError:
+            time.sleep(0.1)
+
+
 def _serve(settings: KafkaSettings, clusters: list[str], points: list[str], *extra: str) -> Any:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -149,22 +167,8 @@ def _serve(settings: KafkaSettings, clusters: list[str], points: list[str], *ext
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        first = None
-        while True:
-            try:
-                if first is None:
-                    _get(f"{base}/clusters/{clusters[0]}/{LISTS[0]}")
-                    first = time.perf_counter() - started
-                _get(f"{base}/readyz")
-                break
-            except (OSError, urllib.error.HTTPError):
-                time.sleep(0.1)
-        ready = time.perf_counter() - started
-        report: dict[str, Any] = {
-            "ready_seconds": round(ready, 2),
-            "first_answer_seconds": round(first, 2),
-            "rss_mib": round(_rss_mib(server.pid), 1),
-        }
+        report: dict[str, Any] = wait_ready(base, clusters[0], started)
+        report["rss_mib"] = round(_rss_mib(server.pid), 1)
         at = [f"{base}/clusters/{clusters[0]}/at/{point}/{LISTS[0]}" for point in points]
         report["at_time"] = _summary([_timed(url) for url in at])
         sent = [
