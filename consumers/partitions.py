@@ -403,6 +403,10 @@ class PartitionFollower:
             if partition_log is not None:
                 partition_log.lose()
 
+    def assigned(self) -> set[int]:
+        """The partitions the group gives this member now (none before it has joined)."""
+        return set() if self._member is None else self._member.assignment()
+
     async def end_offset(self, partition: int) -> int:
         """The partition's last stable offset now (read_committed end)."""
         return await self.member.end_offset(partition)

@@ -105,12 +105,15 @@ async def connect(
     context: str | None = None,
     *,
     rate_limit: RateLimit | None = None,
+    slots: asyncio.Semaphore | None = None,
 ) -> Kube:
     """A client for the cluster kubectl would use with the same ``--kubeconfig``/``--context``.
 
     As kubectl: ``--kubeconfig``, else the first file of ``KUBECONFIG`` that exists, else
     ``~/.kube/config``, else (none of them) the in-cluster service account. With
-    ``rate_limit``, every request but a watch waits for it.
+    ``rate_limit``, every request but a watch waits for it; with ``slots``, every request
+    but a watch holds one while it runs (clients of many clusters sharing them: at most
+    as many requests in flight as there are slots).
     """
     configuration = client.Configuration()
     if kubeconfig is not None and not Path(kubeconfig).is_file():
@@ -137,7 +140,7 @@ async def connect(
                 f"cannot use kubeconfig {path}: {reason}; fix it, or give "
                 "--kubeconfig PATH (and --context NAME)"
             ) from error
-        return Kube(configuration, rate_limit)
+        return Kube(configuration, rate_limit, slots)
     if context is not None:
         raise ConfigurationError(
             f"--context {context!r} needs a kubeconfig: none given (--kubeconfig),"
@@ -152,7 +155,7 @@ async def connect(
             + (f"none of KUBECONFIG={listed!r} exists, " if listed else "")
             + f"no ~/.kube/config) and not in a pod ({_reason(error)}); give --kubeconfig PATH"
         ) from error
-    return Kube(configuration, rate_limit)
+    return Kube(configuration, rate_limit, slots)
 
 
 def _timeouts(silence: float | None = None) -> aiohttp.ClientTimeout:
@@ -183,10 +186,14 @@ class Kube:
     """Plain-JSON access to one API server (or, :meth:`at`, one of its peers)."""
 
     def __init__(
-        self, configuration: client.Configuration, rate_limit: RateLimit | None = None
+        self,
+        configuration: client.Configuration,
+        rate_limit: RateLimit | None = None,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self._configuration = configuration
         self._rate_limit = rate_limit
+        self._slots = slots
         self._api = client.ApiClient(configuration)
         self._objects = client.CustomObjectsApi(self._api)
 
@@ -198,7 +205,7 @@ class Kube:
         """The same credentials, addressed to ``host`` (e.g. one apiserver of several)."""
         configuration = copy.copy(self._configuration)
         configuration.host = host
-        return Kube(configuration, self._rate_limit)
+        return Kube(configuration, self._rate_limit, self._slots)
 
     async def close(self) -> None:
         await self._api.close()
@@ -221,30 +228,30 @@ class Kube:
         the server refuses, :class:`ClusterUnreachable` when it does not answer
         (:data:`SILENCE_SECONDS`).
         """
-        await self._turn()
-        with _counted(*request_labels(method, path)) as outcome:
-            try:
-                response, status, _ = await self._api.call_api(
-                    path,
-                    method,
-                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-                    header_params={
-                        "Accept": "application/json",
-                        "Content-Type": "application/json",
-                    },
-                    body=body,
-                    auth_settings=["BearerToken"],
-                    response_types_map={200: "object", 201: "object", 202: "object"},
-                    _return_http_data_only=False,
-                    _request_timeout=_timeouts(),
-                )
-            except ApiException as error:
-                raise _api_error(error, f"{method} {path}") from error
-            except aiohttp.ClientSSLError as error:
-                raise self._untrusted(error) from error
-            except (aiohttp.ClientError, TimeoutError) as error:
-                raise self._unreachable(error) from error
-            outcome.code = str(status)
+        async with self._turn():
+            with _counted(*request_labels(method, path)) as outcome:
+                try:
+                    response, status, _ = await self._api.call_api(
+                        path,
+                        method,
+                        query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                        header_params={
+                            "Accept": "application/json",
+                            "Content-Type": "application/json",
+                        },
+                        body=body,
+                        auth_settings=["BearerToken"],
+                        response_types_map={200: "object", 201: "object", 202: "object"},
+                        _return_http_data_only=False,
+                        _request_timeout=_timeouts(),
+                    )
+                except ApiException as error:
+                    raise _api_error(error, f"{method} {path}") from error
+                except aiohttp.ClientSSLError as error:
+                    raise self._untrusted(error) from error
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    raise self._unreachable(error) from error
+                outcome.code = str(status)
         result: dict[str, Any] = response or {}
         return result
 
@@ -252,27 +259,27 @@ class Kube:
         self, group: str, version: str, plural: str, namespace: str | None, **query: Any
     ) -> dict[str, Any]:
         """One page of a list (``limit``/``_continue``/``label_selector`` as query)."""
-        await self._turn()
-        with _counted("list", group_resource_string(group, plural)) as outcome:
-            try:
-                if namespace is None:
-                    page = await self._objects.list_cluster_custom_object(
-                        group, version, plural, _request_timeout=_timeouts(), **query
-                    )
-                else:
-                    page = await self._objects.list_namespaced_custom_object(
-                        group,
-                        version,
-                        namespace,
-                        plural,
-                        _request_timeout=_timeouts(),
-                        **query,
-                    )
-            except ApiException as error:
-                raise _api_error(error, f"{plural}.{group}") from error
-            except (aiohttp.ClientError, TimeoutError) as error:
-                raise self._unreachable(error) from error
-            outcome.code = "200"
+        async with self._turn():
+            with _counted("list", group_resource_string(group, plural)) as outcome:
+                try:
+                    if namespace is None:
+                        page = await self._objects.list_cluster_custom_object(
+                            group, version, plural, _request_timeout=_timeouts(), **query
+                        )
+                    else:
+                        page = await self._objects.list_namespaced_custom_object(
+                            group,
+                            version,
+                            namespace,
+                            plural,
+                            _request_timeout=_timeouts(),
+                            **query,
+                        )
+                except ApiException as error:
+                    raise _api_error(error, f"{plural}.{group}") from error
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    raise self._unreachable(error) from error
+                outcome.code = "200"
         result: dict[str, Any] = page
         return result
 
@@ -326,10 +333,14 @@ class Kube:
             " kubeconfig (certificate-authority or certificate-authority-data)"
         )
 
-    async def _turn(self) -> None:
-        """Wait for the rate limit, if there is one (a watch does not)."""
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """Wait for the rate limit, if there is one, then hold a slot, if there are any,
+        for the request (a watch does neither)."""
         if self._rate_limit is not None:
             await self._rate_limit.wait()
+        async with self._slots or contextlib.nullcontext():
+            yield
 
     def _unreachable(self, error: Exception) -> ClusterUnreachable:
         reason = str(error)

@@ -17,15 +17,30 @@ listed with none, with a warning that says how to enable them, and is asked agai
 every 30 s: its leases (and custom resources) are collected meanwhile.
 
 **One writer per cluster.** The collector follows the log with
-:class:`~consumers.partitions.PartitionFollower` in a consumer group of its own per
-cluster (``svledger-collector.NAME``) and appends through the partition's
-transactional producer. Starting that producer fences every earlier collector of the
-cluster (a zombie, a second copy started by mistake), and the partition's fold is
-rebuilt up to the log's end as of that moment before anything is decided, so the
-ledger state the collector compares with includes everything any earlier collector
-ever appended: a restarted collector appends only what is missing, and two
-collectors never both append. The collector decides on the cluster's partition only
-once it is caught up with its own last append.
+:class:`~consumers.partitions.PartitionFollower` as a member of a consumer group and
+appends through the transactional producer of the partition that holds the cluster's
+events. Starting that producer fences every earlier collector of the partition in the
+group (a zombie, a second copy started by mistake), and the partition's fold is rebuilt
+up to the log's end as of that moment before anything is decided, so the ledger state
+the collector compares with includes everything any earlier collector ever appended: a
+restarted collector appends only what is missing, and two collectors never both append.
+The collector decides on a partition only once it is caught up with its own last append.
+
+**Fleets.** ``--cluster NAME`` collects one cluster in a group of its own,
+``svledger-collector.NAME``; ``--fleet PATH`` collects every cluster of a fleet
+(:mod:`kube.fleet`) in one process, in the group ``svledger-collector`` (or ``--group``).
+Every process of a fleet's group is given the same fleet; the group deals the topic's
+partitions among them, and each process collects the clusters placed in the partitions
+it holds (:class:`Collector`): it watches them (:class:`Collection`, one task per
+cluster, with its own back-off) from the moment it holds the partition, and lets them go
+when a rebalance gives the partition to another member. A process that dies (``kill
+-9``) leaves the group once its session times out; its partitions are dealt to the
+others, whose new producers fence it, and whose rebuilt folds hold everything it
+committed: they take its clusters over, appending what it had not. So each cluster has
+one writer at a time, as with ``--cluster``, and a fleet of N clusters needs as many
+processes as its load needs, not N. Requests other than watches (lists, discovery reads)
+share ``--concurrency`` slots across the fleet's clients, so a thousand clusters
+starting at once do not all list at once.
 
 **Each apiserver's discovery.** With the addresses of the apiservers themselves
 (``--apiserver HOSTNAME=URL``, else the peer address an identity lease advertises in its
@@ -77,8 +92,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from consumers.partitions import PartitionFollower, PartitionLost
+from consumers.partitions import Folded, PartitionFollower, PartitionLost
 from kube.client import ApiError, CertificateError, ClusterUnreachable, Kube
+from kube.fleet import FLEET_READ_SECONDS, Source
 from kube.upstream import (
     Entry,
     Incarnation,
@@ -93,10 +109,13 @@ from kube.upstream import (
     parse_storage_version,
     reconcile,
 )
+from ledger import metrics
 from ledger.clock import Clock
-from ledger.events import SOURCE_DISCOVERY
+from ledger.errors import UsageError
+from ledger.events import SOURCE_DISCOVERY, Event
 from ledger.identity import IDENTITY_SELECTOR, LEASE_NAMESPACE, SHUTDOWN_WINDOW_SECONDS
 from ledger.kafka import BROKER_ERRORS, Placements
+from ledger.logcontext import about
 from ledger.names import split_group_version
 from ledger.settings import KafkaSettings
 from projections.snapshots import SnapshotSource
@@ -114,6 +133,7 @@ GONE: Final = 410
 NOT_FOUND: Final = 404
 DISCOVERY_SECONDS: Final = 10.0  # discovery is read again at most this often
 PEER_DISCOVERY_SECONDS: Final = 5.0  # an apiserver's own discovery is waited for this long
+HOLD_SECONDS: Final = 1.0  # how often the clusters collected are held against the assignment
 
 
 class Discovery:
@@ -582,69 +602,269 @@ async def run_collector(
     snapshots: SnapshotSource | None = None,
     shutdown_window: float = SHUTDOWN_WINDOW_SECONDS,
 ) -> None:
-    """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set.
+    """Collect ``cluster``'s apiserver leases and storage versions until ``stop`` is set,
+    in a group of its own (``<group_id>.<cluster>``), through ``kube`` (its caller's to
+    close, as are ``apiservers``).
 
     ``apiservers`` (apiserver ID -> a client that reaches that apiserver itself, not
     through a load balancer) adds custom resources, from each one's discovery.
     ``snapshots``: the projector's database, to rebuild partitions from their latest
     fold snapshots instead of the log's beginning (:mod:`consumers.partitions`).
     """
-    watcher = ClusterWatch(kube, apiservers or {}, shutdown_window)
-    discovery = Discovery(kube, clock, (apiservers or {}).values())
-    told: set[str] = set()  # problems logged once each
-    watching = asyncio.create_task(watcher.run(stop), name="svledger-collector-watch")
-    group = f"{group_id}.{cluster}"
-    placements = Placements(settings)
-    home: int | None = None  # the partition of the cluster's events
-    follower = PartitionFollower(
+
+    async def given() -> Kube:
+        return kube
+
+    source = Source(given, apiservers or {}, owned=False)
+    collector = Collector(
         settings,
-        group_id=group,
-        transactional_prefix=f"{group}-{settings.topic}",
+        lambda: {cluster: source},
+        group_id=f"{group_id}.{cluster}",
+        clock=clock,
+        renewal_interval=renewal_interval,
         snapshots=snapshots,
+        shutdown_window=shutdown_window,
     )
-    try:
-        async with follower:
-            async for folded in follower.batches(stop):
-                partition_log = folded.log
-                if not partition_log.caught_up:
-                    continue
-                if home is None:  # placed here, as the writer of its first event
-                    try:
-                        (home,) = (await placements.where([cluster], place=True)).values()
-                    except BROKER_ERRORS as error:
-                        log.warning("cannot tell cluster %r's partition yet: %s", cluster, error)
-                        continue
-                if partition_log.partition != home:
-                    continue
-                if not watcher.synced or not (watcher.changed.is_set() or folded.events):
-                    continue
-                watcher.changed.clear()
-                await _guard(discovery.refresh, "discovery")
-                events, problems = reconcile(
+    await collector.run(stop)
+
+
+class Collection:
+    """One cluster this process collects, from when it holds the cluster's partition until
+    it lets the cluster go (:meth:`close`): its :class:`ClusterWatch` and
+    :class:`Discovery`, once its client is open. A client that cannot be opened (a
+    kubeconfig being rewritten, an exec plugin missing) is tried again, backing off, as
+    is a watch that fails unexpectedly; the other clusters go on meanwhile. Everything
+    it logs names the cluster (:mod:`ledger.logcontext`)."""
+
+    def __init__(self, name: str, source: Source, clock: Clock, shutdown_window: float) -> None:
+        self.name = name
+        self.source = source
+        self.watch: ClusterWatch | None = None
+        self.discovery: Discovery | None = None
+        self.told: set[str] = set()  # problems logged once each
+        with about(name):
+            self._task = asyncio.create_task(
+                self._run(clock, shutdown_window), name=f"svledger-collect-{name}"
+            )
+
+    def due(self, touched: set[str]) -> bool:
+        """Whether the ledger is to be compared with the cluster: both watched lists are
+        synced, and the cluster changed or the ledger's events of it did (``touched``)."""
+        watch = self.watch
+        return (
+            watch is not None and watch.synced and (watch.changed.is_set() or self.name in touched)
+        )
+
+    async def _run(self, clock: Clock, shutdown_window: float) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                kube = await self.source.open()
+            except UsageError as error:
+                log.warning(
+                    "cannot address cluster %s: %s; trying again in %.0f s",
+                    self.name,
+                    error,
+                    backoff,
+                )
+            else:
+                try:
+                    self.discovery = Discovery(kube, clock, self.source.apiservers.values())
+                    self.watch = ClusterWatch(kube, self.source.apiservers, shutdown_window)
+                    await self.watch.run(asyncio.Event())  # until closed
+                except Exception:
+                    log.exception(
+                        "collecting cluster %s failed; starting again in %.0f s",
+                        self.name,
+                        backoff,
+                    )
+                finally:
+                    self.watch = self.discovery = None
+                    if self.source.owned:
+                        await kube.close()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class Collector:
+    """Collects each cluster ``clusters()`` names whose partition this member of
+    ``group_id`` holds (the module docstring, "Fleets").
+
+    ``clusters`` is asked again every :data:`~kube.fleet.FLEET_READ_SECONDS`; once it
+    has answered, one that fails (:class:`~ledger.errors.UsageError`) keeps the clusters
+    of its last answer.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        clusters: Callable[[], Mapping[str, Source]],
+        *,
+        group_id: str,
+        clock: Clock,
+        renewal_interval: timedelta = timedelta(0),
+        snapshots: SnapshotSource | None = None,
+        shutdown_window: float = SHUTDOWN_WINDOW_SECONDS,
+    ) -> None:
+        self.group_id = group_id
+        self.collections: dict[str, Collection] = {}
+        self._clusters = clusters
+        self._sources: dict[str, Source] = {}
+        self._homes: dict[str, int] = {}  # cluster -> the partition of its events
+        self._clock = clock
+        self._renewal_interval = renewal_interval
+        self._shutdown_window = shutdown_window
+        self._placements = Placements(settings)
+        self._follower = PartitionFollower(
+            settings,
+            group_id=group_id,
+            transactional_prefix=f"{group_id}-{settings.topic}",
+            snapshots=snapshots,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Collect until ``stop`` is set."""
+        self._read()
+        keeping = asyncio.create_task(self._keep(stop), name="svledger-collector-keep")
+        try:
+            async with self._follower as follower:
+                try:
+                    async for folded in follower.batches(stop):
+                        await self._reconcile(folded)
+                finally:
+                    keeping.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await keeping
+        finally:
+            await asyncio.gather(*(c.close() for c in self.collections.values()))
+            self.collections.clear()
+            metrics.COLLECTED_CLUSTERS.labels(self.group_id).set(0)
+
+    def _read(self) -> None:
+        try:
+            sources = dict(self._clusters())
+        except UsageError as error:
+            if not self._sources:
+                raise
+            log.warning("%s; collecting the clusters read before", error)
+            return
+        added = sorted(sources.keys() - self._sources.keys())
+        removed = sorted(self._sources.keys() - sources.keys())
+        if self._sources and (added or removed):
+            log.info(
+                "the fleet changed: %d clusters added (%s), %d removed (%s)",
+                len(added),
+                ", ".join(added) or "none",
+                len(removed),
+                ", ".join(removed) or "none",
+            )
+        self._sources = sources
+
+    async def _keep(self, stop: asyncio.Event) -> None:
+        """Read the fleet again now and then, place its clusters, and collect those whose
+        partitions the group gives this member: started as a partition comes (taken
+        over from a member that left, say), let go as it goes."""
+        loop = asyncio.get_running_loop()
+        read_at = loop.time()
+        while not stop.is_set():
+            if loop.time() - read_at >= FLEET_READ_SECONDS:
+                read_at = loop.time()
+                self._read()
+            unplaced = self._sources.keys() - self._homes.keys()
+            if unplaced:
+                try:  # placed now, as the writer of their first events
+                    self._homes.update(await self._placements.where(unplaced, place=True))
+                except BROKER_ERRORS as error:
+                    log.warning(
+                        "cannot tell the partitions of %d clusters yet: %s", len(unplaced), error
+                    )
+            await self._hold(self._follower.assigned())
+            await _sleep_or_stop(stop, HOLD_SECONDS)
+
+    async def _hold(self, assigned: set[int]) -> None:
+        wanted = {
+            name: source
+            for name, source in self._sources.items()
+            if self._homes.get(name) in assigned
+        }
+        for name, collection in list(self.collections.items()):
+            if wanted.get(name) is not collection.source:
+                del self.collections[name]
+                log.info(
+                    "letting cluster %s go: %s",
+                    name,
+                    "its kubeconfig changed"
+                    if name in wanted
+                    else "it left the fleet"
+                    if name not in self._sources
+                    else f"partition {self._homes[name]} is another member's now",
+                )
+                await collection.close()
+        for name, source in sorted(wanted.items()):
+            if name not in self.collections:
+                log.info("collecting cluster %s (partition %d)", name, self._homes[name])
+                self.collections[name] = Collection(
+                    name, source, self._clock, self._shutdown_window
+                )
+        metrics.COLLECTED_CLUSTERS.labels(self.group_id).set(len(self.collections))
+
+    async def _reconcile(self, folded: Folded) -> None:
+        """Append what the ledger lacks of each due cluster of the folded partition, in
+        one transaction."""
+        partition_log = folded.log
+        if not partition_log.caught_up:
+            return
+        touched = {event.meta.cluster for event, _ in folded.events}
+        due = [
+            collection
+            for name, collection in self.collections.items()
+            if self._homes.get(name) == partition_log.partition and collection.due(touched)
+        ]
+        for collection in due:
+            assert collection.watch is not None
+            collection.watch.changed.clear()
+        await asyncio.gather(*map(_refresh, due))
+        events: list[Event] = []
+        now = self._clock.now()
+        for collection in due:
+            watch, discovery = collection.watch, collection.discovery
+            if watch is None or discovery is None:  # its client closed meanwhile
+                continue
+            with about(collection.name):
+                found, problems = reconcile(
                     partition_log.state,
-                    cluster,
-                    watcher.snapshot,
+                    collection.name,
+                    watch.snapshot,
                     discovery.kind_of,
-                    clock.now(),
-                    renewal_interval,
+                    now,
+                    self._renewal_interval,
                 )
                 for problem in problems:
-                    if problem not in told:
-                        told.add(problem)
+                    if problem not in collection.told:
+                        collection.told.add(problem)
                         log.warning("cannot report yet: %s", problem)
-                if problems:
-                    watcher.changed.set()  # try again once discovery is read again
-                if not events:
-                    continue
-                try:
-                    await partition_log.commit(events)  # which logs what it appended
-                except PartitionLost:
-                    watcher.changed.set()
-                    continue
-    finally:
-        watching.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watching
+            if problems:
+                watch.changed.set()  # try again once discovery is read again
+            events += found
+        if not events:
+            return
+        try:
+            await partition_log.commit(events)  # which logs what it appended
+        except PartitionLost:
+            for collection in due:
+                if collection.watch is not None:
+                    collection.watch.changed.set()
+
+
+async def _refresh(collection: Collection) -> None:
+    if collection.discovery is not None:
+        with about(collection.name):
+            await _guard(collection.discovery.refresh, "discovery")
 
 
 async def _guard(action: Callable[[], Awaitable[None]], what: str) -> None:

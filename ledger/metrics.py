@@ -158,6 +158,12 @@ EVENTS_APPENDED: Final = Counter(
     ["reader", "type"],
 )
 
+COLLECTED_CLUSTERS: Final = Gauge(
+    "svledger_collector_clusters",
+    "Clusters a collector process collects now: those whose partitions its group gives it.",
+    ["group"],
+)
+
 
 class ReaderLag:
     """One reader's series of ``svledger_consumer_lag_records``.

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from ledger.errors import AccessDenied, Unavailable, UsageError
+from ledger.logcontext import ClusterField
 from svledger.commands import COMMANDS
 from svledger.options import (
     Handler,
@@ -67,7 +68,12 @@ Run 'svledger COMMAND --help' for a command's options.
 class JsonLinesFormatter(logging.Formatter):
     """One JSON object per log record, with the record's ``extra`` fields as keys."""
 
-    _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+    # ``cluster_tag`` is the text formats' rendering of ``cluster`` (ledger.logcontext).
+    _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {
+        "message",
+        "asctime",
+        "cluster_tag",
+    }
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -118,13 +124,15 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def configure_logging(level: str = "INFO", log_format: str = "json") -> None:
     """Send log records at ``level`` and above to stderr as JSON lines or plain text,
-    a client library's repeated messages thinned (:class:`LibraryRepeats`)."""
+    a client library's repeated messages thinned (:class:`LibraryRepeats`), each tagged
+    with the cluster it is about, if any (:mod:`ledger.logcontext`)."""
     handler = _StderrHandler(sys.stderr)
     handler.addFilter(LibraryRepeats())
+    handler.addFilter(ClusterField())
     handler.setFormatter(
         JsonLinesFormatter()
         if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(cluster_tag)s%(message)s")
     )
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:

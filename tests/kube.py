@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
@@ -11,10 +12,12 @@ from urllib.parse import quote
 from kubernetes_asyncio.client import Configuration
 
 from kube.client import Kube
-from kube.upstream import parse_lease, parse_storage_version
-from ledger.events import SOURCE_STORAGE_VERSION
+from kube.upstream import SOURCE, parse_lease, parse_storage_version
+from ledger.events import SOURCE_STORAGE_VERSION, ApiserverHeartbeat, StorageVersionReported
 from ledger.identity import IDENTITY_SELECTOR
+from ledger.kafka import Record
 from ledger.names import resource_name
+from projections.fold import apply
 from projections.state import State
 
 # name -> (entries by apiserver ID: (encoding, decodable versions, served versions, each in
@@ -126,3 +129,21 @@ def kube_at(url: str) -> Kube:
     configuration = Configuration()
     configuration.host = url.rstrip("/")
     return Kube(configuration)
+
+
+def assert_nothing_twice(records: list[Record]) -> None:
+    """Each renewal is one heartbeat; every report changed the fold; the fold refused none
+    of the collector's events (lease GC's, where it runs, may be stale)."""
+    renewals = collections.Counter(
+        (r.event.apiserver_id, r.event.holder_identity, r.event.renew_time)
+        for r in records
+        if isinstance(r.event, ApiserverHeartbeat)
+    )
+    assert [r for r, n in renewals.items() if n > 1] == []
+    state = State()
+    for record in records:
+        changes = apply(state, record.event, record.position)
+        if record.event.meta.source == SOURCE:
+            assert changes.rejections == [], changes.rejections
+        if isinstance(record.event, StorageVersionReported):
+            assert changes.storage_versions, f"{record.position}: a report that changed nothing"

@@ -72,7 +72,8 @@ ROLES: Final = {
     "lease-gc": "svledger lease-gc",
     "migrator": "svledger migrator",
     "worker": "svledger worker (--cluster: that cluster's worker only)",
-    "collector": "svledger collect (--cluster: that cluster's collector only)",
+    "collector": "svledger collect (--cluster: that cluster's collector only; --group: that"
+    " fleet's collectors only)",
     "operator": "svledger migrations request, storagestate reset, audit",
     "reader": "svledger serve and timeline: read T",
     "setup": "svledger topics create and grow: creates T, T.dlq, T.placement and (--inbox C)"
@@ -103,17 +104,30 @@ class Grant:
 
 
 def grants(
-    role: str, topic: str = DEFAULT_TOPIC, *, dlq_topic: str = "", cluster: str | None = None
+    role: str,
+    topic: str = DEFAULT_TOPIC,
+    *,
+    dlq_topic: str = "",
+    cluster: str | None = None,
+    group: str | None = None,
 ) -> list[Grant]:
     """The ACLs ``role`` needs on the events topic ``topic`` (its dead letters: ``dlq_topic``).
 
     ``cluster`` narrows a per-cluster role (reporter, worker, collector) to one
     cluster; the reporter needs it, the others then cover every cluster by prefix.
+    ``group`` narrows the collector to the processes of one fleet (``svledger collect
+    --fleet ... --group``); without ``cluster`` or ``group`` it may be any collector,
+    one of a cluster or of a fleet in the default group.
     """
     if role not in ROLES:
         raise AclError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}")
     if role not in _PER_CLUSTER and cluster is not None:
         raise AclError(f"role {role} is not per cluster: drop --cluster {cluster}")
+    if group is not None and (role != "collector" or cluster is not None):
+        raise AclError(
+            f"--group {group} names a fleet's collectors: give it with --role"
+            " collector and without --cluster"
+        )
     if role == "reporter" and cluster is None:
         raise AclError("role reporter writes one cluster's inbox: give --cluster")
     dlq = dlq_topic or f"{topic}.dlq"
@@ -135,14 +149,19 @@ def grants(
         # Its group is "<name>.<cluster>", its transactional IDs "<group>-<topic>-<n>";
         # it looks its cluster's partition up (``places``: Write records it).
         looks_up = Grant("topic", placement, LITERAL, places)
-        if cluster is None:
-            return [
-                Grant("topic", topic, LITERAL, read_write),
-                Grant("group", f"{name}.", PREFIXED, ("Read",)),
-                Grant("transactional-id", f"{name}.", PREFIXED, write),
-                looks_up,
-            ]
-        return [*follower(f"{name}.{cluster}", f"{name}.{cluster}-{topic}-"), looks_up]
+        if group is not None:  # a fleet's collectors: "<group>-<topic>-<n>"
+            return [*follower(group, f"{group}-{topic}-"), looks_up]
+        if cluster is not None:
+            return [*follower(f"{name}.{cluster}", f"{name}.{cluster}-{topic}-"), looks_up]
+        every = [
+            Grant("topic", topic, LITERAL, read_write),
+            Grant("group", f"{name}.", PREFIXED, ("Read",)),
+            Grant("transactional-id", f"{name}.", PREFIXED, write),
+            looks_up,
+        ]
+        if name == COLLECTOR:  # and the fleets' collectors of the default group
+            every += follower(COLLECTOR, f"{COLLECTOR}-{topic}-")[1:]
+        return every
 
     match role:
         case "reporter":
@@ -289,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cluster", help="the cluster of a reporter, worker or collector")
     parser.add_argument(
+        "--group", help="the consumer group of a fleet's collectors (svledger collect --group)"
+    )
+    parser.add_argument(
         "--topic",
         default=os.environ.get("SVLEDGER_TOPIC") or DEFAULT_TOPIC,
         help=f"the events topic (default: $SVLEDGER_TOPIC or {DEFAULT_TOPIC})",
@@ -308,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="kafka-acls runs at once (2)")
     args = parser.parse_args(argv)
     try:
-        role_grants = grants(args.role, args.topic, dlq_topic=args.dlq_topic, cluster=args.cluster)
+        role_grants = grants(
+            args.role, args.topic, dlq_topic=args.dlq_topic, cluster=args.cluster, group=args.group
+        )
         principal = args.principal or "User:NAME"
         if not args.dry_run and not (args.principal and args.bootstrap_server):
             raise AclError("give --principal and --bootstrap-server (or --dry-run)")

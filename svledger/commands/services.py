@@ -7,6 +7,7 @@ import asyncio
 from datetime import timedelta
 from typing import Final
 
+from kube.fleet import CONCURRENCY, FLEET_READ_SECONDS
 from ledger.errors import UsageError
 from ledger.identity import SHUTDOWN_WINDOW_SECONDS
 from svledger.options import (
@@ -17,6 +18,7 @@ from svledger.options import (
     add_metrics_option,
     add_snapshots_option,
     kafka_settings,
+    non_empty,
     positive,
     run_until_signalled,
     seconds,
@@ -338,12 +340,43 @@ def add_collect(subparsers: Subparsers) -> None:
             "lease: one the collector cannot ask keeps it unknown. A restarted collector\n"
             "appends only what is missing; a second one for the same cluster is fenced and\n"
             "appends nothing.\n"
-            "The cluster is addressed as kubectl does: --kubeconfig, KUBECONFIG or\n"
-            "~/.kube/config with --context, else the pod's service account."
+            "One cluster (--cluster) is addressed as kubectl does: --kubeconfig, KUBECONFIG\n"
+            "or ~/.kube/config with --context, else the pod's service account.\n"
+            "Many (--fleet): every cluster of a kubeconfig's contexts or of a directory of\n"
+            "kubeconfigs, in one process. Several processes given the same fleet share it:\n"
+            "each cluster is collected by one of them at a time, and the clusters of one\n"
+            "that stops or dies are taken over by the others."
         ),
     )
-    add_cluster_option(
-        parser, "the cluster's name in the ledger (every event's key)", required=True
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--cluster",
+        type=non_empty("cluster name"),
+        help="collect this one cluster: its name in the ledger (every event's key)",
+    )
+    which.add_argument(
+        "--fleet",
+        metavar="PATH",
+        type=non_empty("path"),
+        help="collect many clusters: a kubeconfig, each context a cluster named by the\n"
+        "context, or a directory of kubeconfigs, each file a cluster named by the file\n"
+        "(prod-eu-1.yaml: prod-eu-1), through its current context; read again every\n"
+        f"{FLEET_READ_SECONDS:.0f} s, so clusters can be added and removed while it runs.\n"
+        "Each apiserver is asked at the peer address its identity lease advertises",
+    )
+    parser.add_argument(
+        "--group",
+        type=non_empty("consumer group"),
+        help="with --fleet: the consumer group the processes sharing the fleet join; each\n"
+        "must be given the same fleet (default svledger-collector)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive(int, "number of requests"),
+        default=CONCURRENCY,
+        metavar="N",
+        help="with --fleet: at most N requests to the fleet's apiservers at once (lists and\n"
+        f"discovery reads; watches aside) (default {CONCURRENCY})",
     )
     add_kafka_options(parser, "collector")
     add_metrics_option(parser)
@@ -405,11 +438,18 @@ def add_kubeconfig_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
+    if args.fleet is not None:
+        return _collect_fleet(args)
     from kube.client import connect
     from kube.collector import run_collector
     from ledger.clock import SystemClock
     from ledger.identity import apiserver_id
 
+    if args.group is not None:
+        raise UsageError(
+            f"--group {args.group} is for --fleet; a collector of one cluster joins"
+            f" svledger-collector.{args.cluster}"
+        )
     hostnames = [hostname for hostname, _ in args.apiserver]
     repeated = sorted({hostname for hostname in hostnames if hostnames.count(hostname) > 1})
     if repeated:
@@ -437,5 +477,37 @@ def _collect(args: argparse.Namespace) -> int:
         finally:
             for client in [kube, *direct.values()]:
                 await client.close()
+
+    return run_until_signalled(collect, args.metrics_address)
+
+
+def _collect_fleet(args: argparse.Namespace) -> int:
+    from kube.collector import GROUP_ID, Collector
+    from kube.fleet import Fleet, read_fleet
+    from ledger.clock import SystemClock
+
+    for given, option in ((args.kubeconfig, "--kubeconfig"), (args.context, "--context")):
+        if given is not None:
+            raise UsageError(f"{option} is for --cluster; --fleet names each cluster's kubeconfig")
+    if args.apiserver:
+        raise UsageError(
+            "--apiserver is for --cluster; with --fleet each apiserver is asked at the peer"
+            " address its identity lease advertises"
+        )
+    read_fleet(args.fleet)  # refused now, not once the group is joined
+    settings = kafka_settings(args)
+
+    async def collect(stop: asyncio.Event) -> None:
+        fleet = Fleet(args.fleet, asyncio.Semaphore(args.concurrency))
+        collector = Collector(
+            settings,
+            fleet.read,
+            group_id=args.group or GROUP_ID,
+            clock=SystemClock(),
+            renewal_interval=timedelta(seconds=args.renewal_interval),
+            shutdown_window=args.shutdown_window,
+            snapshots=snapshot_source(args),
+        )
+        await collector.run(stop)
 
     return run_until_signalled(collect, args.metrics_address)

@@ -48,12 +48,11 @@ from kube import collector
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
-from kube.upstream import SOURCE
 from ledger.clock import SystemClock
 from ledger.events import SOURCE_STORAGE_VERSION, ApiserverHeartbeat, StorageVersionReported
 from ledger.hashing import storage_version_hash
 from ledger.identity import apiserver_id
-from ledger.kafka import Record, create_topics
+from ledger.kafka import create_topics
 from ledger.names import resource_name, split_group_version
 from ledger.settings import KafkaSettings
 from projections.fold import apply
@@ -62,6 +61,7 @@ from projections.state import State
 from tests.kube import (
     KUBE_LEASE_SECONDS,
     KUBE_RENEW_SECONDS,
+    assert_nothing_twice,
     eventually,
     kube_at,
     ledger_leases,
@@ -182,24 +182,6 @@ async def agree(
         return None
 
     await eventually(wrong, "the ledger holds what the apiservers publish")
-
-
-def assert_nothing_twice(records: list[Record]) -> None:
-    """Each renewal is one heartbeat; every report changed the fold; the fold refused none
-    of the collector's events (lease GC's, where it runs, may be stale)."""
-    renewals = collections.Counter(
-        (r.event.apiserver_id, r.event.holder_identity, r.event.renew_time)
-        for r in records
-        if isinstance(r.event, ApiserverHeartbeat)
-    )
-    assert [r for r, n in renewals.items() if n > 1] == []
-    state = State()
-    for record in records:
-        changes = apply(state, record.event, record.position)
-        if record.event.meta.source == SOURCE:
-            assert changes.rejections == [], changes.rejections
-        if isinstance(record.event, StorageVersionReported):
-            assert changes.storage_versions, f"{record.position}: a report that changed nothing"
 
 
 async def test_the_ledger_holds_exactly_what_the_apiservers_publish(

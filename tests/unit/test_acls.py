@@ -38,20 +38,28 @@ def _covers(grant: Grant, name: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("role", "cluster", "group", "transactional_id"),
+    ("role", "narrowed", "group", "transactional_id"),
     [
-        ("lease-gc", None, "svledger-lease-gc", f"svledger-lease-gc-{TOPIC}-3"),
-        ("migrator", None, "svledger-migrator", f"svledger-migrator-{TOPIC}-0"),
-        ("worker", "east", "svledger-worker.east", f"svledger-worker.east-{TOPIC}-5"),
-        ("worker", None, "svledger-worker.east", f"svledger-worker.east-{TOPIC}-5"),
-        ("collector", "east", "svledger-collector.east", f"svledger-collector.east-{TOPIC}-1"),
-        ("collector", None, "svledger-collector.west", f"svledger-collector.west-{TOPIC}-1"),
+        ("lease-gc", {}, "svledger-lease-gc", f"svledger-lease-gc-{TOPIC}-3"),
+        ("migrator", {}, "svledger-migrator", f"svledger-migrator-{TOPIC}-0"),
+        ("worker", {"cluster": "east"}, "svledger-worker.east", f"svledger-worker.east-{TOPIC}-5"),
+        ("worker", {}, "svledger-worker.east", f"svledger-worker.east-{TOPIC}-5"),
+        (
+            "collector",
+            {"cluster": "east"},
+            "svledger-collector.east",
+            f"svledger-collector.east-{TOPIC}-1",
+        ),
+        ("collector", {}, "svledger-collector.west", f"svledger-collector.west-{TOPIC}-1"),
+        # svledger collect --fleet, in the default group and in one of its own
+        ("collector", {}, "svledger-collector", f"svledger-collector-{TOPIC}-2"),
+        ("collector", {"group": "eu-fleet"}, "eu-fleet", f"eu-fleet-{TOPIC}-2"),
     ],
 )
 def test_a_follower_may_read_its_group_and_write_its_transactions(
-    role: str, cluster: str | None, group: str, transactional_id: str
+    role: str, narrowed: dict[str, str], group: str, transactional_id: str
 ) -> None:
-    granted = grants(role, TOPIC, cluster=cluster)
+    granted = grants(role, TOPIC, **narrowed)
     topic_grants = [g for g in granted if g.kind == "topic" and g.name == TOPIC]
     assert topic_grants == [Grant("topic", TOPIC, LITERAL, ("Read", "Write", "Describe"))]
     assert [g.operations for g in granted if g.kind == "group" and _covers(g, group)] == [("Read",)]
@@ -92,6 +100,16 @@ def test_a_cluster_narrows_a_worker_to_its_own_group_and_transactions() -> None:
         for g in granted
         if g.kind == "transactional-id"
     )
+
+
+def test_a_fleet_group_narrows_the_collector_to_that_fleet() -> None:
+    granted = grants("collector", TOPIC, group="eu-fleet")
+    assert not any(_covers(g, "svledger-collector") for g in granted if g.kind == "group")
+    assert not any(_covers(g, "svledger-collector.east") for g in granted if g.kind == "group")
+    with pytest.raises(acls.AclError, match="--group eu-fleet names a fleet's collectors"):
+        grants("collector", TOPIC, cluster="east", group="eu-fleet")
+    with pytest.raises(acls.AclError, match="--role collector"):
+        grants("worker", TOPIC, group="eu-fleet")
 
 
 def test_a_reporter_may_write_its_own_inbox_only() -> None:

@@ -215,6 +215,16 @@ def test_python_dash_m_svledger_runs_the_command() -> None:
             ],
             "--apiserver m1=... is given more than once",
         ),
+        (["collect"], "one of the arguments --cluster --fleet is required"),
+        (["collect", "--cluster", "c", "--fleet", "f"], "not allowed with argument"),
+        (["collect", "--fleet", "/nonexistent/fleet"], "--fleet /nonexistent/fleet: no such file"),
+        (["collect", "--fleet", "f", "--kubeconfig", "k"], "--kubeconfig is for --cluster"),
+        (["collect", "--fleet", "f", "--apiserver", "m1=https://a"], "--apiserver is for"),
+        (
+            ["collect", "--fleet", "f", "--concurrency", "0"],
+            "'0' is not a positive number of requests",
+        ),
+        (["collect", "--cluster", "c", "--group", "g"], "--group g is for --fleet"),
         (["timeline", "apps.deployments", "--cluster", "c", "--html", "/tmp"], "it is a folder"),
         (
             ["worker", "--cluster", "c", "--executor", "storagemigration", "--chunk-size", "10"],
