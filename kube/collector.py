@@ -728,22 +728,33 @@ class Collector:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Collect until ``stop`` is set."""
+        """Collect until ``stop`` is set, or either half fails (the placement topic is
+        missing, say): following the log, or keeping the clusters collected in step with
+        the fleet and the assignment."""
         self._read()
-        keeping = asyncio.create_task(self._keep(stop), name="svledger-collector-keep")
         try:
-            async with self._follower as follower:
+            async with self._follower:
+                halves = {
+                    asyncio.create_task(self._follow(stop), name="svledger-collector-follow"),
+                    asyncio.create_task(self._keep(stop), name="svledger-collector-keep"),
+                }
                 try:
-                    async for folded in follower.batches(stop):
-                        await self._reconcile(folded)
+                    done, _ = await asyncio.wait(halves, return_when=asyncio.FIRST_EXCEPTION)
+                    for half in done:
+                        half.result()  # what failed
+                    await asyncio.gather(*halves)  # both end once stop is set
                 finally:
-                    keeping.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await keeping
+                    for half in halves:
+                        half.cancel()
+                    await asyncio.gather(*halves, return_exceptions=True)
         finally:
             await asyncio.gather(*(c.close() for c in self.collections.values()))
             self.collections.clear()
             metrics.COLLECTED_CLUSTERS.labels(self.group_id).set(0)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        async for folded in self._follower.batches(stop):
+            await self._reconcile(folded)
 
     def _read(self) -> None:
         try:

@@ -44,12 +44,17 @@ _WAITED_FOR_THE_TOPIC = 25.0
         ["project", "--db", "sqlite:///{tmp}/project.db"],
         ["migrator"],
         ["lease-gc"],
+        ["collect", "--fleet", "{tmp}/fleet.yaml"],
     ],
-    ids=["replay", "replay-cluster", "project", "migrator", "lease-gc"],
+    ids=["replay", "replay-cluster", "project", "migrator", "lease-gc", "collect-fleet"],
 )
 def test_a_missing_topic_is_one_clear_line(
     command: list[str], kafka_bootstrap: str, unique_topic: str, tmp_path: Path
 ) -> None:
+    # A fleet of one cluster that is never reached: the topic is missed first.
+    (tmp_path / "fleet.yaml").write_text(
+        "contexts: [{name: prod-eu-1, context: {cluster: prod-eu-1, user: admin}}]\n"
+    )
     argv = [part.format(tmp=tmp_path) for part in command]
     started = time.monotonic()
     done = subprocess.run(
@@ -77,6 +82,33 @@ def test_a_missing_topic_is_one_clear_line(
         "create it first (`svledger topics create`) or check SVLEDGER_TOPIC"
     ]
     assert elapsed < _WAITED_FOR_THE_TOPIC
+
+
+async def test_a_fleet_collector_without_the_placement_topic_stops_saying_how_to_make_it(
+    kafka_bootstrap: str, unique_topic: str, tmp_path: Path
+) -> None:
+    """A ledger from before placements: the collector would write a cluster's first event
+    unplaced, so it stops at once rather than collect nothing for ever."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(unique_topic, 3, 1, topic_configs=TOPIC_CONFIG)])
+    finally:
+        await admin.close()
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("contexts: [{name: prod-eu-1, context: {cluster: c, user: u}}]\n")
+    argv = ["collect", "--fleet", str(fleet), "--bootstrap", kafka_bootstrap]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "svledger", *argv, "--topic", unique_topic],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 69, done.stderr
+    assert f"{unique_topic}.placement" in done.stderr
+    assert "svledger topics create" in done.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize("reader", ["topic_partitions", "create_topics"])
