@@ -10,4 +10,6 @@ from typing import Final
 # importing the server (:mod:`readapi.ledger` uses them).
 CHECKPOINT_EVERY: Final = 20_000  # records of a partition between two kept folds
 RECENT_CHECKPOINTS: Final = 16  # kept at that spacing; older ones twice as sparse, and so on
-WATCH_WINDOW: Final = 2_000  # changes per cluster kept for watches
+WATCH_WINDOW: Final = 2_000  # changes per cluster kept for watches, at most
+WATCH_BUDGET: Final = 200_000  # changes kept for watches across all clusters, at most
+WATCH_FLOOR: Final = 100  # changes each cluster keeps whatever the budget (upstream's least)

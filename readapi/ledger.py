@@ -13,7 +13,13 @@ exactly the same views. For each cluster it keeps:
 * a window of the latest changes (offset, ADDED/MODIFIED/DELETED, the row before and
   after), from which watches are served; a watch from an offset older than the
   window (or than the records folded thinned at start-up) is answered 410 Gone, as
-  Kubernetes answers a compacted resourceVersion;
+  Kubernetes answers a compacted resourceVersion. A cluster keeps its latest
+  ``watch_window`` changes, or on a fleet its share of ``watch_budget``, whichever is
+  less, but never fewer than ``WATCH_FLOOR`` (:meth:`LedgerViews.watch_share`): the
+  windows are most of the server's memory on a fleet (each change holds the row
+  before and after), and with a budget they stop growing once each cluster's share is
+  full, however long the server follows the log and however many clusters it meets,
+  while a ledger of a few clusters keeps a long history for watches;
 * checkpoints: every ``checkpoint_every`` records of a partition, a copy of the state
   of each of its clusters (rows are immutable, so a copy is a copy of four dicts).
   The newest ``recent_checkpoints`` of a partition are kept at that spacing, the ones
@@ -86,7 +92,14 @@ from projections.replay import cluster_log
 from projections.snapshots import Rows, Snapshot, SnapshotSource, state_of
 from projections.state import Changes, ResourceKey, State
 from projections.thinning import LeaseTerms, Thinning
-from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW, timeline
+from readapi import (
+    CHECKPOINT_EVERY,
+    RECENT_CHECKPOINTS,
+    WATCH_BUDGET,
+    WATCH_FLOOR,
+    WATCH_WINDOW,
+    timeline,
+)
 from readapi.kinds import Row, ServedStorageState, View, served_storage_state
 
 Point: TypeAlias = int | datetime
@@ -282,6 +295,7 @@ class LedgerViews:
         checkpoint_every: int = CHECKPOINT_EVERY,
         recent_checkpoints: int = RECENT_CHECKPOINTS,
         watch_window: int = WATCH_WINDOW,
+        watch_budget: int = WATCH_BUDGET,
         cached_views: int = CACHED_VIEWS,
         snapshots: SnapshotSource | None = None,
     ) -> None:
@@ -290,6 +304,7 @@ class LedgerViews:
         self.checkpoint_every = checkpoint_every
         self.recent_checkpoints = recent_checkpoints
         self.watch_window = watch_window
+        self.watch_budget = watch_budget
         self.clusters: dict[str, ClusterFold] = {}
         self.ready = asyncio.Event()
         self.events_folded = 0
@@ -365,14 +380,25 @@ class LedgerViews:
             await consumer.__aexit__(None, None, None)
             raise
 
+    def watch_share(self) -> int:
+        """How many changes each cluster keeps for watches now: ``watch_window``, or its
+        share of ``watch_budget`` among the clusters met so far if that is less, but at
+        least :data:`~readapi.WATCH_FLOOR` (as kube-apiserver's watch cache keeps at
+        least 100 events), and never more than ``watch_window``. A cluster's window is
+        cut to a smaller share as its next change comes."""
+        share = self.watch_budget // max(1, len(self.clusters))
+        return min(self.watch_window, max(WATCH_FLOOR, share))
+
     def _fold(self, batch: list[Record]) -> None:
+        window = self.watch_share()
         for record in batch:
             position = record.position
             cluster = record.event.meta.cluster
             fold = self.clusters.get(cluster)
             if fold is None:
                 fold = self.clusters[cluster] = self._new_fold(cluster, position.partition)
-            fold.apply(record.event, position, self.watch_window)
+                window = self.watch_share()
+            fold.apply(record.event, position, window)
             self.events_folded += 1
             partition = position.partition
             self._positions[partition] = position.offset + 1

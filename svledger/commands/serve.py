@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from ledger.errors import UsageError
-from readapi import CHECKPOINT_EVERY, RECENT_CHECKPOINTS, WATCH_WINDOW
+from readapi import (
+    CHECKPOINT_EVERY,
+    RECENT_CHECKPOINTS,
+    WATCH_BUDGET,
+    WATCH_FLOOR,
+    WATCH_WINDOW,
+)
 from svledger.options import (
     Subparsers,
     add_command,
@@ -95,6 +101,15 @@ def add_serve(subparsers: Subparsers) -> None:
         "Of the log found at start, the last CHANGES records of each partition are folded\n"
         "one by one for watches, the rest faster, lease renewals thinned (default: %(default)s)",
     )
+    parser.add_argument(
+        "--watch-budget",
+        type=positive(int, "number of changes"),
+        default=WATCH_BUDGET,
+        metavar="CHANGES",
+        help="changes kept for watches across all clusters: on a fleet each cluster keeps its\n"
+        f"share, if less than --watch-window, but at least {WATCH_FLOOR}; about 600 bytes each,\n"
+        "most of a fleet's replica's memory (default: %(default)s)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -127,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         recent_checkpoints=args.recent_checkpoints,
         watch_window=args.watch_window,
+        watch_budget=args.watch_budget,
         snapshots=snapshot_source(args),
     )
     return run_until_signalled(lambda stop: serve(views, options, stop), args.metrics_address)
