@@ -66,6 +66,7 @@ from ledger.events import Event, Position
 from ledger.kafka import EventProducer, create_topics
 from ledger.reporter import Reporter, ResourceReport
 from ledger.settings import KafkaSettings
+from readapi import WATCH_BUDGET, WATCH_WINDOW
 
 ROOT = Path(__file__).resolve().parents[1]
 START = datetime(2026, 1, 5, tzinfo=UTC)
@@ -192,7 +193,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         live_serve = _svledger(
             "serve", settings, "--address", f"127.0.0.1:{port}", "--snapshots-from", live_url,
-            "--watch-window", str(args.watch_window),
+            "--watch-window", str(args.watch_window), "--watch-budget", str(args.watch_budget),
         )  # fmt: skip
         report: dict[str, Any] = {
             "clusters": args.clusters,
@@ -202,6 +203,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             "speedup": args.speedup,
             "partitions": args.partitions,
             "watch_window": args.watch_window,
+            "watch_budget": args.watch_budget,
             "cpus": os.cpu_count(),
         }
         try:
@@ -282,8 +284,14 @@ def main() -> None:
     parser.add_argument(
         "--watch-window",
         type=int,
-        default=2000,
-        help="the live serve's changes kept per cluster for watches (serve's default 2000)",
+        default=WATCH_WINDOW,
+        help=f"the live serve's changes kept per cluster for watches ({WATCH_WINDOW})",
+    )
+    parser.add_argument(
+        "--watch-budget",
+        type=int,
+        default=WATCH_BUDGET,
+        help=f"the live serve's changes kept for watches in all ({WATCH_BUDGET})",
     )
     report = asyncio.run(_main(parser.parse_args()))
     json.dump(report, sys.stdout, indent=2)

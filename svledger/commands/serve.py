@@ -89,8 +89,9 @@ def add_serve(subparsers: Subparsers) -> None:
         metavar="N",
         help="keep a partition's newest N copies at --checkpoint-every, the ones before\n"
         "them at twice that, then four times, and so on: memory grows with the log's\n"
-        "logarithm, and a view of an older point refolds about its age in records / (N/2)\n"
-        "(default: %(default)s)",
+        "logarithm, and a view of an older point refolds about its age in records / (N/2).\n"
+        "With --snapshots-from, the newest copy alone: older points start from the\n"
+        "projector's fold snapshots (default: %(default)s)",
     )
     parser.add_argument(
         "--watch-window",

@@ -115,8 +115,9 @@ async def assert_same(
 
 
 def starts(views: LedgerViews) -> dict[int, int]:
-    """Where each partition's folds start: their first checkpoint, if taken at once."""
-    return {p: checkpoints[0].next_offset for p, checkpoints in views._checkpoints.items()}
+    """Where each partition's folds started from a snapshot: the offset after the records
+    passed over."""
+    return {p: offset + 1 for p, offset in views._passed_over.items()}
 
 
 async def test_views_from_snapshots_serve_what_views_from_the_beginning_serve(
