@@ -328,24 +328,24 @@ def add_collect(subparsers: Subparsers) -> None:
         _collect,
         help="follow a real cluster's kube-apiservers into the ledger",
         description=(
-            "Watch one real Kubernetes cluster's apiserver identity Leases (kube-system,\n"
-            "apiserver.kubernetes.io/identity=kube-apiserver), each apiserver's own discovery\n"
-            "(the storageVersionHash of every resource; needs each apiserver's address:\n"
-            "--apiserver, or the peer address its lease advertises) and, where served, the\n"
-            "alpha StorageVersion objects (internal.apiserver.k8s.io/v1alpha1), and append\n"
-            "what the ledger lacks: a heartbeat per lease renewal, the lease's end once the\n"
-            "apiserver has stopped, a report per new or changed entry, saying its source, and\n"
-            "a withdrawal of what an apiserver's discovery no longer shows or when it cannot\n"
-            "be read. Agreement on a resource needs an entry of every apiserver with a live\n"
-            "lease: one the collector cannot ask keeps it unknown. A restarted collector\n"
-            "appends only what is missing; a second one for the same cluster is fenced and\n"
-            "appends nothing.\n"
+            "Watch a real Kubernetes cluster's (or, --fleet, many clusters') apiserver\n"
+            "identity Leases (kube-system, apiserver.kubernetes.io/identity=kube-apiserver),\n"
+            "each apiserver's own discovery (the storageVersionHash of every resource; needs\n"
+            "each apiserver's address: --apiserver, or the peer address its lease advertises)\n"
+            "and, where served, the alpha StorageVersion objects\n"
+            "(internal.apiserver.k8s.io/v1alpha1), and append what the ledger lacks: a\n"
+            "heartbeat per lease renewal, the lease's end once the apiserver has stopped, a\n"
+            "report per new or changed entry, saying its source, and a withdrawal of what an\n"
+            "apiserver's discovery no longer shows or when it cannot be read. Agreement on a\n"
+            "resource needs an entry of every apiserver with a live lease: one the collector\n"
+            "cannot ask keeps it unknown. A restarted collector appends only what is missing;\n"
+            "a second one for the same cluster is fenced and appends nothing.\n"
             "One cluster (--cluster) is addressed as kubectl does: --kubeconfig, KUBECONFIG\n"
             "or ~/.kube/config with --context, else the pod's service account.\n"
             "Many (--fleet): every cluster of a kubeconfig's contexts or of a directory of\n"
             "kubeconfigs, in one process. Several processes given the same fleet share it:\n"
-            "each cluster is collected by one of them at a time, and the clusters of one\n"
-            "that stops or dies are taken over by the others."
+            "each cluster is collected by one of them at a time, and the clusters of one that\n"
+            "stops or dies are taken over by the others."
         ),
     )
     which = parser.add_mutually_exclusive_group(required=True)

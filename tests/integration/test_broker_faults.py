@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import random
 import signal
 import subprocess
@@ -70,13 +69,14 @@ from projections.database import engine
 from projections.replay import cluster_log, replay
 from projections.store import load_checkpoints, views_snapshot
 from readapi.ledger import LedgerViews
-from tests.integration.test_collector import CLUSTER, agree, assert_nothing_twice, start_collector
+from tests.integration.test_collector import CLUSTER, agree, start_collector
 from tests.integration.test_consumer_crash import _fold, _spawn
 from tests.integration.test_migrator import read_records
+from tests.kube import assert_nothing_twice
+from tests.processes import svledger
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ("east", "west", "north")
 HOSTS = ("a1", "a2", "a3")
 KILLS = 3  # the replicated cluster's test kills its partition leader five times
@@ -119,21 +119,6 @@ def broker() -> Iterator[LocalKafka]:
         kafka.stop()
 
 
-def svledger(*arguments: str, settings: KafkaSettings, log: Path) -> subprocess.Popen[bytes]:
-    environment = dict(
-        os.environ,
-        SVLEDGER_KAFKA_BOOTSTRAP=settings.bootstrap_servers,
-        SVLEDGER_TOPIC=settings.topic,
-    )
-    return subprocess.Popen(
-        [sys.executable, "-m", "svledger", "--log-format", "text", *arguments],
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-    )
-
-
 def show_where_they_wait(processes: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
     """Have every process still running log where its tasks wait (SIGUSR1, :mod:`ledger.tasks`),
     then print the end of each log in ``logs``: pytest shows it with the failure."""
@@ -166,9 +151,16 @@ async def test_the_pipeline_rides_out_hard_broker_kills(
     rng = random.Random(7)
     db_url = f"sqlite:///{tmp_path}/views.db"
     processes = {
-        "projector": svledger("project", "--db", db_url, settings=settings, log=tmp_path / "p.log"),
+        "projector": svledger(
+            "project", "--db", db_url, settings=settings, log=tmp_path / "p.log", log_format="text"
+        ),
         "lease-gc": svledger(
-            "lease-gc", "--check-period", "2", settings=settings, log=tmp_path / "gc.log"
+            "lease-gc",
+            "--check-period",
+            "2",
+            settings=settings,
+            log=tmp_path / "gc.log",
+            log_format="text",
         ),
         "migrator": _spawn(
             "migrator", settings.bootstrap_servers, settings.topic, tmp_path / "m.log"

@@ -19,12 +19,10 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import os
 import random
 import signal
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -69,6 +67,7 @@ from tests.kube import (
     upstream_leases,
     upstream_views,
 )
+from tests.processes import svledger
 
 CLUSTER = "real"
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,18 +273,9 @@ async def test_a_renewal_interval_thins_the_apiservers_renewals_and_keeps_their_
 
 
 def start_collector(settings: KafkaSettings, kubeconfig: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "svledger", "collect", "--cluster", CLUSTER,
-            "--bootstrap", settings.bootstrap_servers, "--topic", settings.topic,
-            "--kubeconfig", kubeconfig,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("ab"),
-        stdin=subprocess.DEVNULL,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    return svledger(
+        "collect", "--cluster", CLUSTER, "--kubeconfig", kubeconfig, settings=settings, log=log
+    )
 
 
 async def test_a_killed_collector_restarts_without_duplicates_or_gaps(

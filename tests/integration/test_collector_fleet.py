@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,8 +40,8 @@ from tests.kube import (
     ledger_leases,
     ledger_views,
 )
+from tests.processes import svledger
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 
 
@@ -80,17 +78,7 @@ def clusters() -> Iterator[dict[str, LocalCluster]]:
 def start_fleet_collector(
     settings: KafkaSettings, fleet: Path, log: Path
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "svledger", "collect", "--fleet", str(fleet),
-            "--bootstrap", settings.bootstrap_servers, "--topic", settings.topic,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("ab"),
-        stdin=subprocess.DEVNULL,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    return svledger("collect", "--fleet", str(fleet), settings=settings, log=log)
 
 
 def collecting(log: Path) -> set[str]:
