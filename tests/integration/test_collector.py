@@ -42,7 +42,7 @@ from deploy.kube.rolling_upgrade import (
     RESOURCES,
     addressed,
 )
-from kube import collector
+from kube import watch
 from kube.client import ApiError, Kube, connect
 from kube.cluster_check import IdentityCheck
 from kube.collector import run_collector
@@ -594,8 +594,8 @@ async def test_in_a_rolling_upgrade_the_resources_only_the_new_release_serves_ar
 async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hung_one_passed_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(collector, "DISCOVERY_SECONDS", 0.0)
-    monkeypatch.setattr(collector, "PEER_DISCOVERY_SECONDS", 1.0)
+    monkeypatch.setattr(watch, "DISCOVERY_SECONDS", 0.0)
+    monkeypatch.setattr(watch, "PEER_DISCOVERY_SECONDS", 1.0)
     asked: dict[str, int] = collections.Counter()
     core = {"groupVersion": "v1", "resources": list[dict[str, str]]()}
 
@@ -630,7 +630,7 @@ async def test_kinds_the_cluster_does_not_name_are_asked_of_each_apiserver_a_hun
                 kube.at(f"http://127.0.0.1:{hung.getsockname()[1]}"),
                 kube.at(str(upgraded.make_url("")).rstrip("/")),
             ]
-            found = collector.Discovery(kube, SystemClock(), peers)
+            found = watch.Discovery(kube, SystemClock(), peers)
             try:
                 await asyncio.wait_for(found.refresh(), 30)  # the first read asks everyone
                 assert found.kind_of("example.com", "things", "example.com/v1") == "Thing"
@@ -656,7 +656,7 @@ async def test_storage_versions_switched_off_while_watched_are_not_served_not_an
     with a plain-text ``404 page not found``: the collector counts them as not served
     (entries kept), says so once, and lists them again every ``MAX_BACKOFF_SECONDS`` until
     they are back."""
-    monkeypatch.setattr(collector, "MAX_BACKOFF_SECONDS", 0.2)
+    monkeypatch.setattr(watch, "MAX_BACKOFF_SECONDS", 0.2)
     group, version = "internal.apiserver.k8s.io", "v1alpha1"
     storage_versions = f"/apis/{group}/{version}/storageversions"
     leases = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
@@ -696,7 +696,7 @@ async def test_storage_versions_switched_off_while_watched_are_not_served_not_an
         return stream
 
     def logged() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "kube.collector"]
+        return [r.getMessage() for r in caplog.records if r.name == "kube.watch"]
 
     async def listed_while_off() -> str | None:
         return None if lists.count(False) >= 3 else f"lists: {lists}"
@@ -707,10 +707,10 @@ async def test_storage_versions_switched_off_while_watched_are_not_served_not_an
     application = web.Application()
     application.router.add_get(storage_versions, answer)
     application.router.add_get(leases, answer)
-    caplog.set_level(logging.INFO, logger="kube.collector")
+    caplog.set_level(logging.INFO, logger="kube.watch")
     async with TestServer(application) as server:
         kube = kube_at(str(server.make_url("")))
-        watcher = collector.ClusterWatch(kube, {})
+        watcher = watch.ClusterWatch(kube, {})
         stop = asyncio.Event()
         task = asyncio.create_task(watcher.run(stop))
         try:
