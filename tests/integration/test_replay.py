@@ -363,7 +363,11 @@ async def test_a_replay_in_several_processes_interrupted_ends_quietly_leaving_no
         os.environ, SVLEDGER_KAFKA_BOOTSTRAP=kafka_bootstrap, SVLEDGER_TOPIC=settings.topic
     )
     argv = ["--log-format", "text", "replay", "--processes", "3", "--no-progress"]
-    for moment in ("starting", "replaying"):
+    # On a loaded machine the first batch may commit late and the replay end before the
+    # Ctrl-C reaches it (exit 0): that moment is tried again, at most twice.
+    moments = ["starting", "replaying", "replaying", "replaying"]
+    while moments:
+        moment = moments.pop(0)
         replaying = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "svledger", *argv, "--db", postgres_url,
             env=environment, stderr=asyncio.subprocess.PIPE, start_new_session=True,
@@ -372,10 +376,13 @@ async def test_a_replay_in_several_processes_interrupted_ends_quietly_leaving_no
             await helpers_started(f"SVLEDGER_TOPIC={settings.topic}")
         else:  # the first batch is committed (a fixed delay could outlast the replay)
             await first_checkpoint(postgres_url)
-        assert replaying.returncode is None, f"the replay ended before Ctrl-C ({moment})"
-        os.killpg(replaying.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        with contextlib.suppress(ProcessLookupError):  # the replay may have ended
+            os.killpg(replaying.pid, signal.SIGINT)  # as a terminal's Ctrl-C
         _, stderr = await replaying.communicate()
-        assert replaying.returncode == 130, stderr.decode()
+        finished = moment == "replaying" and replaying.returncode == 0 and bool(moments)
+        assert finished or replaying.returncode == 130, stderr.decode()
+        if replaying.returncode == 130 and moment == "replaying":
+            moments.clear()
         assert b"Traceback" not in stderr, stderr.decode()
         await asyncio.sleep(1)
         left = processes_with(f"SVLEDGER_TOPIC={settings.topic}")
