@@ -379,8 +379,10 @@ async def test_a_replay_in_several_processes_interrupted_ends_quietly_leaving_no
         with contextlib.suppress(ProcessLookupError):  # the replay may have ended
             os.killpg(replaying.pid, signal.SIGINT)  # as a terminal's Ctrl-C
         _, stderr = await replaying.communicate()
-        finished = moment == "replaying" and replaying.returncode == 0 and bool(moments)
+        finished = moment == "replaying" and replaying.returncode == 0
         assert finished or replaying.returncode == 130, stderr.decode()
+        if finished and not moments:
+            pytest.skip("each replay ended before its Ctrl-C on this loaded machine")
         if replaying.returncode == 130 and moment == "replaying":
             moments.clear()
         assert b"Traceback" not in stderr, stderr.decode()
